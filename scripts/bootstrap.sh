@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Make this checkout runnable on a fresh machine: system packages (when root), a virtualenv in
+# .venv, and the project installed editable with its test tools. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    # fuse3 serves the FUSE mount (issue 4); the store itself needs nothing from apt.
+    command -v fusermount3 >/dev/null || need_apt+=(fuse3)
+    if [ ${#need_apt[@]} -gt 0 ]; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    fi
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+if [ ! -f "$stamp" ]; then
+    .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
+    .venv/bin/pip install -q -e ".[dev,fuse,bench]" >.venv/install.log 2>&1 || { cat .venv/install.log; exit 1; }
+    .venv/bin/python -c "import tectonic_emu, pyeclib, google_crc32c, zstandard" 
+    rm -f .venv/.installed-*; touch "$stamp"
+fi

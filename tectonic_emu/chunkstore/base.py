@@ -1,0 +1,99 @@
+"""The chunk seam: what a storage node offers the client library.
+
+A storage node holds chunks on its disks and knows nothing of blocks or files. A chunk is an
+opaque, immutable byte string named by a ``chunk_id`` (``[0-9a-z.-]``, at most 64 characters)
+on one of the node's disks. Every node implementation (in-process ``LocalNode`` on flash
+directories, ``MemoryNode`` for tests, the TCP client of a served node later) runs the same
+contract tests (``tests/test_chunkstore_contract.py``).
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from dataclasses import dataclass
+
+from tectonic_emu.errors import InvalidArgumentError
+
+# What chunk payloads may be passed as (``collections.abc.Buffer`` needs Python 3.12).
+BytesLike = bytes | bytearray | memoryview
+
+_CHUNK_ID = re.compile(r"[0-9a-z][0-9a-z.\-]{0,63}")
+
+
+def check_chunk_id(chunk_id: str) -> str:
+    if not _CHUNK_ID.fullmatch(chunk_id):
+        raise InvalidArgumentError("not a valid chunk id", chunk_id)
+    return chunk_id
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkInfo:
+    """What a node can say about one chunk it holds without reading it whole."""
+
+    chunk_id: str
+    disk: int
+    stored_len: int  # payload bytes as stored (after compression), header excluded
+    crc32c: int  # CRC32C of the stored payload, as recorded when written
+    flags: int  # bit 0: payload is zstd-compressed
+    mtime: float  # seconds since the epoch
+
+
+@dataclass(frozen=True, slots=True)
+class DiskUsage:
+    disk: int
+    chunks: int
+    bytes_used: int  # bytes of chunk files on this disk
+    bytes_free: int  # free bytes of the file system under this disk
+
+
+class StorageNode(abc.ABC):
+    """One storage node. Every method raises ``NodeUnavailableError`` while the node is down.
+
+    Errors: ``ChunkNotFoundError`` (no such chunk), ``ChunkCorruptError`` (stored bytes no longer
+    match the checksum written with them, or a chunk half-written when its writer died),
+    ``AlreadyExistsError`` (a chunk id is written once), ``InvalidArgumentError`` (bad disk
+    number or chunk id). A write that raises or is cancelled leaves no chunk that reads as valid.
+    """
+
+    node_id: int
+    disks: int
+
+    @abc.abstractmethod
+    async def write_chunk(
+        self, disk: int, chunk_id: str, payload: BytesLike, *, crc32c: int, flags: int = 0
+    ) -> None:
+        """Store ``payload`` as a new chunk. Durable when it returns, unless the node was set
+        to page-cache mode (``sync=False``). ``crc32c`` is the caller's checksum of ``payload``;
+        the node stores it beside the bytes and checks it on every read."""
+
+    @abc.abstractmethod
+    async def read_chunk(self, disk: int, chunk_id: str) -> tuple[memoryview, ChunkInfo]:
+        """The chunk's stored payload, checked against its checksum."""
+
+    @abc.abstractmethod
+    async def delete_chunk(self, disk: int, chunk_id: str) -> None:
+        """Remove a chunk; no error if it is absent."""
+
+    @abc.abstractmethod
+    async def stat_chunk(self, disk: int, chunk_id: str) -> ChunkInfo:
+        """Header information of a chunk, without reading or checking the payload."""
+
+    @abc.abstractmethod
+    async def list_chunks(self, disk: int) -> list[ChunkInfo]:
+        """Every chunk on one disk, in no particular order."""
+
+    @abc.abstractmethod
+    async def usage(self) -> list[DiskUsage]:
+        """Per disk: chunk count, bytes used and bytes free."""
+
+    def chunk_path(self, disk: int, chunk_id: str) -> str | None:
+        """Where the chunk lives on the local file system, when it does (for ``stat --json``
+        and fault-injection tests); None for nodes that have no files."""
+        return None
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (executors, sockets)."""
+
+
+__all__ = ["BytesLike", "ChunkInfo", "DiskUsage", "StorageNode", "check_chunk_id"]

@@ -1,0 +1,146 @@
+"""The error vocabulary of tectonic-emu, in one table.
+
+Every error a caller can see is an ``OSError`` subclass carrying an errno, so that pandas,
+pyarrow, fsspec and the FUSE layer (``FuseOSError(err.errno)``) behave as users expect, and the
+command line can print one clear line. Python's own subclasses (``FileNotFoundError``...) are
+mixed in where one fits, so ``except FileNotFoundError`` works on our errors too.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+
+
+class TectonicError(OSError):
+    """Base of every error raised on purpose by tectonic-emu."""
+
+    default_errno: int = _errno.EIO
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(self.default_errno, message)
+        self.message = message
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"{self.message}: {self.path}" if self.path is not None else self.message
+
+    def __reduce__(self) -> tuple[type[TectonicError], tuple[str, str | None]]:
+        # OSError pickles its (errno, strerror) args; ours take (message, path).
+        return (type(self), (self.message, self.path))
+
+
+# -- names and paths -------------------------------------------------------------------------
+class NotFoundError(TectonicError, FileNotFoundError):
+    default_errno = _errno.ENOENT
+
+
+class AlreadyExistsError(TectonicError, FileExistsError):
+    default_errno = _errno.EEXIST
+
+
+class IsADirectoryError_(TectonicError, IsADirectoryError):
+    default_errno = _errno.EISDIR
+
+
+class NotADirectoryError_(TectonicError, NotADirectoryError):
+    default_errno = _errno.ENOTDIR
+
+
+class DirectoryNotEmptyError(TectonicError):
+    default_errno = _errno.ENOTEMPTY
+
+
+class InvalidPathError(TectonicError):
+    """A path or name that cannot be stored (empty component, '.', '..', NUL, too long...)."""
+
+    default_errno = _errno.EINVAL
+
+
+class NameTooLongError(InvalidPathError):
+    default_errno = _errno.ENAMETOOLONG
+
+
+# -- files and writers -----------------------------------------------------------------------
+class SealedFileError(TectonicError, PermissionError):
+    """A write to a sealed (immutable) file."""
+
+    default_errno = _errno.EPERM
+
+
+class FencedWriterError(TectonicError):
+    """This writer lost its write token to a newer writer of the same file."""
+
+    default_errno = _errno.ESTALE
+
+
+class WriterClosedError(TectonicError):
+    """An operation on a writer that was already closed or aborted."""
+
+    default_errno = _errno.EBADF
+
+
+# -- configuration ---------------------------------------------------------------------------
+class UnknownEncodingError(TectonicError, ValueError):
+    default_errno = _errno.EINVAL
+
+
+class InvalidArgumentError(TectonicError, ValueError):
+    default_errno = _errno.EINVAL
+
+
+class ClusterNotFoundError(TectonicError, FileNotFoundError):
+    default_errno = _errno.ENOENT
+
+
+# -- availability and integrity --------------------------------------------------------------
+class NotEnoughNodesError(TectonicError):
+    """Fewer live nodes (or disks) than the encoding needs to place a block."""
+
+    default_errno = _errno.EHOSTDOWN
+
+
+class NodeUnavailableError(TectonicError):
+    """A storage node did not answer (stopped, killed, unreachable)."""
+
+    default_errno = _errno.EHOSTDOWN
+
+
+class ChunkNotFoundError(TectonicError):
+    """A storage node does not hold the chunk asked for."""
+
+    default_errno = _errno.ENOENT
+
+
+class ChunkCorruptError(TectonicError):
+    """A chunk's bytes do not match its checksum."""
+
+    default_errno = _errno.EIO
+
+
+class DataUnavailableError(TectonicError):
+    """Too few good chunks of a block survive to return its bytes. Never wrong bytes instead."""
+
+    default_errno = _errno.EIO
+
+
+__all__ = [
+    "AlreadyExistsError",
+    "ChunkCorruptError",
+    "ChunkNotFoundError",
+    "ClusterNotFoundError",
+    "DataUnavailableError",
+    "DirectoryNotEmptyError",
+    "FencedWriterError",
+    "InvalidArgumentError",
+    "InvalidPathError",
+    "IsADirectoryError_",
+    "NameTooLongError",
+    "NodeUnavailableError",
+    "NotADirectoryError_",
+    "NotEnoughNodesError",
+    "NotFoundError",
+    "SealedFileError",
+    "TectonicError",
+    "UnknownEncodingError",
+    "WriterClosedError",
+]

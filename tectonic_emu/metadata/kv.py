@@ -1,0 +1,97 @@
+"""The one seam under all metadata: an ordered, transactional key-value store.
+
+Keys and values are ``bytes``; keys sort bytewise. The Name, File and Block layers
+(``layers.py``) are written against this interface only, so every backend (in-memory, SQLite,
+PostgreSQL later) runs the same contract tests (``tests/test_kv_contract.py``).
+
+Transactions are serializable: everything read and written inside one ``async with
+store.transaction() as txn`` block is applied atomically at the end of the block, or not at all
+if the block raises (or is cancelled). Outside a transaction, ``store.get`` and ``store.scan``
+see only committed data.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key starting with ``prefix`` (None: no such key)."""
+    p = bytearray(prefix)
+    while p:
+        if p[-1] != 0xFF:
+            p[-1] += 1
+            return bytes(p)
+        p.pop()
+    return None
+
+
+class Transaction(abc.ABC):
+    """Reads and writes inside one atomic unit. Reads see this transaction's own writes."""
+
+    @abc.abstractmethod
+    async def get(self, key: bytes) -> bytes | None:
+        """The value at ``key`` or None."""
+
+    @abc.abstractmethod
+    async def scan(
+        self, prefix: bytes, *, start: bytes | None = None, limit: int | None = None
+    ) -> list[tuple[bytes, bytes]]:
+        """Pairs whose key starts with ``prefix``, in key order.
+
+        ``start`` (inclusive) skips keys below it; ``limit`` caps how many pairs come back.
+        """
+
+    @abc.abstractmethod
+    async def put(self, key: bytes, value: bytes) -> None:
+        """Set ``key`` to ``value`` (insert or replace)."""
+
+    @abc.abstractmethod
+    async def delete(self, key: bytes) -> None:
+        """Remove ``key``; no error if it is absent."""
+
+
+class KVStore(abc.ABC):
+    """An ordered, transactional key-value store.
+
+    Raises only ``OSError`` subclasses for backend failures; after a failed or cancelled
+    transaction nothing it wrote is visible.
+    """
+
+    @abc.abstractmethod
+    def transaction(self) -> AbstractAsyncContextManager[Transaction]:
+        """Begin a serializable transaction; it commits when the ``async with`` block exits
+        normally and rolls back when it raises or is cancelled."""
+
+    async def get(self, key: bytes) -> bytes | None:
+        async with self.transaction() as txn:
+            return await txn.get(key)
+
+    async def scan(
+        self, prefix: bytes, *, start: bytes | None = None, limit: int | None = None
+    ) -> list[tuple[bytes, bytes]]:
+        async with self.transaction() as txn:
+            return await txn.scan(prefix, start=start, limit=limit)
+
+    async def iter_prefix(self, prefix: bytes, *, batch: int = 1000) -> AsyncIterator[
+        tuple[bytes, bytes]
+    ]:
+        """Every pair under ``prefix`` in key order, read in batches of separate transactions
+        (so a long walk does not hold the store; concurrent writes may or may not be seen)."""
+        start: bytes | None = None
+        while True:
+            rows = await self.scan(prefix, start=start, limit=batch)
+            for row in rows:
+                yield row
+            if len(rows) < batch:
+                return
+            start = rows[-1][0] + b"\x00"
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release the backend; the store must not be used afterwards."""
+
+
+__all__ = ["KVStore", "Transaction", "prefix_end"]
