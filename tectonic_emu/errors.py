@@ -123,6 +123,15 @@ class DataUnavailableError(TectonicError):
     default_errno = _errno.EIO
 
 
+def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first leaf of an exception group: ``TaskGroup`` wraps errors, our callers want the
+    plain typed error."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
+
+
 __all__ = [
     "AlreadyExistsError",
     "ChunkCorruptError",
@@ -143,4 +152,5 @@ __all__ = [
     "TectonicError",
     "UnknownEncodingError",
     "WriterClosedError",
+    "first_error",
 ]

@@ -58,6 +58,9 @@ class StorageNode(abc.ABC):
 
     node_id: int
     disks: int
+    #: Whether the node is in service. A node taken out of service (``Cluster.stop_node``)
+    #: answers nothing: every method raises ``NodeUnavailableError``.
+    available: bool = True
 
     @abc.abstractmethod
     async def write_chunk(

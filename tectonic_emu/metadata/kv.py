@@ -75,9 +75,9 @@ class KVStore(abc.ABC):
         async with self.transaction() as txn:
             return await txn.scan(prefix, start=start, limit=limit)
 
-    async def iter_prefix(self, prefix: bytes, *, batch: int = 1000) -> AsyncIterator[
-        tuple[bytes, bytes]
-    ]:
+    async def iter_prefix(
+        self, prefix: bytes, *, batch: int = 1000
+    ) -> AsyncIterator[tuple[bytes, bytes]]:
         """Every pair under ``prefix`` in key order, read in batches of separate transactions
         (so a long walk does not hold the store; concurrent writes may or may not be seen)."""
         start: bytes | None = None

@@ -1,0 +1,162 @@
+"""``MemoryNode``: a storage node that keeps its chunks in dicts, for tests.
+
+It behaves like ``LocalNode`` seen from outside: same errors, checksums checked on every read,
+torn writes that read as corrupt, the ``available`` switch. It also offers ``corrupt()`` to
+flip a stored byte.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import google_crc32c
+
+from tectonic_emu.chunkstore._format import HEADER_SIZE, as_byte_view
+from tectonic_emu.chunkstore.base import (
+    BytesLike,
+    ChunkInfo,
+    DiskUsage,
+    StorageNode,
+    check_chunk_id,
+)
+from tectonic_emu.errors import (
+    AlreadyExistsError,
+    ChunkCorruptError,
+    ChunkNotFoundError,
+    InvalidArgumentError,
+    NodeUnavailableError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    payload: bytes
+    stored_len: int  # what the "header" says; differs from len(payload) after a torn write
+    crc32c: int
+    flags: int
+    mtime: float
+
+
+class MemoryNode(StorageNode):
+    """A storage node in memory. ``capacity`` (bytes per disk) only feeds ``usage().bytes_free``;
+    bytes used count a 32-byte header per chunk, as on disk."""
+
+    def __init__(self, node_id: int, disks: int, *, capacity: int = 1 << 40) -> None:
+        if disks < 1:
+            raise InvalidArgumentError(f"a node needs at least one disk, not {disks}")
+        self.node_id = node_id
+        self.disks = disks
+        self.capacity = capacity
+        self.available = True
+        self._closed = False
+        self._disks: list[dict[str, _Stored]] = [{} for _ in range(disks)]
+
+    def _check_up(self) -> None:
+        if self._closed:
+            raise NodeUnavailableError(f"node {self.node_id} is closed")
+        if not self.available:
+            raise NodeUnavailableError(f"node {self.node_id} is down")
+
+    def _disk(self, disk: int) -> dict[str, _Stored]:
+        if not 0 <= disk < self.disks:
+            raise InvalidArgumentError(f"node {self.node_id} has no disk {disk}")
+        return self._disks[disk]
+
+    def _get(self, disk: int, chunk_id: str) -> _Stored:
+        chunks = self._disk(disk)
+        check_chunk_id(chunk_id)
+        try:
+            return chunks[chunk_id]
+        except KeyError:
+            raise ChunkNotFoundError("no such chunk", chunk_id) from None
+
+    def _put(self, disk: int, chunk_id: str, stored: _Stored) -> None:
+        chunks = self._disk(disk)
+        check_chunk_id(chunk_id)
+        if not 0 <= stored.crc32c < 1 << 32:
+            raise InvalidArgumentError(f"crc32c out of range: {stored.crc32c}", chunk_id)
+        if not 0 <= stored.flags < 1 << 16:
+            raise InvalidArgumentError(f"flags out of range: {stored.flags}", chunk_id)
+        if chunk_id in chunks:
+            raise AlreadyExistsError("chunk already exists", chunk_id)
+        chunks[chunk_id] = stored
+
+    @staticmethod
+    def _info(disk: int, chunk_id: str, s: _Stored) -> ChunkInfo:
+        return ChunkInfo(chunk_id, disk, s.stored_len, s.crc32c, s.flags, s.mtime)
+
+    async def write_chunk(
+        self, disk: int, chunk_id: str, payload: BytesLike, *, crc32c: int, flags: int = 0
+    ) -> None:
+        self._check_up()
+        data = bytes(as_byte_view(payload))
+        self._put(disk, chunk_id, _Stored(data, len(data), crc32c, flags, time.time()))
+
+    async def read_chunk(self, disk: int, chunk_id: str) -> tuple[memoryview, ChunkInfo]:
+        self._check_up()
+        s = self._get(disk, chunk_id)
+        if len(s.payload) != s.stored_len:
+            raise ChunkCorruptError("chunk is shorter than its header says (torn write)", chunk_id)
+        if google_crc32c.value(s.payload) != s.crc32c:
+            raise ChunkCorruptError("chunk payload checksum mismatch", chunk_id)
+        return memoryview(s.payload), self._info(disk, chunk_id, s)
+
+    async def delete_chunk(self, disk: int, chunk_id: str) -> None:
+        self._check_up()
+        chunks = self._disk(disk)
+        check_chunk_id(chunk_id)
+        chunks.pop(chunk_id, None)
+
+    async def stat_chunk(self, disk: int, chunk_id: str) -> ChunkInfo:
+        self._check_up()
+        s = self._get(disk, chunk_id)
+        if len(s.payload) != s.stored_len:
+            raise ChunkCorruptError("chunk is shorter than its header says (torn write)", chunk_id)
+        return self._info(disk, chunk_id, s)
+
+    async def list_chunks(self, disk: int) -> list[ChunkInfo]:
+        self._check_up()
+        return [self._info(disk, cid, s) for cid, s in self._disk(disk).items()]
+
+    async def usage(self) -> list[DiskUsage]:
+        self._check_up()
+        result = []
+        for disk, chunks in enumerate(self._disks):
+            used = sum(HEADER_SIZE + len(s.payload) for s in chunks.values())
+            result.append(DiskUsage(disk, len(chunks), used, max(self.capacity - used, 0)))
+        return result
+
+    async def write_torn_chunk(
+        self,
+        disk: int,
+        chunk_id: str,
+        payload: BytesLike,
+        *,
+        crc32c: int,
+        flags: int = 0,
+        keep: int,
+    ) -> None:
+        """Test hook: store what a writer killed mid-write leaves (the first ``keep`` bytes of a
+        chunk whose header announces all of them)."""
+        self._check_up()
+        view = as_byte_view(payload)
+        kept = bytes(view[:keep])
+        self._put(disk, chunk_id, _Stored(kept, view.nbytes, crc32c, flags, time.time()))
+
+    def corrupt(self, disk: int, chunk_id: str) -> None:
+        """Test helper: flip one stored bit (of the payload, or of the checksum when the payload
+        is empty), as a failing disk would."""
+        s = self._get(disk, chunk_id)
+        if s.payload:
+            i = len(s.payload) // 2
+            flipped = s.payload[:i] + bytes([s.payload[i] ^ 0x01]) + s.payload[i + 1 :]
+            self._disks[disk][chunk_id] = replace(s, payload=flipped)
+        else:
+            self._disks[disk][chunk_id] = replace(s, crc32c=s.crc32c ^ 0x01)
+
+    async def close(self) -> None:
+        self._closed = True
+
+
+__all__ = ["MemoryNode"]

@@ -1,0 +1,547 @@
+"""The client library: files -> blocks -> chunks. It alone talks to both metadata and nodes.
+
+Every public method is a coroutine that raises only ``TectonicError`` subclasses (all
+``OSError``s with an errno, see ``errors.py``). Namespace changes (mkdir, rename, delete, the
+final swap of ``write_file``) are single metadata transactions: after cancellation or an error
+they either happened whole or not at all. Payload is written before the metadata that points
+at it, and deleted after the metadata that pointed at it is gone, so a crash leaves at worst
+unreferenced chunks, which repair's garbage collection removes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
+
+from tectonic_emu.chunkstore.base import BytesLike
+from tectonic_emu.coding import Encoding
+from tectonic_emu.errors import (
+    AlreadyExistsError,
+    DirectoryNotEmptyError,
+    FencedWriterError,
+    InvalidArgumentError,
+    InvalidPathError,
+    IsADirectoryError_,
+    NotADirectoryError_,
+    NotEnoughNodesError,
+    NotFoundError,
+    SealedFileError,
+    first_error,
+)
+from tectonic_emu.metadata.layers import MetaTxn, new_id
+from tectonic_emu.metadata.records import (
+    ROOT_DIR_ID,
+    BlockEntry,
+    BlockRecord,
+    ChunkPlacement,
+    DirRecord,
+    Entry,
+    FileRecord,
+)
+from tectonic_emu.paths import join_path, split_path
+from tectonic_emu.writer import BlockPipeline, FileWriter, WriterOpener
+
+if TYPE_CHECKING:
+    from tectonic_emu.cluster import Cluster
+
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    """What ``Client.stat`` reports of a file or directory."""
+
+    path: str
+    kind: Literal["file", "dir"]
+    id: int
+    size: int  # files: committed bytes; directories: 0
+    encoding: str | None  # files: their encoding; directories: what new files inherit
+    sealed: bool  # directories: False
+    nblocks: int
+    ctime: float
+    mtime: float
+
+
+@dataclass(frozen=True, slots=True)
+class BlockLayout:
+    """One block of a file and where its chunks live (``stat --json``)."""
+
+    block_no: int
+    block_id: int
+    offset: int
+    length: int
+    chunks: tuple[ChunkPlacement, ...]
+    chunk_paths: tuple[str | None, ...]
+
+
+class Client:
+    """Async client of one cluster. Create it with ``Cluster.client()``."""
+
+    # Blocks in flight per writer and per read. Two cores: more only adds memory.
+    write_depth = 4
+    read_depth = 4
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.config = cluster.config
+        self.meta = cluster.meta
+        self.datapath = cluster.datapath
+
+    # -- resolution --------------------------------------------------------------------------
+    async def _walk(
+        self, m: MetaTxn, parts: list[str], *, path: str, want_encoding: bool = False
+    ) -> tuple[int, str]:
+        """(dir id, inherited encoding) of the directory named by ``parts``."""
+        dir_id = ROOT_DIR_ID
+        enc = self.config.encoding
+        if want_encoding:
+            root = await m.names.get_dir(ROOT_DIR_ID)
+            if root is not None and root.encoding:
+                enc = root.encoding
+        for i, name in enumerate(parts):
+            e = await m.names.lookup(dir_id, name)
+            if e is None:
+                raise NotFoundError("no such directory", join_path(parts[: i + 1]))
+            if e.kind != "dir":
+                raise NotADirectoryError_("not a directory", join_path(parts[: i + 1]))
+            dir_id = e.id
+            if want_encoding:
+                rec = await m.names.get_dir(dir_id)
+                if rec is not None and rec.encoding:
+                    enc = rec.encoding
+        return dir_id, enc
+
+    async def _lookup(self, m: MetaTxn, path: str) -> tuple[int, Entry]:
+        """(parent dir id, entry) of an existing path other than the root."""
+        parts = split_path(path)
+        if not parts:
+            raise InvalidPathError("the root has no parent", "/")
+        parent, _ = await self._walk(m, parts[:-1], path=path)
+        e = await m.names.lookup(parent, parts[-1])
+        if e is None:
+            raise NotFoundError("no such file or directory", join_path(parts))
+        return parent, e
+
+    def _encoding(self, name: str) -> Encoding:
+        enc = Encoding.parse(name)
+        if enc.width > self.config.nodes:
+            raise NotEnoughNodesError(
+                f"encoding {enc} needs {enc.width} nodes; the cluster has {self.config.nodes}"
+            )
+        return enc
+
+    # -- directories -------------------------------------------------------------------------
+    async def mkdir(
+        self,
+        path: str,
+        *,
+        parents: bool = False,
+        exist_ok: bool = False,
+        encoding: str | None = None,
+    ) -> None:
+        """Create a directory (and, with ``parents``, its missing ancestors, like ``mkdir -p``).
+
+        ``encoding`` sets what files created below it inherit. Raises AlreadyExistsError
+        (unless ``parents`` or ``exist_ok`` and it is a directory), NotFoundError (a missing
+        parent without ``parents``), NotADirectoryError_.
+        """
+        parts = split_path(path)
+        if encoding is not None:
+            self._encoding(encoding)
+        now = time.time()
+        async with self.meta.transaction() as m:
+            dir_id = ROOT_DIR_ID
+            for i, name in enumerate(parts):
+                last = i == len(parts) - 1
+                e = await m.names.lookup(dir_id, name)
+                sub = join_path(parts[: i + 1])
+                if e is not None:
+                    if e.kind != "dir":
+                        raise (AlreadyExistsError if last else NotADirectoryError_)(
+                            "a file is in the way", sub
+                        )
+                    if last and not (parents or exist_ok):
+                        raise AlreadyExistsError("directory exists", sub)
+                    dir_id = e.id
+                    continue
+                if not (last or parents):
+                    raise NotFoundError("no such directory", sub)
+                new = new_id()
+                await m.names.put_dir(
+                    DirRecord(new, dir_id, name, encoding if last else None, now, now)
+                )
+                await m.names.link(dir_id, Entry(name, "dir", new))
+                dir_id = new
+
+    async def listdir(self, path: str = "/") -> list[str]:
+        """Names in a directory, sorted."""
+        return [e.name for e in await self.scandir(path)]
+
+    async def scandir(self, path: str = "/") -> list[Entry]:
+        parts = split_path(path)
+        async with self.meta.transaction() as m:
+            if parts:
+                parent, e = await self._lookup(m, path)
+                if e.kind != "dir":
+                    raise NotADirectoryError_("not a directory", join_path(parts))
+                dir_id = e.id
+            else:
+                dir_id = ROOT_DIR_ID
+            return sorted(await m.names.entries(dir_id), key=lambda e: e.name)
+
+    # -- stat --------------------------------------------------------------------------------
+    async def stat(self, path: str) -> Stat:
+        parts = split_path(path)
+        async with self.meta.transaction() as m:
+            if not parts:
+                d = await m.names.get_dir(ROOT_DIR_ID)
+                assert d is not None
+                return Stat("/", "dir", ROOT_DIR_ID, 0, d.encoding, False, 0, d.ctime, d.mtime)
+            _, e = await self._lookup(m, path)
+            if e.kind == "dir":
+                d = await m.names.get_dir(e.id)
+                assert d is not None
+                return Stat(
+                    join_path(parts), "dir", e.id, 0, d.encoding, False, 0, d.ctime, d.mtime
+                )
+            f = await m.files.get(e.id)
+            assert f is not None
+            return Stat(
+                join_path(parts),
+                "file",
+                e.id,
+                f.size,
+                f.encoding,
+                f.sealed,
+                f.nblocks,
+                f.ctime,
+                f.mtime,
+            )
+
+    async def exists(self, path: str) -> bool:
+        try:
+            await self.stat(path)
+        except (NotFoundError, NotADirectoryError_):
+            return False
+        return True
+
+    async def layout(self, path: str) -> list[BlockLayout]:
+        """A file's blocks with their chunk placements and chunk file paths."""
+        f, blocks, recs = await self._file_blocks(path)
+        out = []
+        for b, rec in zip(blocks, recs, strict=True):
+            paths = tuple(
+                self.datapath.nodes[c.node].chunk_path(c.disk, c.chunk_id) for c in rec.chunks
+            )
+            out.append(BlockLayout(b.block_no, b.block_id, b.offset, b.length, rec.chunks, paths))
+        return out
+
+    # -- whole-file write --------------------------------------------------------------------
+    async def write_file(self, path: str, data: BytesLike, *, encoding: str | None = None) -> None:
+        """Store ``data`` as a sealed file at ``path``, replacing a file there atomically.
+
+        Readers see the old file or the new one, never a mix. On error or cancellation nothing
+        at ``path`` changes. Raises NotFoundError (missing parent), IsADirectoryError_,
+        UnknownEncodingError, NotEnoughNodesError and data-path errors.
+        """
+        parts = split_path(path)
+        if not parts:
+            raise IsADirectoryError_("is a directory", "/")
+        mv = memoryview(data).cast("B")
+        token = secrets.token_hex(8)
+        now = time.time()
+        async with self.meta.transaction() as m:
+            parent, inherited = await self._walk(m, parts[:-1], path=path, want_encoding=True)
+            e = await m.names.lookup(parent, parts[-1])
+            if e is not None and e.kind == "dir":
+                raise IsADirectoryError_("is a directory", join_path(parts))
+            enc = self._encoding(encoding or inherited)
+            file_id = new_id()
+            # Nameless until the swap below: a crash before it leaves only garbage.
+            await m.files.put(
+                FileRecord(file_id, enc.name, 0, 0, False, token, None, None, now, now)
+            )
+        try:
+            pipeline = BlockPipeline(self, file_id, token, enc, self.write_depth)
+            bs = self.config.block_size
+            try:
+                for off in range(0, len(mv), bs):
+                    await pipeline.submit(mv[off : off + bs])
+                await pipeline.drain()
+            except BaseException:
+                await asyncio.shield(pipeline.abort())
+                raise
+            async with self.meta.transaction() as m:
+                parent, _ = await self._walk(m, parts[:-1], path=path)
+                e = await m.names.lookup(parent, parts[-1])
+                if e is not None and e.kind == "dir":
+                    raise IsADirectoryError_("is a directory", join_path(parts))
+                f = await m.files.get(file_id)
+                if f is None or f.token != token:
+                    raise FencedWriterError("file vanished while being written", join_path(parts))
+                await m.files.put(
+                    replace(
+                        f, sealed=True, token=None, parent=parent, name=parts[-1], mtime=time.time()
+                    )
+                )
+                await m.names.link(parent, Entry(parts[-1], "file", file_id))
+                garbage = await m.drop_file(e.id) if e is not None else []
+        except BaseException:
+            await asyncio.shield(self._purge(file_id))
+            raise
+        await self.datapath.delete_chunks(garbage)
+
+    # -- append-only writers -----------------------------------------------------------------
+    def open_writer(self, path: str, *, encoding: str | None = None) -> WriterOpener:
+        """The single writer of ``path``: ``w = await client.open_writer(p)`` or
+        ``async with client.open_writer(p) as w``.
+
+        Creates the file if missing. If the file exists unsealed (a writer crashed or is still
+        running), this writer takes its token over and appends after its durable bytes: the
+        old writer is fenced. Raises SealedFileError on a sealed file, IsADirectoryError_,
+        NotFoundError (missing parent), InvalidArgumentError (``encoding`` differs from the
+        existing file's).
+        """
+        return WriterOpener(lambda: self._open_writer(path, encoding))
+
+    async def _open_writer(self, path: str, encoding: str | None) -> FileWriter:
+        parts = split_path(path)
+        if not parts:
+            raise IsADirectoryError_("is a directory", "/")
+        token = secrets.token_hex(8)
+        now = time.time()
+        async with self.meta.transaction() as m:
+            parent, inherited = await self._walk(m, parts[:-1], path=path, want_encoding=True)
+            e = await m.names.lookup(parent, parts[-1])
+            if e is None:
+                enc = self._encoding(encoding or inherited)
+                file_id = new_id()
+                await m.files.put(
+                    FileRecord(file_id, enc.name, 0, 0, False, token, parent, parts[-1], now, now)
+                )
+                await m.names.link(parent, Entry(parts[-1], "file", file_id))
+                return FileWriter(self, join_path(parts), file_id, token, enc, 0)
+            if e.kind == "dir":
+                raise IsADirectoryError_("is a directory", join_path(parts))
+            f = await m.files.get(e.id)
+            assert f is not None
+            if f.sealed:
+                raise SealedFileError("file is sealed (immutable)", join_path(parts))
+            if encoding is not None and Encoding.parse(encoding).name != f.encoding:
+                raise InvalidArgumentError(
+                    f"file has encoding {f.encoding}, not {encoding}", join_path(parts)
+                )
+            await m.files.put(replace(f, token=token))  # fences the previous writer
+            return FileWriter(
+                self, join_path(parts), f.file_id, token, Encoding.parse(f.encoding), f.size
+            )
+
+    async def check_token(self, file_id: int, token: str, path: str) -> None:
+        async with self.meta.transaction() as m:
+            await self._check_token(m, file_id, token, path)
+
+    async def _check_token(self, m: MetaTxn, file_id: int, token: str, path: str) -> FileRecord:
+        f = await m.files.get(file_id)
+        if f is None:
+            raise FencedWriterError("file was deleted or replaced while being written", path)
+        if f.token != token:
+            raise FencedWriterError("another writer took this file over", path)
+        return f
+
+    async def commit_block(self, file_id: int, token: str, rec: BlockRecord) -> None:
+        """Make a block whose chunks are durable part of the file (the commit point)."""
+        async with self.meta.transaction() as m:
+            f = await self._check_token(m, file_id, token, f"file {file_id:016x}")
+            await m.files.add_block(
+                file_id, BlockEntry(f.nblocks, rec.block_id, f.size, rec.length)
+            )
+            await m.blocks.put(rec)
+            await m.files.put(
+                replace(f, size=f.size + rec.length, nblocks=f.nblocks + 1, mtime=time.time())
+            )
+
+    async def seal(self, file_id: int, token: str, path: str) -> None:
+        async with self.meta.transaction() as m:
+            f = await self._check_token(m, file_id, token, path)
+            await m.files.put(replace(f, sealed=True, token=None, mtime=time.time()))
+
+    # -- reads -------------------------------------------------------------------------------
+    async def _file_blocks(
+        self, path: str
+    ) -> tuple[FileRecord, list[BlockEntry], list[BlockRecord]]:
+        async with self.meta.transaction() as m:
+            _, e = await self._lookup(m, path)
+            if e.kind == "dir":
+                raise IsADirectoryError_("is a directory", path)
+            f = await m.files.get(e.id)
+            assert f is not None
+            blocks = await m.files.blocks(e.id)
+            recs = []
+            for b in blocks:
+                rec = await m.blocks.get(b.block_id)
+                assert rec is not None, "a committed block has a block record"
+                recs.append(rec)
+        return f, blocks, recs
+
+    async def read_file(self, path: str) -> bytes:
+        """The whole file (its committed bytes, for a file still being written)."""
+        return await self.read(path)
+
+    async def read(self, path: str, offset: int = 0, size: int = -1) -> bytes:
+        """Up to ``size`` bytes from ``offset`` (all to the end when ``size`` < 0); short or
+        empty at the end of the file. Raises DataUnavailableError rather than return wrong
+        bytes."""
+        if offset < 0:
+            raise InvalidArgumentError("negative offset", path)
+        f, blocks, recs = await self._file_blocks(path)
+        end = f.size if size < 0 else min(f.size, offset + size)
+        if end <= offset:
+            return b""
+        parts: dict[int, BytesLike] = {}
+        await self._read_blocks(
+            blocks,
+            recs,
+            offset,
+            end,
+            lambda b, data, lo, hi: parts.__setitem__(b.block_no, data[lo:hi]),
+        )
+        return b"".join(parts[k] for k in sorted(parts))
+
+    async def read_into(self, path: str, offset: int, buf: BytesLike) -> int:
+        """Read into ``buf`` (writable) from ``offset``; returns the byte count (0 at EOF).
+        The fast path for big reads: no allocation per call."""
+        out = memoryview(buf).cast("B")
+        f, blocks, recs = await self._file_blocks(path)
+        end = min(f.size, offset + len(out))
+        if end <= offset:
+            return 0
+
+        def place(b: BlockEntry, data: BytesLike, lo: int, hi: int) -> None:
+            at = b.offset + lo - offset
+            out[at : at + hi - lo] = memoryview(data)[lo:hi]
+
+        await self._read_blocks(blocks, recs, offset, end, place)
+        return end - offset
+
+    async def _read_blocks(
+        self,
+        blocks: list[BlockEntry],
+        recs: list[BlockRecord],
+        start: int,
+        end: int,
+        sink: object,
+    ) -> None:
+        wanted = [
+            (b, r) for b, r in zip(blocks, recs, strict=True) if b.end > start and b.offset < end
+        ]
+        sem = asyncio.Semaphore(self.read_depth)
+        assert callable(sink)
+
+        async def one(b: BlockEntry, rec: BlockRecord) -> None:
+            async with sem:
+                data = await self.datapath.read_block(rec)
+            sink(b, data, max(0, start - b.offset), min(b.length, end - b.offset))
+
+        if len(wanted) == 1:
+            await one(*wanted[0])
+            return
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for b, rec in wanted:
+                    tg.create_task(one(b, rec))
+        except BaseExceptionGroup as eg:
+            raise first_error(eg) from None
+
+    # -- rename and delete -------------------------------------------------------------------
+    async def rename(self, src: str, dst: str) -> None:
+        """Move ``src`` to ``dst`` atomically, replacing a file (or an empty directory, when
+        ``src`` is a directory) at ``dst``. Raises NotFoundError, IsADirectoryError_,
+        NotADirectoryError_, DirectoryNotEmptyError, InvalidArgumentError (a directory into
+        itself)."""
+        sp, dp = split_path(src), split_path(dst)
+        if not sp or not dp:
+            raise InvalidPathError("cannot rename the root", "/")
+        garbage: list[ChunkPlacement] = []
+        async with self.meta.transaction() as m:
+            s_parent, se = await self._lookup(m, src)
+            d_parent, _ = await self._walk(m, dp[:-1], path=dst)
+            de = await m.names.lookup(d_parent, dp[-1])
+            if se.kind == "dir":
+                await self._check_not_inside(m, d_parent, se.id, dst)
+            if de is not None:
+                if de.id == se.id:
+                    return
+                if de.kind == "dir":
+                    if se.kind != "dir":
+                        raise IsADirectoryError_("is a directory", join_path(dp))
+                    if await m.names.entries(de.id, limit=1):
+                        raise DirectoryNotEmptyError("directory not empty", join_path(dp))
+                    await m.names.delete_dir(de.id)
+                else:
+                    if se.kind == "dir":
+                        raise NotADirectoryError_("not a directory", join_path(dp))
+                    garbage = await m.drop_file(de.id)
+            await m.names.unlink(s_parent, sp[-1])
+            await m.names.link(d_parent, Entry(dp[-1], se.kind, se.id))
+            now = time.time()
+            if se.kind == "dir":
+                d = await m.names.get_dir(se.id)
+                assert d is not None
+                await m.names.put_dir(replace(d, parent=d_parent, name=dp[-1], mtime=now))
+            else:
+                f = await m.files.get(se.id)
+                assert f is not None
+                await m.files.put(replace(f, parent=d_parent, name=dp[-1]))
+        await self.datapath.delete_chunks(garbage)
+
+    async def _check_not_inside(self, m: MetaTxn, dir_id: int, moved: int, path: str) -> None:
+        while True:
+            if dir_id == moved:
+                raise InvalidArgumentError("cannot move a directory inside itself", path)
+            if dir_id == ROOT_DIR_ID:
+                return
+            d = await m.names.get_dir(dir_id)
+            assert d is not None
+            dir_id = d.parent
+
+    async def delete(self, path: str, *, recursive: bool = False) -> None:
+        """Remove a file, or a directory (empty unless ``recursive``). A writer of a deleted
+        file is fenced. Raises NotFoundError, DirectoryNotEmptyError, InvalidPathError (root)."""
+        garbage: list[ChunkPlacement] = []
+        async with self.meta.transaction() as m:
+            parent, e = await self._lookup(m, path)
+            if e.kind == "dir":
+                if not recursive and await m.names.entries(e.id, limit=1):
+                    raise DirectoryNotEmptyError("directory not empty", path)
+                garbage = await self._drop_tree(m, e.id)
+            else:
+                garbage = await m.drop_file(e.id)
+            await m.names.unlink(parent, e.name)
+        await self.datapath.delete_chunks(garbage)
+
+    async def _drop_tree(self, m: MetaTxn, dir_id: int) -> list[ChunkPlacement]:
+        garbage: list[ChunkPlacement] = []
+        for e in await m.names.entries(dir_id):
+            if e.kind == "dir":
+                garbage += await self._drop_tree(m, e.id)
+            else:
+                garbage += await m.drop_file(e.id)
+            await m.names.unlink(dir_id, e.name)
+        await m.names.delete_dir(dir_id)
+        return garbage
+
+    async def _purge(self, file_id: int) -> None:
+        """Best-effort removal of a nameless file (a ``write_file`` that failed)."""
+        try:
+            async with self.meta.transaction() as m:
+                f = await m.files.get(file_id)
+                if f is None or f.parent is not None:
+                    return
+                garbage = await m.drop_file(file_id)
+            await self.datapath.delete_chunks(garbage)
+        except OSError:
+            pass  # left for garbage collection
+
+
+__all__ = ["BlockLayout", "Client", "Stat"]

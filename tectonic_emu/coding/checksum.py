@@ -1,0 +1,36 @@
+"""CRC32C (Castagnoli), the checksum stored with every chunk."""
+
+from __future__ import annotations
+
+import google_crc32c
+
+from tectonic_emu.chunkstore.base import BytesLike
+from tectonic_emu.coding._native import crc32c_extend, pinned
+from tectonic_emu.errors import InvalidArgumentError
+
+# Below this, the C extension's lower call overhead wins; above, the ctypes call releases the GIL
+# (google-crc32c only does so for bytes of 1 MiB or more).
+_SMALL = 64 * 1024
+
+
+def crc32c(data: BytesLike, value: int = 0) -> int:
+    """CRC32C of ``data``, continuing from ``value`` (the CRC of the bytes before it).
+
+    Any contiguous buffer works (bytes, bytearray, memoryview, mmap) and is not copied.
+    ``crc32c(b, crc32c(a)) == crc32c(a + b)``.
+    """
+    if not 0 <= value <= 0xFFFFFFFF:
+        raise InvalidArgumentError(f"CRC32C start value out of range: {value}")
+    native = crc32c_extend()
+    if native is None or (isinstance(data, bytes) and len(data) < _SMALL):
+        if not isinstance(data, bytes):
+            data = bytes(data)  # only without the native library: google-crc32c takes bytes
+        return int(google_crc32c.extend(value, data))
+    try:
+        with pinned([data]) as [(address, nbytes)]:
+            return native(value, address, nbytes)
+    except BufferError as exc:
+        raise InvalidArgumentError(f"cannot checksum a non-contiguous buffer: {exc}") from exc
+
+
+__all__ = ["crc32c"]

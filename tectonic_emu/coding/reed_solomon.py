@@ -1,0 +1,215 @@
+"""``rs-D-P``: systematic Reed-Solomon over GF(2^8) with a Cauchy matrix, computed by ISA-L.
+
+Chunk format (the stored bytes, no header). With ``s = chunk_len(L)`` (``L/D`` rounded up to a
+multiple of 64 bytes):
+- data chunk ``i`` is ``block[i*s : (i+1)*s]`` clipped to the block, so the last data chunks
+  may be short, or empty for blocks under ``64*D*(D-1)`` bytes: no padding is stored;
+- parity chunk ``p`` is ``s`` bytes: row ``D+p`` of ``cauchy_matrix(D, P)`` applied to the data
+  chunks, each zero-padded to ``s``.
+Any ``D`` chunks decode, for every erasure pattern (a Cauchy matrix is MDS; ISA-L's Vandermonde
+matrix is not once ``P > 4``). Data chunks are views of the block, so encoding copies nothing
+but the parity it computes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+
+from tectonic_emu.chunkstore.base import BytesLike
+from tectonic_emu.coding._gf256 import cauchy_matrix, gf_matmul
+from tectonic_emu.coding._native import isal, pinned
+from tectonic_emu.coding.codec import Codec, byte_view, writable_view
+from tectonic_emu.coding.encoding import Encoding
+from tectonic_emu.errors import DataUnavailableError, InvalidArgumentError
+
+ALIGN = 64  # chunk length granule: keeps every data chunk of an aligned block cache-line aligned
+_MAX_CHUNK = 2**31 - 1  # ISA-L takes lengths as int
+
+_Tables = ctypes.Array[ctypes.c_ubyte]
+
+
+class ReedSolomonCodec(Codec):
+    """Reed-Solomon with ``encoding.data`` data and ``encoding.parity`` parity chunks."""
+
+    def __init__(self, encoding: Encoding) -> None:
+        super().__init__(encoding)
+        self._isal = isal()  # fail here, not on the first write, if ISA-L is missing
+        self._data = encoding.data
+        self._encode_tables = _coding_tables(
+            encoding.data,
+            encoding.parity,
+            tuple(range(encoding.data)),
+            tuple(range(encoding.data, encoding.width)),
+        )
+
+    def chunk_len(self, block_len: int) -> int:
+        """Length of a parity chunk (and of every full data chunk)."""
+        per_chunk = -(-block_len // self._data)
+        return -(-per_chunk // ALIGN) * ALIGN
+
+    def chunk_sizes(self, block_len: int) -> list[int]:
+        s = self.chunk_len(block_len)
+        data = [max(0, min(s, block_len - i * s)) for i in range(self._data)]
+        return data + [s] * self.encoding.parity
+
+    def encode(
+        self, block: BytesLike, *, parity_out: Sequence[BytesLike] | None = None
+    ) -> list[BytesLike]:
+        view = byte_view(block)
+        size = len(view)
+        s = self._checked_chunk_len(size)
+        data = [view[min(size, i * s) : min(size, (i + 1) * s)] for i in range(self._data)]
+        if parity_out is None:
+            # One allocation for all parity; a pool's warm buffers (parity_out) are faster.
+            whole = memoryview(bytearray(s * self.encoding.parity))
+            parity = [whole[j * s : (j + 1) * s] for j in range(self.encoding.parity)]
+        else:
+            if len(parity_out) != self.encoding.parity:
+                raise InvalidArgumentError(
+                    f"{self.encoding.name} needs {self.encoding.parity} parity buffers, "
+                    f"got {len(parity_out)}"
+                )
+            parity = [writable_view(buf, s) for buf in parity_out]
+        self._run(self._encode_tables, data, parity, s)
+        return [*data, *parity]
+
+    def decode(
+        self,
+        chunks: Mapping[int, BytesLike],
+        block_len: int,
+        *,
+        out: BytesLike | None = None,
+    ) -> BytesLike:
+        sizes, good = self._good_chunks(chunks, block_len)
+        data = range(self._data)
+        if all(i in good for i in data):
+            # Systematic code: the data chunks are the block.
+            if out is None:
+                return b"".join(good[i] for i in data)
+            dst = writable_view(out, block_len)
+            pos = 0
+            for i in data:
+                dst[pos : pos + sizes[i]] = good[i]
+                pos += sizes[i]
+            return dst
+        result: BytesLike
+        if out is None:
+            result = bytearray(block_len)
+            dst = memoryview(result)
+        else:
+            dst = result = writable_view(out, block_len)
+        s = self.chunk_len(block_len)
+        for i in data:
+            if i in good:
+                dst[i * s : i * s + sizes[i]] = good[i]
+        lost = tuple(i for i in data if i not in good and sizes[i] > 0)
+        if lost:
+            sources = tuple(sorted(good)[: self._data])
+            self._run(
+                self._tables(sources, lost),
+                [good[i] for i in sources],
+                [dst[i * s : i * s + sizes[i]] for i in lost],
+                s,
+            )
+        return result
+
+    def reconstruct(
+        self, chunks: Mapping[int, BytesLike], missing: Sequence[int], block_len: int
+    ) -> dict[int, BytesLike]:
+        missing = self._check_missing(missing)
+        sizes, good = self._good_chunks(chunks, block_len, exclude=missing)
+        whole = memoryview(bytearray(sum(sizes[i] for i in missing)))
+        rebuilt: dict[int, memoryview] = {}
+        pos = 0
+        for i in missing:
+            rebuilt[i] = whole[pos : pos + sizes[i]]
+            pos += sizes[i]
+        targets = tuple(i for i in missing if sizes[i] > 0)
+        if targets:
+            sources = tuple(sorted(good)[: self._data])
+            self._run(
+                self._tables(sources, targets),
+                [good[i] for i in sources],
+                [rebuilt[i] for i in targets],
+                self.chunk_len(block_len),
+            )
+        return dict(rebuilt)
+
+    # -- internals ---------------------------------------------------------------------------
+    def _checked_chunk_len(self, block_len: int) -> int:
+        s = self.chunk_len(block_len)
+        if s > _MAX_CHUNK:
+            raise InvalidArgumentError(f"block of {block_len} bytes too large to encode")
+        return s
+
+    def _tables(self, sources: tuple[int, ...], targets: tuple[int, ...]) -> _Tables:
+        try:
+            return _coding_tables(self._data, self.encoding.parity, sources, targets)
+        except ValueError as exc:  # singular matrix: cannot happen with a Cauchy matrix
+            raise DataUnavailableError(f"{self.encoding.name}: {exc}") from exc
+
+    def _run(
+        self,
+        tables: _Tables,
+        sources: Sequence[memoryview],
+        targets: Sequence[memoryview],
+        s: int,
+    ) -> None:
+        """targets[j] = row j of ``tables`` applied to ``sources``, all seen as ``s`` bytes:
+        shorter sources are zero-padded, shorter targets get their first bytes only."""
+        k, m = len(sources), len(targets)
+        r = min([s, *(len(x) for x in sources), *(len(x) for x in targets)])
+        encode = self._isal.ec_encode_data
+        if r > 0:
+            # The bulk, straight from and into the callers' buffers; ctypes drops the GIL.
+            with pinned(sources) as src, pinned(targets, writable=True) as dst:
+                src_ptrs = (ctypes.c_void_p * k)(*(a for a, _ in src))
+                dst_ptrs = (ctypes.c_void_p * m)(*(a for a, _ in dst))
+                encode(r, k, m, tables, src_ptrs, dst_ptrs)
+        if r < s:
+            # The ragged end (< 64*D bytes except for tiny blocks): padded copies.
+            tail = s - r
+            scratch = bytearray(tail * (k + m))
+            for i, x in enumerate(sources):
+                piece = x[r:s]
+                scratch[i * tail : i * tail + len(piece)] = piece
+            with pinned([scratch], writable=True) as [(base, _)]:
+                src_ptrs = (ctypes.c_void_p * k)(*(base + i * tail for i in range(k)))
+                dst_ptrs = (ctypes.c_void_p * m)(*(base + (k + j) * tail for j in range(m)))
+                encode(tail, k, m, tables, src_ptrs, dst_ptrs)
+            for j, x in enumerate(targets):
+                if len(x) > r:
+                    start = (k + j) * tail
+                    x[r:] = scratch[start : start + len(x) - r]
+
+
+@lru_cache(maxsize=1024)
+def _coding_tables(
+    data: int, parity: int, sources: tuple[int, ...], targets: tuple[int, ...]
+) -> _Tables:
+    """ISA-L tables computing chunks ``targets`` from the ``data`` chunks ``sources``.
+
+    With ``M`` the coding matrix, chunk t is ``M[t] @ x`` for the data vector x; the sources
+    are ``M[sources] @ x``, so chunk t is ``M[t] @ inv(M[sources]) @ sources``.
+    """
+    lib = isal()
+    matrix = cauchy_matrix(data, parity)
+    wanted = [matrix[t] for t in targets]
+    if sources == tuple(range(data)):
+        rows = [list(row) for row in wanted]
+    else:
+        square = (ctypes.c_ubyte * (data * data))(*(v for i in sources for v in matrix[i]))
+        inverse = (ctypes.c_ubyte * (data * data))()
+        if lib.gf_invert_matrix(square, inverse, data) != 0:
+            raise ValueError(f"chunks {sources} do not determine the block")
+        inv = [list(inverse[r * data : (r + 1) * data]) for r in range(data)]
+        rows = gf_matmul(wanted, inv)
+    flat = (ctypes.c_ubyte * (data * len(targets)))(*(v for row in rows for v in row))
+    tables = (ctypes.c_ubyte * (32 * data * len(targets)))()
+    lib.ec_init_tables(data, len(targets), flat, tables)
+    return tables
+
+
+__all__ = ["ALIGN", "ReedSolomonCodec"]

@@ -1,0 +1,101 @@
+"""A cluster's configuration, kept as ``cluster.json`` in the cluster directory."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from tectonic_emu.coding import Encoding
+from tectonic_emu.errors import ClusterNotFoundError, InvalidArgumentError
+
+CONFIG_FILE = "cluster.json"
+METADATA_FILE = "metadata.db"
+FORMAT_VERSION = 1
+
+# 8 MiB blocks: the chunk-size sweep in docs/performance.md shows per-chunk costs (an fsync,
+# a metadata row, a thread hop) amortized above ~1 MiB chunks, and rs-6-3 chunks of 8/6 MiB
+# keep the erasure coder in its fast range; larger blocks only add memory per in-flight write.
+DEFAULT_BLOCK_SIZE = 8 << 20
+MIN_BLOCK_SIZE = 4 << 10
+MAX_BLOCK_SIZE = 256 << 20
+
+Compression = Literal["auto", "zstd", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """What ``Cluster.create`` was asked for. Immutable once the cluster exists."""
+
+    nodes: int = 9
+    disks_per_node: int = 2
+    encoding: str = "rs-6-3"
+    block_size: int = DEFAULT_BLOCK_SIZE
+    # False is page-cache mode: chunk writes are not fsync'd before the metadata commit, so
+    # a machine crash (not a process crash) can lose acknowledged data. For experiments only.
+    sync: bool = True
+    compression: Compression = "auto"
+    version: int = FORMAT_VERSION
+    created: float = field(default=0.0)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.nodes <= 4096:
+            raise InvalidArgumentError(f"nodes must be 1..4096, not {self.nodes}")
+        if not 1 <= self.disks_per_node <= 64:
+            raise InvalidArgumentError(f"disks per node must be 1..64, not {self.disks_per_node}")
+        if not MIN_BLOCK_SIZE <= self.block_size <= MAX_BLOCK_SIZE:
+            raise InvalidArgumentError(
+                f"block size must be {MIN_BLOCK_SIZE}..{MAX_BLOCK_SIZE} bytes, not {self.block_size}"
+            )
+        if self.compression not in ("auto", "zstd", "none"):
+            raise InvalidArgumentError(
+                f"compression must be auto, zstd or none, not {self.compression!r}"
+            )
+        enc = Encoding.parse(self.encoding)
+        if enc.width > self.nodes:
+            raise InvalidArgumentError(
+                f"default encoding {enc} needs {enc.width} nodes, the cluster has {self.nodes}"
+            )
+
+    def save(self, root: Path) -> None:
+        tmp = root / (CONFIG_FILE + ".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, root / CONFIG_FILE)
+
+    @classmethod
+    def load(cls, root: Path) -> ClusterConfig:
+        try:
+            raw = json.loads((root / CONFIG_FILE).read_text())
+        except FileNotFoundError:
+            raise ClusterNotFoundError(
+                "no cluster here (cluster.json missing)", str(root)
+            ) from None
+        except (OSError, ValueError) as e:
+            raise ClusterNotFoundError(f"cannot read cluster.json ({e})", str(root)) from None
+        if raw.get("version") != FORMAT_VERSION:
+            raise ClusterNotFoundError(
+                f"unsupported cluster format {raw.get('version')}", str(root)
+            )
+        return cls(**raw)
+
+
+def parse_size(text: str) -> int:
+    """``'512MiB'``, ``'8M'``, ``'1.5GiB'``, ``'4096'`` -> bytes (binary units)."""
+    units = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    s = text.strip().upper().removesuffix("IB").removesuffix("B")
+    num = s.rstrip("KMGT")
+    unit = s[len(num) :]
+    try:
+        value = float(num)
+    except ValueError:
+        raise InvalidArgumentError(f"not a size: {text!r} (try 512MiB, 8M, 4096)") from None
+    if unit not in units or value < 0:
+        raise InvalidArgumentError(f"not a size: {text!r} (try 512MiB, 8M, 4096)")
+    return int(value * units[unit])
+
+
+__all__ = ["DEFAULT_BLOCK_SIZE", "ClusterConfig", "Compression", "parse_size"]

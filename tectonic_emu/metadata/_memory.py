@@ -1,0 +1,164 @@
+"""``MemoryKV``: the in-memory backend of the metadata seam, for tests and one-process runs."""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import errno
+from types import TracebackType
+from typing import Any
+
+from tectonic_emu.errors import InvalidArgumentError
+from tectonic_emu.metadata.kv import KVStore, Transaction, prefix_end
+
+
+class MemoryKV(KVStore):
+    """An ordered key-value store in this process's memory, used from one event loop.
+
+    Keys live in a sorted list beside a dict, so a scan costs O(log n + k). Transactions run
+    one at a time (an ``asyncio.Lock`` held for the whole block) and write in place with an undo
+    log, so a block that raises or is cancelled is rolled back when it exits.
+
+    Errors: ``OSError(EDEADLK)`` for a transaction (or ``get``/``scan``) started by a task that
+    already holds one on this store, ``OSError(EBADF)`` after ``close``.
+    """
+
+    def __init__(self) -> None:
+        self._keys: list[bytes] = []  # sorted, always the keys of _data
+        self._data: dict[bytes, bytes] = {}
+        self._lock = asyncio.Lock()
+        self._owner: asyncio.Task[Any] | None = None
+        self._closed = False
+
+    def transaction(self) -> _MemoryTransaction:
+        return _MemoryTransaction(self)
+
+    async def get(self, key: bytes) -> bytes | None:
+        await self._acquire()
+        try:
+            return self._data.get(key)
+        finally:
+            self._release()
+
+    async def scan(
+        self, prefix: bytes, *, start: bytes | None = None, limit: int | None = None
+    ) -> list[tuple[bytes, bytes]]:
+        await self._acquire()
+        try:
+            return self._scan(prefix, start, limit)
+        finally:
+            self._release()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._check_not_owner()
+        async with self._lock:
+            self._closed = True
+
+    # -- internals shared with _MemoryTransaction --------------------------------------------
+    def _check_not_owner(self) -> asyncio.Task[Any] | None:
+        task = asyncio.current_task()
+        if task is not None and task is self._owner:
+            raise OSError(errno.EDEADLK, "this task already holds a transaction on this store")
+        return task
+
+    async def _acquire(self) -> None:
+        task = self._check_not_owner()
+        if self._closed:
+            raise OSError(errno.EBADF, "metadata store is closed")
+        await self._lock.acquire()
+        if self._closed:
+            self._lock.release()
+            raise OSError(errno.EBADF, "metadata store is closed")
+        self._owner = task
+
+    def _release(self) -> None:
+        self._owner = None
+        self._lock.release()
+
+    def _scan(
+        self, prefix: bytes, start: bytes | None, limit: int | None
+    ) -> list[tuple[bytes, bytes]]:
+        if limit is not None and limit < 0:
+            raise InvalidArgumentError("scan limit must not be negative", str(limit))
+        keys = self._keys
+        lo = bisect.bisect_left(keys, prefix if start is None or start < prefix else start)
+        end = prefix_end(prefix)
+        hi = len(keys) if end is None else bisect.bisect_left(keys, end, lo)
+        if limit is not None:
+            hi = min(hi, lo + limit)
+        data = self._data
+        return [(k, data[k]) for k in keys[lo:hi]]
+
+    def _write(self, key: bytes, value: bytes | None) -> bytes | None:
+        """Set (or with None, remove) ``key``; return the value it had."""
+        old = self._data.get(key)
+        if value is not None:
+            if old is None:
+                bisect.insort(self._keys, key)
+            self._data[key] = value
+        elif old is not None:
+            del self._data[key]
+            del self._keys[bisect.bisect_left(self._keys, key)]
+        return old
+
+
+class _MemoryTransaction(Transaction):
+    def __init__(self, store: MemoryKV) -> None:
+        self._store = store
+        self._undo: dict[bytes, bytes | None] = {}  # each written key's value before this txn
+        self._state = "new"  # -> "open" -> "done"
+
+    async def __aenter__(self) -> _MemoryTransaction:
+        if self._state != "new":
+            raise OSError(errno.EBADF, "a transaction object can be entered only once")
+        await self._store._acquire()
+        self._state = "open"
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._state = "done"
+        try:
+            if exc_type is not None:
+                for key, old in self._undo.items():
+                    self._store._write(key, old)
+        finally:
+            self._undo = {}
+            self._store._release()
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise OSError(errno.EBADF, "transaction is not open")
+
+    async def get(self, key: bytes) -> bytes | None:
+        self._check_open()
+        return self._store._data.get(key)
+
+    async def scan(
+        self, prefix: bytes, *, start: bytes | None = None, limit: int | None = None
+    ) -> list[tuple[bytes, bytes]]:
+        self._check_open()
+        return self._store._scan(prefix, start, limit)
+
+    async def put(self, key: bytes, value: bytes) -> None:
+        self._check_open()
+        if not isinstance(key, bytes) or not isinstance(value, bytes):
+            raise InvalidArgumentError(
+                f"keys and values are bytes, got {type(key).__name__} and {type(value).__name__}"
+            )
+        old = self._store._write(key, value)
+        self._undo.setdefault(key, old)
+
+    async def delete(self, key: bytes) -> None:
+        self._check_open()
+        old = self._store._write(key, None)
+        self._undo.setdefault(key, old)
+
+
+__all__ = ["MemoryKV"]

@@ -1,0 +1,392 @@
+"""``SQLiteKV``: the durable one-host backend of the metadata seam, a single SQLite file.
+
+Every sqlite3 call runs on one worker thread per store, so the event loop never waits on the
+disk or on another process's lock. Writes inside a transaction are buffered and sent with the
+next read or with the commit: a transaction costs one thread hop per read that misses its own
+writes, plus one to commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from types import TracebackType
+from typing import Any, Literal, TypeVar, cast
+
+from tectonic_emu.errors import InvalidArgumentError
+from tectonic_emu.metadata.kv import KVStore, Transaction, prefix_end
+
+Synchronous = Literal["full", "normal", "off"]
+
+_T = TypeVar("_T")
+_Writes = dict[bytes, bytes | None]  # key -> new value, None for a delete
+
+_SCHEMA = "CREATE TABLE IF NOT EXISTS kv(k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID"
+
+# sqlite3 primary result codes -> errno; anything else is EIO.
+_ERRNO = {
+    3: errno.EACCES,  # SQLITE_PERM
+    5: errno.EBUSY,  # SQLITE_BUSY
+    6: errno.EBUSY,  # SQLITE_LOCKED
+    7: errno.ENOMEM,  # SQLITE_NOMEM
+    8: errno.EROFS,  # SQLITE_READONLY
+    13: errno.ENOSPC,  # SQLITE_FULL
+    14: errno.ENOENT,  # SQLITE_CANTOPEN (usually a missing directory)
+    23: errno.EACCES,  # SQLITE_AUTH
+}
+
+
+class SQLiteKV(KVStore):
+    """An ordered key-value store in one SQLite file (WAL mode), shareable between processes.
+
+    Transactions start with ``BEGIN IMMEDIATE``: they hold the file's write lock from their
+    first read or write to their end, so read-modify-write is serializable across processes too.
+    A process that finds the lock taken waits up to ``busy_timeout`` seconds, then fails with
+    ``OSError(EBUSY)``. Reads outside a transaction (``get``, ``scan``, ``iter_prefix``) take no
+    write lock.
+
+    ``synchronous``: ``"full"`` makes every commit durable before it returns; ``"normal"`` may
+    lose the last commits on power loss (never on a process crash) and never corrupts the file;
+    ``"off"`` is for throwaway stores.
+
+    The file is opened on first use; ``await SQLiteKV.open(...)`` opens it at once instead, so a
+    bad path fails there. Errors: every sqlite3 error becomes an ``OSError`` with an errno
+    (``EBUSY``, ``ENOSPC``, ``EROFS``, ``ENOENT``, ``EACCES``, else ``EIO``);
+    ``OSError(EDEADLK)`` for a transaction (or ``get``/``scan``) started by a task that already
+    holds one on this store; ``OSError(EBADF)`` after ``close``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Synchronous = "full",
+        busy_timeout: float = 30.0,
+    ) -> None:
+        if synchronous not in ("full", "normal", "off"):
+            raise InvalidArgumentError("synchronous must be 'full', 'normal' or 'off'", synchronous)
+        self.path = os.fspath(path)
+        self.synchronous: Synchronous = synchronous
+        self.busy_timeout = busy_timeout
+        # All sqlite3 calls happen on this one thread; _db is touched only there.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlitekv")
+        self._db: sqlite3.Connection | None = None
+        self._lock = asyncio.Lock()
+        self._owner: asyncio.Task[Any] | None = None
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Synchronous = "full",
+        busy_timeout: float = 30.0,
+    ) -> SQLiteKV:
+        """A store whose file is already open (created if missing)."""
+        store = cls(path, synchronous=synchronous, busy_timeout=busy_timeout)
+        try:
+            await store._run(lambda db: None)
+        except BaseException:
+            await store.close()
+            raise
+        return store
+
+    def transaction(self) -> _SQLiteTransaction:
+        return _SQLiteTransaction(self)
+
+    async def get(self, key: bytes) -> bytes | None:
+        # Autocommit read: sees committed data only, and takes no write lock.
+        await self._acquire()
+        try:
+            return await self._run(lambda db: _select(db, key))
+        finally:
+            self._release()
+
+    async def scan(
+        self, prefix: bytes, *, start: bytes | None = None, limit: int | None = None
+    ) -> list[tuple[bytes, bytes]]:
+        _check_limit(limit)
+        await self._acquire()
+        try:
+            return await self._run(lambda db: _scan(db, prefix, start, limit))
+        finally:
+            self._release()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._check_not_owner()
+        async with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    self._executor, self._close_in_worker
+                )
+            finally:
+                self._executor.shutdown(wait=False)
+
+    # -- event-loop side ---------------------------------------------------------------------
+    def _check_not_owner(self) -> asyncio.Task[Any] | None:
+        task = asyncio.current_task()
+        if task is not None and task is self._owner:
+            raise OSError(errno.EDEADLK, "this task already holds a transaction on this store")
+        return task
+
+    async def _acquire(self) -> None:
+        task = self._check_not_owner()
+        if self._closed:
+            raise OSError(errno.EBADF, "metadata store is closed", self.path)
+        await self._lock.acquire()
+        if self._closed:
+            self._lock.release()
+            raise OSError(errno.EBADF, "metadata store is closed", self.path)
+        self._owner = task
+
+    def _release(self) -> None:
+        self._owner = None
+        self._lock.release()
+
+    async def _run(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``job`` on the worker thread. If the caller is cancelled, a job that already
+        started still runs to its end; one still queued is dropped."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._in_worker, job)
+
+    async def _finish(self, job: Callable[[], None]) -> None:
+        """Run a commit or rollback on the worker thread to its end, even if cancelled."""
+        fut = asyncio.get_running_loop().run_in_executor(self._executor, job)
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            # The outcome is settled before the cancellation goes on (unless cancelled again;
+            # even then, whatever this store runs next is queued behind the job).
+            await asyncio.wait([fut])
+            if not fut.cancelled():
+                fut.exception()  # reported by the failed transaction's caller, not the loop
+            raise
+
+    # -- worker-thread side ------------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(
+            self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        try:
+            # Switching to WAL and creating the table can fail at once with "database is
+            # locked" (SQLite skips the busy handler where waiting could deadlock), e.g. when
+            # several processes open a new file together: retry until busy_timeout instead.
+            deadline = time.monotonic() + self.busy_timeout
+            pause = 0.001
+            while True:
+                try:
+                    self._set_up(db)
+                    break
+                except sqlite3.OperationalError as exc:
+                    busy = getattr(exc, "sqlite_errorcode", 0) & 0xFF in (5, 6)
+                    if not busy or time.monotonic() + pause > deadline:
+                        raise
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.05)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _set_up(self, db: sqlite3.Connection) -> None:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        mode = db.execute("PRAGMA journal_mode").fetchone()[0]
+        if str(mode).lower() != "wal":
+            mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise OSError(errno.EIO, f"could not switch to WAL mode (got {mode})", self.path)
+        db.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
+        if db.execute("SELECT 1 FROM sqlite_schema WHERE name = 'kv'").fetchone() is None:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute(_SCHEMA)
+            db.execute("COMMIT")
+
+    def _in_worker(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
+        try:
+            if self._db is None:
+                self._db = self._connect()
+            return job(self._db)
+        except sqlite3.Error as exc:
+            raise self._os_error(exc) from exc
+
+    def _commit_in_worker(self, writes: _Writes) -> None:
+        try:
+            db = self._db
+            if writes:
+                if db is None:
+                    db = self._db = self._connect()
+                _begin(db)
+                _apply(db, writes)
+            if db is not None and db.in_transaction:
+                db.execute("COMMIT")
+        except BaseException as exc:
+            self._rollback_in_worker()
+            if isinstance(exc, sqlite3.Error):
+                raise self._os_error(exc) from exc
+            raise
+
+    def _rollback_in_worker(self) -> None:
+        db = self._db
+        if db is None or not db.in_transaction:
+            return
+        try:
+            db.execute("ROLLBACK")
+        except sqlite3.Error:
+            # Closing a connection rolls back what it had open; the next call reopens.
+            self._db = None
+            with contextlib.suppress(sqlite3.Error):
+                db.close()
+
+    def _close_in_worker(self) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            try:
+                db.close()
+            except sqlite3.Error as exc:
+                raise self._os_error(exc) from exc
+
+    def _os_error(self, exc: sqlite3.Error) -> OSError:
+        code = getattr(exc, "sqlite_errorcode", None)
+        err = errno.EIO if code is None else _ERRNO.get(code & 0xFF, errno.EIO)
+        message = f"metadata store: {exc}"
+        if err == errno.EBUSY:
+            message += f" (waited up to {self.busy_timeout:g} s for other users of the file)"
+        return OSError(err, message, self.path)
+
+
+class _SQLiteTransaction(Transaction):
+    def __init__(self, store: SQLiteKV) -> None:
+        self._store = store
+        self._writes: _Writes = {}  # not yet sent to the worker
+        self._state = "new"  # -> "open" -> "done"; "broken" once a backend call failed
+        self._sent = False  # a job of this transaction reached the worker's queue
+
+    async def __aenter__(self) -> _SQLiteTransaction:
+        if self._state != "new":
+            raise OSError(errno.EBADF, "a transaction object can be entered only once")
+        await self._store._acquire()
+        self._state = "open"
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        store = self._store
+        broken = self._state == "broken"
+        writes, self._writes = self._writes, {}
+        self._state = "done"
+        try:
+            if exc_type is None and not broken:
+                if writes or self._sent:
+                    await store._finish(lambda: store._commit_in_worker(writes))
+            elif self._sent:
+                await store._finish(store._rollback_in_worker)
+        finally:
+            store._release()
+        if broken and exc_type is None:
+            raise OSError(errno.EIO, "transaction rolled back: an operation in it failed")
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise OSError(errno.EBADF, f"transaction is {self._state}, not open")
+
+    async def _read(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
+        writes, self._writes = self._writes, {}
+
+        def work(db: sqlite3.Connection) -> _T:
+            _begin(db)
+            if writes:
+                _apply(db, writes)
+            return job(db)
+
+        self._sent = True
+        try:
+            return await self._store._run(work)
+        except BaseException:
+            # Its writes may be half applied: nothing more of this transaction may commit.
+            self._state = "broken"
+            raise
+
+    async def get(self, key: bytes) -> bytes | None:
+        self._check_open()
+        if key in self._writes:
+            return self._writes[key]
+        return await self._read(lambda db: _select(db, key))
+
+    async def scan(
+        self, prefix: bytes, *, start: bytes | None = None, limit: int | None = None
+    ) -> list[tuple[bytes, bytes]]:
+        self._check_open()
+        _check_limit(limit)
+        return await self._read(lambda db: _scan(db, prefix, start, limit))
+
+    async def put(self, key: bytes, value: bytes) -> None:
+        self._check_open()
+        if not isinstance(key, bytes) or not isinstance(value, bytes):
+            raise InvalidArgumentError(
+                f"keys and values are bytes, got {type(key).__name__} and {type(value).__name__}"
+            )
+        self._writes[key] = value
+
+    async def delete(self, key: bytes) -> None:
+        self._check_open()
+        self._writes[key] = None
+
+
+# -- statements (worker thread) --------------------------------------------------------------
+def _begin(db: sqlite3.Connection) -> None:
+    if not db.in_transaction:
+        db.execute("BEGIN IMMEDIATE")
+
+
+def _apply(db: sqlite3.Connection, writes: _Writes) -> None:
+    puts = [(k, v) for k, v in writes.items() if v is not None]
+    if puts:
+        db.executemany("INSERT OR REPLACE INTO kv(k, v) VALUES (?, ?)", puts)
+    if len(puts) < len(writes):
+        dels = [(k,) for k, v in writes.items() if v is None]
+        db.executemany("DELETE FROM kv WHERE k = ?", dels)
+
+
+def _select(db: sqlite3.Connection, key: bytes) -> bytes | None:
+    row = db.execute("SELECT v FROM kv WHERE k = ?", (key,)).fetchone()
+    return None if row is None else cast(bytes, row[0])
+
+
+def _scan(
+    db: sqlite3.Connection, prefix: bytes, start: bytes | None, limit: int | None
+) -> list[tuple[bytes, bytes]]:
+    low = prefix if start is None or start < prefix else start
+    end = prefix_end(prefix)
+    n = -1 if limit is None else limit  # LIMIT -1: no limit
+    if end is None:
+        cur = db.execute("SELECT k, v FROM kv WHERE k >= ? ORDER BY k LIMIT ?", (low, n))
+    else:
+        cur = db.execute(
+            "SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k LIMIT ?", (low, end, n)
+        )
+    return cast(list[tuple[bytes, bytes]], cur.fetchall())
+
+
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and limit < 0:
+        raise InvalidArgumentError("scan limit must not be negative", str(limit))
+
+
+__all__ = ["SQLiteKV"]

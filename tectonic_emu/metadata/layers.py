@@ -1,0 +1,231 @@
+"""Tectonic's three metadata layers over one ordered key-value store.
+
+Keys are hash-partitioned the way Tectonic shards them on ZippyDB: every key starts with a
+layer tag and a 2-byte hash of the id that owns it, so one directory's entries, one file's
+block list or one block's chunk list sit together (one prefix scan) while different ids
+spread evenly over the key space (and, on a sharded backend, over shards)::
+
+    Name   N | h(dir)  | dir_id             -> DirRecord      (the directory itself)
+    Name   N | h(dir)  | dir_id | name      -> Entry          (name -> file or directory)
+    File   F | h(file) | file_id | 00       -> FileRecord
+    File   F | h(file) | file_id | 01 | no  -> BlockEntry     (block ``no`` of the file)
+    Block  B | h(blk)  | block_id           -> BlockRecord    (its chunks and checksums)
+    Index  D | node | disk | block_id       -> ''             (reverse index walked by repair)
+
+Ids are unsigned 64-bit integers, big-endian in keys so that they sort numerically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import struct
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from tectonic_emu.metadata.kv import KVStore, Transaction
+from tectonic_emu.metadata.records import (
+    ROOT_DIR_ID,
+    BlockEntry,
+    BlockRecord,
+    ChunkPlacement,
+    DirRecord,
+    Entry,
+    FileRecord,
+)
+
+_U64 = struct.Struct(">Q")
+_U16 = struct.Struct(">H")
+_FILE_ATTR = b"\x00"
+_FILE_BLOCK = b"\x01"
+
+
+def new_id() -> int:
+    """A random 63-bit id (never 0 or the root's id)."""
+    while (i := secrets.randbits(63)) <= ROOT_DIR_ID:
+        pass
+    return i
+
+
+def _part(tag: bytes, ident: int) -> bytes:
+    raw = _U64.pack(ident)
+    return tag + hashlib.blake2b(raw, digest_size=2).digest() + raw
+
+
+def dir_key(dir_id: int) -> bytes:
+    return _part(b"N", dir_id)
+
+
+def entry_key(dir_id: int, name: str) -> bytes:
+    return _part(b"N", dir_id) + name.encode()
+
+
+def file_key(file_id: int) -> bytes:
+    return _part(b"F", file_id) + _FILE_ATTR
+
+
+def block_entry_prefix(file_id: int) -> bytes:
+    return _part(b"F", file_id) + _FILE_BLOCK
+
+
+def block_key(block_id: int) -> bytes:
+    return _part(b"B", block_id)
+
+
+def disk_prefix(node: int, disk: int) -> bytes:
+    return b"D" + _U16.pack(node) + _U16.pack(disk)
+
+
+class NameLayer:
+    """Directories and the names in them."""
+
+    def __init__(self, txn: Transaction) -> None:
+        self._txn = txn
+
+    async def get_dir(self, dir_id: int) -> DirRecord | None:
+        raw = await self._txn.get(dir_key(dir_id))
+        return None if raw is None else DirRecord.decode(dir_id, raw)
+
+    async def put_dir(self, rec: DirRecord) -> None:
+        await self._txn.put(dir_key(rec.dir_id), rec.encode())
+
+    async def delete_dir(self, dir_id: int) -> None:
+        await self._txn.delete(dir_key(dir_id))
+
+    async def lookup(self, dir_id: int, name: str) -> Entry | None:
+        raw = await self._txn.get(entry_key(dir_id, name))
+        return None if raw is None else Entry.decode(name, raw)
+
+    async def link(self, dir_id: int, entry: Entry) -> None:
+        await self._txn.put(entry_key(dir_id, entry.name), entry.encode())
+
+    async def unlink(self, dir_id: int, name: str) -> None:
+        await self._txn.delete(entry_key(dir_id, name))
+
+    async def entries(self, dir_id: int, *, limit: int | None = None) -> list[Entry]:
+        prefix = dir_key(dir_id)
+        # Names are never empty, so the directory's own record (the bare prefix) sorts first.
+        rows = await self._txn.scan(prefix, start=prefix + b"\x01", limit=limit)
+        return [Entry.decode(k[len(prefix) :].decode(), v) for k, v in rows]
+
+
+class FileLayer:
+    """File attributes and each file's ordered list of blocks."""
+
+    def __init__(self, txn: Transaction) -> None:
+        self._txn = txn
+
+    async def get(self, file_id: int) -> FileRecord | None:
+        raw = await self._txn.get(file_key(file_id))
+        return None if raw is None else FileRecord.decode(file_id, raw)
+
+    async def put(self, rec: FileRecord) -> None:
+        await self._txn.put(file_key(rec.file_id), rec.encode())
+
+    async def delete(self, file_id: int) -> list[BlockEntry]:
+        """Remove the file and its block list; returns the blocks it had."""
+        blocks = await self.blocks(file_id)
+        prefix = block_entry_prefix(file_id)
+        for b in blocks:
+            await self._txn.delete(prefix + _U64.pack(b.block_no))
+        await self._txn.delete(file_key(file_id))
+        return blocks
+
+    async def add_block(self, file_id: int, entry: BlockEntry) -> None:
+        await self._txn.put(block_entry_prefix(file_id) + _U64.pack(entry.block_no), entry.encode())
+
+    async def blocks(self, file_id: int) -> list[BlockEntry]:
+        prefix = block_entry_prefix(file_id)
+        rows = await self._txn.scan(prefix)
+        return [BlockEntry.decode(_U64.unpack(k[len(prefix) :])[0], v) for k, v in rows]
+
+
+class BlockLayer:
+    """Blocks, their chunk placements, and the disk -> block reverse index."""
+
+    def __init__(self, txn: Transaction) -> None:
+        self._txn = txn
+
+    async def get(self, block_id: int) -> BlockRecord | None:
+        raw = await self._txn.get(block_key(block_id))
+        return None if raw is None else BlockRecord.decode(block_id, raw)
+
+    async def put(self, rec: BlockRecord, *, old: BlockRecord | None = None) -> None:
+        """Insert or replace a block record, keeping the reverse index in step."""
+        await self._txn.put(block_key(rec.block_id), rec.encode())
+        new_disks = {(c.node, c.disk) for c in rec.chunks}
+        old_disks = set() if old is None else {(c.node, c.disk) for c in old.chunks}
+        suffix = _U64.pack(rec.block_id)
+        for node, disk in old_disks - new_disks:
+            await self._txn.delete(disk_prefix(node, disk) + suffix)
+        for node, disk in new_disks - old_disks:
+            await self._txn.put(disk_prefix(node, disk) + suffix, b"")
+
+    async def delete(self, rec: BlockRecord) -> None:
+        await self._txn.delete(block_key(rec.block_id))
+        suffix = _U64.pack(rec.block_id)
+        for node, disk in {(c.node, c.disk) for c in rec.chunks}:
+            await self._txn.delete(disk_prefix(node, disk) + suffix)
+
+
+class MetaTxn:
+    """The three layers seen through one transaction."""
+
+    def __init__(self, txn: Transaction) -> None:
+        self.txn = txn
+        self.names = NameLayer(txn)
+        self.files = FileLayer(txn)
+        self.blocks = BlockLayer(txn)
+
+    async def drop_file(self, file_id: int) -> list[ChunkPlacement]:
+        """Remove a file's File- and Block-layer records; returns its chunks, which the
+        caller deletes from the nodes after this transaction commits."""
+        garbage: list[ChunkPlacement] = []
+        for b in await self.files.delete(file_id):
+            rec = await self.blocks.get(b.block_id)
+            if rec is not None:
+                await self.blocks.delete(rec)
+                garbage.extend(rec.chunks)
+        return garbage
+
+
+class Metadata:
+    """Name, File and Block layers over one ``KVStore``."""
+
+    def __init__(self, kv: KVStore) -> None:
+        self.kv = kv
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[MetaTxn]:
+        async with self.kv.transaction() as txn:
+            yield MetaTxn(txn)
+
+    async def ensure_root(self, now: float) -> None:
+        async with self.transaction() as m:
+            if await m.names.get_dir(ROOT_DIR_ID) is None:
+                await m.names.put_dir(DirRecord(ROOT_DIR_ID, ROOT_DIR_ID, "", None, now, now))
+
+    async def iter_blocks(self) -> AsyncIterator[BlockRecord]:
+        """Every block record (in batches of separate transactions)."""
+        async for key, raw in self.kv.iter_prefix(b"B"):
+            yield BlockRecord.decode(_U64.unpack(key[3:])[0], raw)
+
+    async def iter_files(self) -> AsyncIterator[FileRecord]:
+        async for key, raw in self.kv.iter_prefix(b"F"):
+            if key.endswith(_FILE_ATTR) and len(key) == 12:
+                yield FileRecord.decode(_U64.unpack(key[3:11])[0], raw)
+
+    async def blocks_on_disk(self, node: int, disk: int) -> list[int]:
+        """Ids of blocks with a chunk on ``(node, disk)`` (the reverse index)."""
+        prefix = disk_prefix(node, disk)
+        return [_U64.unpack(k[len(prefix) :])[0] async for k, _ in self.kv.iter_prefix(prefix)]
+
+
+__all__ = [
+    "BlockLayer",
+    "FileLayer",
+    "MetaTxn",
+    "Metadata",
+    "NameLayer",
+    "new_id",
+]

@@ -1,0 +1,186 @@
+"""The records the metadata layers store, and their compact JSON form.
+
+Records are frozen dataclasses; ``encode``/``decode`` turn them into the bytes the key-value
+store keeps. JSON keeps the database readable with the ``sqlite3`` shell, which matters more
+here than the few microseconds a binary form would save (one record per multi-MiB block).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+EntryKind = Literal["file", "dir"]
+ROOT_DIR_ID = 1
+
+
+def _dump(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A Name-layer entry: ``name`` in some directory points at a file or a directory."""
+
+    name: str
+    kind: EntryKind
+    id: int
+
+    def encode(self) -> bytes:
+        return _dump({"k": self.kind[0], "id": self.id})
+
+    @classmethod
+    def decode(cls, name: str, raw: bytes) -> Entry:
+        d = json.loads(raw)
+        return cls(name=name, kind="dir" if d["k"] == "d" else "file", id=d["id"])
+
+
+@dataclass(frozen=True, slots=True)
+class DirRecord:
+    """A directory's own attributes (kept in the Name layer, beside its entries)."""
+
+    dir_id: int
+    parent: int  # the root is its own parent
+    name: str
+    encoding: str | None  # what new files below inherit; None: ask the parent
+    ctime: float
+    mtime: float
+
+    def encode(self) -> bytes:
+        return _dump(
+            {"p": self.parent, "n": self.name, "e": self.encoding, "c": self.ctime, "m": self.mtime}
+        )
+
+    @classmethod
+    def decode(cls, dir_id: int, raw: bytes) -> DirRecord:
+        d = json.loads(raw)
+        return cls(dir_id, d["p"], d["n"], d["e"], d["c"], d["m"])
+
+
+@dataclass(frozen=True, slots=True)
+class FileRecord:
+    """A file's attributes (File layer). ``size`` counts only committed, durable bytes."""
+
+    file_id: int
+    encoding: str
+    size: int
+    nblocks: int
+    sealed: bool
+    token: str | None  # the current writer's token; None once sealed
+    parent: int | None  # None while the file has no name yet (write_file before the swap)
+    name: str | None
+    ctime: float
+    mtime: float
+
+    def encode(self) -> bytes:
+        return _dump(
+            {
+                "e": self.encoding,
+                "s": self.size,
+                "b": self.nblocks,
+                "sealed": self.sealed,
+                "t": self.token,
+                "p": self.parent,
+                "n": self.name,
+                "c": self.ctime,
+                "m": self.mtime,
+            }
+        )
+
+    @classmethod
+    def decode(cls, file_id: int, raw: bytes) -> FileRecord:
+        d = json.loads(raw)
+        return cls(
+            file_id, d["e"], d["s"], d["b"], d["sealed"], d["t"], d["p"], d["n"], d["c"], d["m"]
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BlockEntry:
+    """File layer: block ``block_no`` of a file holds bytes [offset, offset + length)."""
+
+    block_no: int
+    block_id: int
+    offset: int
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+    def encode(self) -> bytes:
+        return _dump([self.block_id, self.offset, self.length])
+
+    @classmethod
+    def decode(cls, block_no: int, raw: bytes) -> BlockEntry:
+        block_id, offset, length = json.loads(raw)
+        return cls(block_no, block_id, offset, length)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkPlacement:
+    """Block layer: where chunk ``index`` of a block lives and what it must hash to."""
+
+    index: int
+    node: int
+    disk: int
+    chunk_id: str
+    crc32c: int  # of the stored (possibly compressed) bytes
+    stored_len: int
+    flags: int  # bit 0: zstd
+    raw_len: int  # length before compression
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRecord:
+    """Block layer: a block is a set of chunks on distinct nodes."""
+
+    block_id: int
+    file_id: int
+    length: int  # logical bytes in the block
+    encoding: str
+    chunks: tuple[ChunkPlacement, ...]
+
+    def encode(self) -> bytes:
+        return _dump(
+            {
+                "f": self.file_id,
+                "l": self.length,
+                "e": self.encoding,
+                "c": [
+                    [
+                        c.index,
+                        c.node,
+                        c.disk,
+                        c.chunk_id,
+                        c.crc32c,
+                        c.stored_len,
+                        c.flags,
+                        c.raw_len,
+                    ]
+                    for c in self.chunks
+                ],
+            }
+        )
+
+    @classmethod
+    def decode(cls, block_id: int, raw: bytes) -> BlockRecord:
+        d = json.loads(raw)
+        chunks = tuple(ChunkPlacement(*c) for c in d["c"])
+        return cls(block_id, d["f"], d["l"], d["e"], chunks)
+
+    def chunk(self, index: int) -> ChunkPlacement | None:
+        return next((c for c in self.chunks if c.index == index), None)
+
+
+__all__ = [
+    "ROOT_DIR_ID",
+    "BlockEntry",
+    "BlockRecord",
+    "ChunkPlacement",
+    "DirRecord",
+    "Entry",
+    "EntryKind",
+    "FileRecord",
+]

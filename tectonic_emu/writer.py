@@ -1,0 +1,208 @@
+"""Append-only writers: blocks stream out as they fill, and commit in order.
+
+A writer holds the file's write token. Full blocks are written to storage nodes concurrently
+(``depth`` at a time) but committed to metadata strictly in order, each commit checking the
+token, so the size that metadata reports always covers a gap-free, durable prefix. A newer
+writer takes the token and thereby fences this one: its next append or commit raises
+``FencedWriterError`` and nothing the fenced writer made durable is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable, Generator
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from tectonic_emu.chunkstore.base import BytesLike
+from tectonic_emu.coding import Encoding
+from tectonic_emu.errors import WriterClosedError
+from tectonic_emu.metadata.layers import new_id
+
+if TYPE_CHECKING:
+    from tectonic_emu.client import Client
+
+
+class BlockPipeline:
+    """Writes blocks of one file concurrently and commits them in order.
+
+    ``submit`` waits while ``depth`` blocks are in flight. The first failure stops every later
+    block from committing (their chunks are deleted) and is raised by the next ``submit`` or
+    by ``drain``.
+    """
+
+    def __init__(self, client: Client, file_id: int, token: str, enc: Encoding, depth: int) -> None:
+        self._client = client
+        self._file_id = file_id
+        self._token = token
+        self._enc = enc
+        self._depth = max(1, depth)
+        self._tasks: deque[asyncio.Task[None]] = deque()
+
+    async def submit(self, block: BytesLike) -> None:
+        while len(self._tasks) >= self._depth:
+            await self._retire_oldest()
+        prev = self._tasks[-1] if self._tasks else None
+        self._tasks.append(asyncio.create_task(self._run(block, prev)))
+
+    async def _retire_oldest(self) -> None:
+        task = self._tasks[0]
+        await asyncio.wait([task])
+        self._tasks.popleft()
+        task.result()  # raises the block's error, if any
+
+    async def _run(self, block: BytesLike, prev: asyncio.Task[None] | None) -> None:
+        dp = self._client.datapath
+        rec = await dp.write_block(self._enc, block, block_id=new_id(), file_id=self._file_id)
+        try:
+            if prev is not None:
+                await asyncio.wait([prev])  # not ``await prev``: that would cancel it with us
+                if prev.cancelled():
+                    raise asyncio.CancelledError
+                if (err := prev.exception()) is not None:
+                    raise err
+            await self._client.commit_block(self._file_id, self._token, rec)
+        except BaseException:
+            await asyncio.shield(dp.delete_chunks(rec.chunks))
+            raise
+
+    async def drain(self) -> None:
+        """Wait for every submitted block; raises the first failure."""
+        while self._tasks:
+            await self._retire_oldest()
+
+    async def abort(self) -> None:
+        """Cancel blocks in flight; blocks already committed stay."""
+        for t in self._tasks:
+            t.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
+        self._tasks.clear()
+
+
+class FileWriter:
+    """The single writer of one file: ``append``, ``flush`` (durable), ``close`` (seal).
+
+    Errors: ``FencedWriterError`` once another writer took the file (or it was deleted or
+    replaced), ``WriterClosedError`` after close/abort, ``NotEnoughNodesError`` and other
+    ``OSError`` from the data path. After any error the file keeps every byte committed
+    before it; the writer is then aborted. On cancellation of an ``append``/``flush`` the
+    in-flight blocks are cancelled and the writer is aborted too.
+    """
+
+    def __init__(
+        self, client: Client, path: str, file_id: int, token: str, enc: Encoding, size: int
+    ) -> None:
+        self._client = client
+        self.path = path
+        self.file_id = file_id
+        self.encoding = enc
+        self._token = token
+        self._block_size = client.config.block_size
+        self._pipeline = BlockPipeline(client, file_id, token, enc, client.write_depth)
+        self._buf = bytearray()
+        self._closed = False
+        self.offset = size  # bytes accepted so far (durable up to the last flush)
+
+    async def _guard(self, op: Awaitable[None]) -> None:
+        try:
+            await op
+        except BaseException:
+            await asyncio.shield(self.abort())
+            raise
+
+    async def append(self, data: BytesLike) -> None:
+        """Append bytes. Full blocks go out as they fill; the rest waits for ``flush``."""
+        if self._closed:
+            raise WriterClosedError("writer is closed", self.path)
+        await self._guard(self._append(data))
+
+    async def _append(self, data: BytesLike) -> None:
+        await self._client.check_token(self.file_id, self._token, self.path)
+        mv = memoryview(data).cast("B")
+        self.offset += len(mv)
+        bs = self._block_size
+        if not self._buf and isinstance(data, bytes):
+            # Immutable input: hand whole blocks to the pipeline without copying.
+            while len(mv) >= bs:
+                await self._pipeline.submit(mv[:bs])
+                mv = mv[bs:]
+        while mv:
+            take = min(bs - len(self._buf), len(mv))
+            self._buf += mv[:take]
+            mv = mv[take:]
+            if len(self._buf) == bs:
+                block, self._buf = self._buf, bytearray()
+                await self._pipeline.submit(block)
+
+    async def flush(self) -> None:
+        """Return once every byte appended so far is durable and visible to readers."""
+        if self._closed:
+            raise WriterClosedError("writer is closed", self.path)
+        await self._guard(self._flush())
+
+    async def _flush(self) -> None:
+        if self._buf:
+            block, self._buf = self._buf, bytearray()
+            await self._pipeline.submit(block)
+        await self._pipeline.drain()
+
+    async def close(self) -> None:
+        """Flush, then seal the file: it is immutable from now on."""
+        if self._closed:
+            return
+        await self._guard(self._close())
+
+    async def _close(self) -> None:
+        await self._flush()
+        await self._client.seal(self.file_id, self._token, self.path)
+        self._closed = True
+
+    async def abort(self) -> None:
+        """Drop unflushed bytes and stop. The file stays unsealed with its durable prefix,
+        so a new writer can take over."""
+        self._closed = True
+        self._buf = bytearray()
+        await self._pipeline.abort()
+
+    async def __aenter__(self) -> FileWriter:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            await self.close()
+        else:
+            await self.abort()
+
+
+class WriterOpener:
+    """What ``Client.open_writer`` returns: ``await`` it, or use it with ``async with``."""
+
+    def __init__(self, open_fn: Callable[[], Awaitable[FileWriter]]) -> None:
+        self._open = open_fn
+        self._writer: FileWriter | None = None
+
+    def __await__(self) -> Generator[Any, None, FileWriter]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> FileWriter:
+        self._writer = await self._open()
+        return self._writer
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._writer is not None
+        await self._writer.__aexit__(exc_type, exc, tb)
+
+
+__all__ = ["BlockPipeline", "FileWriter", "WriterOpener"]

@@ -1,0 +1,44 @@
+"""Shared fixtures: fresh embedded clusters in tmp_path."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from tectonic_emu import Cluster
+
+T = TypeVar("T")
+
+settings.register_profile(
+    "default", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
+settings.load_profile("default")
+
+SMALL_BLOCK = 64 << 10
+
+
+def make_cluster(
+    root: Path, *, nodes: int = 9, encoding: str = "rs-6-3", block_size: int = SMALL_BLOCK, **kw: Any
+) -> Path:
+    Cluster.create(root, nodes=nodes, encoding=encoding, block_size=block_size, **kw)
+    return root
+
+
+def run_with(root: Path, fn: Callable[[Cluster], Awaitable[T]]) -> T:
+    """Open the cluster at ``root``, run ``fn(cluster)``, close it."""
+
+    async def go() -> T:
+        async with Cluster.open(root) as cluster:
+            return await fn(cluster)
+
+    return asyncio.run(go())
+
+
+@pytest.fixture
+def cluster_dir(tmp_path: Path) -> Iterator[Path]:
+    yield make_cluster(tmp_path / "cluster", nodes=15)

@@ -1,0 +1,572 @@
+"""The storage-node contract, run on every backend, plus LocalNode's on-disk failure cases and
+the fault-injecting wrapper."""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import itertools
+import os
+import shutil
+import struct
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import google_crc32c
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from tectonic_emu.chunkstore import (
+    HEADER_SIZE,
+    ChunkInfo,
+    FaultyNode,
+    LocalNode,
+    MemoryNode,
+    StorageNode,
+    decode_chunk,
+    encode_chunk,
+)
+from tectonic_emu.chunkstore._format import FLAG_ZSTD, MAGIC, id_crc32c
+from tectonic_emu.errors import (
+    AlreadyExistsError,
+    ChunkCorruptError,
+    ChunkNotFoundError,
+    InvalidArgumentError,
+    NodeUnavailableError,
+)
+
+run = asyncio.run
+DISKS = 3
+
+
+def crc(data: bytes | bytearray | memoryview) -> int:
+    return int(google_crc32c.value(bytes(data)))
+
+
+def make_node(kind: str, root: Path) -> StorageNode:
+    if kind == "local":
+        return LocalNode(root, node_id=7, disks=DISKS)
+    if kind == "memory":
+        return MemoryNode(7, DISKS)
+    return FaultyNode(LocalNode(root, node_id=7, disks=DISKS, sync=False))
+
+
+@pytest.fixture(params=["local", "memory", "faulty-local"])
+def node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StorageNode]:
+    n = make_node(request.param, tmp_path / "node")
+    yield n
+    run(n.close())
+
+
+async def write(node: StorageNode, disk: int, chunk_id: str, data: bytes, flags: int = 0) -> None:
+    await node.write_chunk(disk, chunk_id, data, crc32c=crc(data), flags=flags)
+
+
+# -- the contract ------------------------------------------------------------------------------
+def test_write_read_stat_list_delete(node: StorageNode) -> None:
+    data = os.urandom(100_000)
+    cid = "00c0ffee12345678.3.a1b2c3d4"
+
+    async def go() -> None:
+        t0 = time.time()
+        await write(node, 1, cid, data, flags=FLAG_ZSTD)
+        got, info = await node.read_chunk(1, cid)
+        assert bytes(got) == data
+        assert info == ChunkInfo(cid, 1, len(data), crc(data), FLAG_ZSTD, info.mtime)
+        assert t0 - 2 <= info.mtime <= time.time() + 2
+        assert await node.stat_chunk(1, cid) == info
+        assert await node.list_chunks(1) == [info]
+        assert await node.list_chunks(0) == []
+        usage = await node.usage()
+        assert [u.disk for u in usage] == list(range(DISKS))
+        assert [u.chunks for u in usage] == [0, 1, 0]
+        assert usage[1].bytes_used == HEADER_SIZE + len(data)
+        assert all(u.bytes_free > 0 for u in usage)
+        # the same id on another disk is another chunk
+        await write(node, 2, cid, b"other")
+        assert bytes((await node.read_chunk(2, cid))[0]) == b"other"
+
+        await node.delete_chunk(1, cid)
+        with pytest.raises(ChunkNotFoundError):
+            await node.read_chunk(1, cid)
+        with pytest.raises(ChunkNotFoundError):
+            await node.stat_chunk(1, cid)
+        await node.delete_chunk(1, cid)  # absent: no error
+        assert await node.list_chunks(1) == []
+        assert [u.chunks for u in await node.usage()] == [0, 0, 1]
+
+    run(go())
+
+
+def test_chunk_ids_are_written_once(node: StorageNode) -> None:
+    async def go() -> None:
+        await write(node, 0, "abc", b"first")
+        with pytest.raises(AlreadyExistsError):
+            await write(node, 0, "abc", b"second")
+        assert bytes((await node.read_chunk(0, "abc"))[0]) == b"first"
+        # concurrent writers of one id: exactly one wins, and its chunk is whole
+        results = await asyncio.gather(
+            *(write(node, 1, "race", bytes([i]) * 50_000) for i in range(4)),
+            return_exceptions=True,
+        )
+        assert sum(r is None for r in results) == 1
+        assert all(isinstance(r, AlreadyExistsError) for r in results if r is not None)
+        got = bytes((await node.read_chunk(1, "race"))[0])
+        assert got == got[:1] * 50_000
+
+    run(go())
+
+
+@pytest.mark.parametrize("disk", [-1, DISKS, 100])
+def test_bad_disk(node: StorageNode, disk: int) -> None:
+    async def go() -> None:
+        with pytest.raises(InvalidArgumentError):
+            await write(node, disk, "abc", b"x")
+        with pytest.raises(InvalidArgumentError):
+            await node.read_chunk(disk, "abc")
+        with pytest.raises(InvalidArgumentError):
+            await node.stat_chunk(disk, "abc")
+        with pytest.raises(InvalidArgumentError):
+            await node.delete_chunk(disk, "abc")
+        with pytest.raises(InvalidArgumentError):
+            await node.list_chunks(disk)
+
+    run(go())
+
+
+@pytest.mark.parametrize("cid", ["", "ABC", "a/b", "../x", ".hidden", "a b", "x" * 65, "é"])
+def test_bad_chunk_id(node: StorageNode, cid: str) -> None:
+    async def go() -> None:
+        with pytest.raises(InvalidArgumentError):
+            await write(node, 0, cid, b"x")
+        with pytest.raises(InvalidArgumentError):
+            await node.read_chunk(0, cid)
+        with pytest.raises(InvalidArgumentError):
+            await node.stat_chunk(0, cid)
+        with pytest.raises(InvalidArgumentError):
+            await node.delete_chunk(0, cid)
+
+    run(go())
+
+
+def test_bad_crc_and_flags(node: StorageNode) -> None:
+    async def go() -> None:
+        for kw in ({"crc32c": -1}, {"crc32c": 1 << 32}, {"crc32c": 0, "flags": 1 << 16}):
+            with pytest.raises(InvalidArgumentError):
+                await node.write_chunk(0, "abc", b"", **kw)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError):
+            await node.write_chunk(0, "abc", memoryview(b"abcdef")[::2], crc32c=0)
+        assert await node.list_chunks(0) == []
+
+    run(go())
+
+
+def test_wrong_checksum_from_writer_reads_as_corrupt(node: StorageNode) -> None:
+    async def go() -> None:
+        await node.write_chunk(0, "abc", b"payload", crc32c=crc(b"payload") ^ 1)
+        with pytest.raises(ChunkCorruptError):
+            await node.read_chunk(0, "abc")
+
+    run(go())
+
+
+def test_unavailable_node_answers_nothing(node: StorageNode) -> None:
+    async def go() -> None:
+        await write(node, 0, "abc", b"data")
+        node.available = False
+        calls = [
+            write(node, 0, "def", b"x"),
+            node.read_chunk(0, "abc"),
+            node.stat_chunk(0, "abc"),
+            node.delete_chunk(0, "abc"),
+            node.list_chunks(0),
+            node.usage(),
+        ]
+        for call in calls:
+            with pytest.raises(NodeUnavailableError):
+                await call
+        node.available = True
+        assert bytes((await node.read_chunk(0, "abc"))[0]) == b"data"
+        assert [c.chunk_id for c in await node.list_chunks(0)] == ["abc"]
+
+    run(go())
+
+
+def test_payload_kinds(node: StorageNode) -> None:
+    big = bytearray(os.urandom(10_000))
+    ints = array.array("I", range(1000))
+    payloads: dict[str, bytes | bytearray | memoryview] = {
+        "empty": b"",
+        "bytes": bytes(big),
+        "bytearray": big,
+        "slice": memoryview(big)[1234:5678],
+        "ints": memoryview(ints),
+    }
+
+    async def go() -> None:
+        for name, payload in payloads.items():
+            expected = bytes(memoryview(payload).cast("B"))
+            await node.write_chunk(0, name, payload, crc32c=crc(expected))
+        big[:] = bytes(len(big))  # the node must not keep references to callers' buffers
+        for name, payload in payloads.items():
+            got, info = await node.read_chunk(0, name)
+            if name in ("bytes", "ints", "empty"):
+                expected = bytes(memoryview(payload).cast("B"))
+                assert bytes(got) == expected
+            assert info.stored_len == len(got) == memoryview(payload).nbytes
+            assert crc(got) == info.crc32c
+
+    run(go())
+
+
+def test_closed_node_is_unavailable(node: StorageNode) -> None:
+    run(node.close())
+    with pytest.raises(NodeUnavailableError):
+        run(node.read_chunk(0, "abc"))
+    run(node.close())  # idempotent
+
+
+_counter = itertools.count()
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    payload=st.binary(max_size=70_000),
+    disk=st.integers(0, DISKS - 1),
+    flags=st.integers(0, 0xFFFF),
+)
+def test_random_payloads_round_trip(
+    node: StorageNode, payload: bytes, disk: int, flags: int
+) -> None:
+    cid = f"{next(_counter):x}.0.{flags:x}"
+
+    async def go() -> None:
+        await write(node, disk, cid, payload, flags)
+        got, info = await node.read_chunk(disk, cid)
+        assert bytes(got) == payload
+        assert (info.stored_len, info.flags, info.crc32c) == (len(payload), flags, crc(payload))
+
+    run(go())
+
+
+class NodeModel(RuleBasedStateMachine):
+    """Random writes, deletes and reads on a LocalNode and a MemoryNode, against a dict."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = tempfile.mkdtemp(prefix="node-model-")
+        self.nodes: list[StorageNode] = [
+            LocalNode(self.tmp, 0, 2, sync=False),
+            MemoryNode(0, 2),
+        ]
+        self.model: dict[tuple[int, str], bytes] = {}
+
+    ids = st.sampled_from(["a", "b.1", "c-2", "0123abcd.5.ff"])
+    disks = st.integers(0, 1)
+
+    @rule(disk=disks, cid=ids, data=st.binary(max_size=300))
+    def write(self, disk: int, cid: str, data: bytes) -> None:
+        for n in self.nodes:
+            if (disk, cid) in self.model:
+                with pytest.raises(AlreadyExistsError):
+                    run(write(n, disk, cid, data))
+            else:
+                run(write(n, disk, cid, data))
+        self.model.setdefault((disk, cid), data)
+
+    @rule(disk=disks, cid=ids)
+    def delete(self, disk: int, cid: str) -> None:
+        for n in self.nodes:
+            run(n.delete_chunk(disk, cid))
+        self.model.pop((disk, cid), None)
+
+    @rule(disk=disks, cid=ids)
+    def read(self, disk: int, cid: str) -> None:
+        for n in self.nodes:
+            if (disk, cid) in self.model:
+                assert bytes(run(n.read_chunk(disk, cid))[0]) == self.model[disk, cid]
+            else:
+                with pytest.raises(ChunkNotFoundError):
+                    run(n.read_chunk(disk, cid))
+
+    @invariant()
+    def listings_match(self) -> None:
+        for n in self.nodes:
+            for disk in (0, 1):
+                listed = {(i.chunk_id, i.stored_len) for i in run(n.list_chunks(disk))}
+                assert listed == {(c, len(d)) for (dk, c), d in self.model.items() if dk == disk}
+
+    def teardown(self) -> None:
+        for n in self.nodes:
+            run(n.close())
+        shutil.rmtree(self.tmp)
+
+
+NodeModel.TestCase.settings = settings(max_examples=15, stateful_step_count=20, deadline=None)
+test_node_model = NodeModel.TestCase
+
+
+# -- LocalNode on disk -------------------------------------------------------------------------
+@pytest.fixture
+def local(tmp_path: Path) -> Iterator[LocalNode]:
+    n = LocalNode(tmp_path / "node", node_id=3, disks=2)
+    yield n
+    run(n.close())
+
+
+def _flip(path: str, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+def test_file_format_is_as_documented(local: LocalNode) -> None:
+    data = os.urandom(1000)
+    run(write(local, 1, "fmt", data, flags=FLAG_ZSTD))
+    path = local.chunk_path(1, "fmt")
+    assert path.startswith(str(local.root / "d1")) and path.endswith("/fmt")
+    raw = Path(path).read_bytes()
+    assert raw == encode_chunk("fmt", data, crc(data), FLAG_ZSTD)
+    magic, version, flags, length, pcrc, icrc, reserved, hcrc = struct.unpack(
+        "<4sHHQIIII", raw[:HEADER_SIZE]
+    )
+    assert (magic, version, flags, length) == (MAGIC, 1, FLAG_ZSTD, len(data))
+    assert (pcrc, icrc, reserved) == (crc(data), id_crc32c("fmt"), 0)
+    assert hcrc == crc(raw[:28])
+    assert decode_chunk(raw, "fmt")[1] == data
+    assert raw[HEADER_SIZE:] == data
+
+
+def test_flipped_payload_byte_reads_as_corrupt(local: LocalNode) -> None:
+    data = os.urandom(5000)
+    run(write(local, 0, "abc", data))
+    _flip(local.chunk_path(0, "abc"), HEADER_SIZE + 4321)
+    with pytest.raises(ChunkCorruptError):
+        run(local.read_chunk(0, "abc"))
+    assert run(local.stat_chunk(0, "abc")).stored_len == 5000  # header only: still fine
+
+
+@pytest.mark.parametrize("offset", range(HEADER_SIZE))
+def test_flipped_header_byte_reads_as_corrupt(local: LocalNode, offset: int) -> None:
+    run(write(local, 0, "abc", b"some payload"))
+    _flip(local.chunk_path(0, "abc"), offset)
+    with pytest.raises(ChunkCorruptError):
+        run(local.read_chunk(0, "abc"))
+    with pytest.raises(ChunkCorruptError):
+        run(local.stat_chunk(0, "abc"))
+
+
+@pytest.mark.parametrize("size", [0, 5, HEADER_SIZE - 1, HEADER_SIZE, HEADER_SIZE + 500, -1])
+def test_truncated_file_reads_as_corrupt(local: LocalNode, size: int) -> None:
+    data = os.urandom(1000)
+    run(write(local, 0, "abc", data))
+    path = local.chunk_path(0, "abc")
+    os.truncate(path, size if size >= 0 else HEADER_SIZE + len(data) - 1)
+    with pytest.raises(ChunkCorruptError):
+        run(local.read_chunk(0, "abc"))
+    with pytest.raises(ChunkCorruptError):
+        run(local.stat_chunk(0, "abc"))
+    # still listed (so garbage collection finds it) and counted
+    assert [i.chunk_id for i in run(local.list_chunks(0))] == ["abc"]
+    assert run(local.usage())[0].chunks == 1
+
+
+def test_extra_bytes_and_wrong_name_read_as_corrupt(local: LocalNode) -> None:
+    run(write(local, 0, "abc", b"payload"))
+    run(write(local, 0, "def", b"payload"))
+    with open(local.chunk_path(0, "abc"), "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(ChunkCorruptError):
+        run(local.read_chunk(0, "abc"))
+    # a valid chunk file under another chunk's name
+    os.makedirs(os.path.dirname(local.chunk_path(0, "xyz")), exist_ok=True)
+    shutil.copy(local.chunk_path(0, "def"), local.chunk_path(0, "xyz"))
+    with pytest.raises(ChunkCorruptError):
+        run(local.read_chunk(0, "xyz"))
+
+
+def test_torn_write_reads_as_corrupt_and_blocks_the_id(local: LocalNode) -> None:
+    data = os.urandom(10_000)
+    run(local.write_torn_chunk(0, "torn", data, crc32c=crc(data), keep=3000))
+    assert os.path.getsize(local.chunk_path(0, "torn")) == HEADER_SIZE + 3000
+    with pytest.raises(ChunkCorruptError):
+        run(local.read_chunk(0, "torn"))
+    with pytest.raises(AlreadyExistsError):
+        run(write(local, 0, "torn", data))
+    run(local.delete_chunk(0, "torn"))
+    run(write(local, 0, "torn", data))
+    assert bytes(run(local.read_chunk(0, "torn"))[0]) == data
+
+
+def test_listing_skips_stray_files_and_keeps_unreadable_chunks(local: LocalNode) -> None:
+    run(write(local, 0, "good", b"payload"))
+    fan = os.path.dirname(local.chunk_path(0, "good"))
+    Path(fan, ".tmp-good-123").write_bytes(b"junk")
+    Path(fan, "UPPER").write_bytes(b"junk")
+    os.mkdir(Path(fan, "subdir"))
+    Path(local.root, "d0", "loose-file").write_bytes(b"junk")
+    os.makedirs(os.path.dirname(local.chunk_path(0, "garbage")), exist_ok=True)
+    Path(local.chunk_path(0, "garbage")).write_bytes(b"x" * 100)
+    infos = {i.chunk_id: i for i in run(local.list_chunks(0))}
+    assert set(infos) == {"good", "garbage"}
+    assert (infos["garbage"].stored_len, infos["garbage"].crc32c) == (100 - HEADER_SIZE, 0)
+    usage = run(local.usage())[0]
+    assert (usage.chunks, usage.bytes_used) == (2, HEADER_SIZE + 7 + 100)
+
+
+def test_chunks_survive_a_restart(tmp_path: Path) -> None:
+    a = LocalNode(tmp_path, 1, 2)
+    run(write(a, 1, "keep", b"durable"))
+    run(a.close())
+    b = LocalNode(tmp_path, 1, 2)
+    assert bytes(run(b.read_chunk(1, "keep"))[0]) == b"durable"
+    run(b.close())
+
+
+def test_fan_out_spreads_sequential_ids(local: LocalNode) -> None:
+    ids = [f"{i:016x}.0.00000000" for i in range(64)]
+    fans = {os.path.basename(os.path.dirname(local.chunk_path(0, c))) for c in ids}
+    assert len(fans) > 32
+
+
+def test_cancelled_write_leaves_no_chunk(local: LocalNode) -> None:
+    data = os.urandom(48 << 20)  # several write slices, so cancellation lands midway
+    checksum = crc(data)
+
+    async def attempt(cid: str, delay: float) -> bool:
+        task = asyncio.create_task(local.write_chunk(0, cid, data, crc32c=checksum))
+        await asyncio.sleep(delay)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    cancelled = 0
+    delays = [0, 0, 0.001, 0.003, 0.006, 0.01, 0.02, 0.04, 0.08]
+    for i, delay in enumerate(delays):
+        cid = f"big.{i}"
+        if run(attempt(cid, delay)):
+            cancelled += 1
+            assert not os.path.exists(local.chunk_path(0, cid))
+            with pytest.raises(ChunkNotFoundError):
+                run(local.read_chunk(0, cid))
+        else:  # finished before the cancel: whole and valid
+            got, _ = run(local.read_chunk(0, cid))
+            assert got == data
+    assert cancelled >= 3
+    assert run(local.usage())[0].chunks == len(delays) - cancelled
+
+
+def test_cancelled_queued_write_never_runs(tmp_path: Path) -> None:
+    gate = threading.Event()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        node = LocalNode(tmp_path, 0, 1, executor=pool)
+        blocker = pool.submit(gate.wait)
+
+        async def go() -> None:
+            task = asyncio.create_task(write(node, 0, "queued", b"data"))
+            await asyncio.sleep(0.01)
+            task.cancel()
+            asyncio.get_running_loop().call_later(0.05, gate.set)
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        run(go())
+        blocker.result()
+        assert not os.path.exists(node.chunk_path(0, "queued"))
+        run(node.close())  # a shared executor is left running
+        assert pool.submit(lambda: 1).result() == 1
+
+
+def test_chunk_path_answers_while_down(local: LocalNode) -> None:
+    local.available = False
+    assert local.chunk_path(0, "abc").endswith("/abc")
+    with pytest.raises(InvalidArgumentError):
+        local.chunk_path(5, "abc")
+
+
+# -- MemoryNode helpers ------------------------------------------------------------------------
+@pytest.mark.parametrize("data", [b"", b"payload"])
+def test_memory_corrupt_helper(data: bytes) -> None:
+    node = MemoryNode(0, 1)
+    run(write(node, 0, "abc", data))
+    node.corrupt(0, "abc")
+    with pytest.raises(ChunkCorruptError):
+        run(node.read_chunk(0, "abc"))
+
+
+def test_memory_torn_write() -> None:
+    node = MemoryNode(0, 1)
+    run(node.write_torn_chunk(0, "abc", b"payload", crc32c=crc(b"payload"), keep=3))
+    with pytest.raises(ChunkCorruptError):
+        run(node.read_chunk(0, "abc"))
+    with pytest.raises(ChunkCorruptError):
+        run(node.stat_chunk(0, "abc"))
+
+
+# -- FaultyNode ----------------------------------------------------------------------------------
+@pytest.fixture(params=["memory", "local"])
+def faulty(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[FaultyNode]:
+    inner = make_node(request.param, tmp_path / "inner")
+    n = FaultyNode(inner)
+    yield n
+    run(n.close())
+
+
+def test_injected_write_and_read_failures(faulty: FaultyNode) -> None:
+    async def go() -> None:
+        faulty.fail_writes = 2
+        for _ in range(2):
+            with pytest.raises(NodeUnavailableError):
+                await write(faulty, 0, "abc", b"data")
+        await write(faulty, 0, "abc", b"data")
+        faulty.fail_reads = 1
+        with pytest.raises(NodeUnavailableError):
+            await faulty.read_chunk(0, "abc")
+        assert bytes((await faulty.read_chunk(0, "abc"))[0]) == b"data"
+        faulty.corrupt_reads = True
+        with pytest.raises(ChunkCorruptError):
+            await faulty.read_chunk(0, "abc")
+        faulty.corrupt_reads = False
+        assert faulty.calls["write_chunk"] == 3 and faulty.calls["read_chunk"] == 3
+        faulty.available = False
+        with pytest.raises(NodeUnavailableError):
+            await faulty.stat_chunk(0, "abc")
+
+    run(go())
+
+
+def test_crash_during_write_leaves_a_corrupt_chunk(faulty: FaultyNode) -> None:
+    async def go() -> None:
+        faulty.crash_writes = 1
+        data = os.urandom(4096)
+        with pytest.raises(NodeUnavailableError):
+            await write(faulty, 0, "abc", data)
+        with pytest.raises(ChunkCorruptError):
+            await faulty.read_chunk(0, "abc")
+        assert [i.chunk_id for i in await faulty.list_chunks(0)] == ["abc"]
+
+    run(go())
+
+
+def test_added_latency() -> None:
+    node = FaultyNode(MemoryNode(0, 1), latency=0.05)
+
+    async def go() -> float:
+        t = time.perf_counter()
+        await asyncio.gather(*(write(node, 0, f"c{i}", b"x") for i in range(5)))
+        return time.perf_counter() - t
+
+    assert 0.05 <= run(go()) < 0.5
