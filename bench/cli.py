@@ -1,8 +1,100 @@
-"""The ``tectonic-emu bench`` command group (filled in by bench/store.py)."""
+"""The ``tectonic-emu bench`` command group."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from pathlib import Path
 
 import click
+from rich.console import Console
+from rich.table import Table
+
+from tectonic_emu.coding import KNOWN_ENCODINGS, Encoding
+from tectonic_emu.config import DEFAULT_BLOCK_SIZE, parse_size
+
+err_console = Console(stderr=True)
 
 
 @click.group()
 def bench() -> None:
-    """Throughput benchmarks, each figure beside this machine's limit."""
+    """Throughput benchmarks, each figure beside this machine's limit.
+
+    \b
+    Example:
+      tectonic-emu bench store --size 512MiB --json
+    """
+
+
+@bench.command("store")
+@click.option("--size", default="512MiB", show_default=True, help="Bytes written per encoding.")
+@click.option(
+    "--encodings",
+    default="r1,r3,rs-6-3,rs-10-4",
+    show_default=True,
+    help=f"Comma-separated, from {', '.join(KNOWN_ENCODINGS)} or any rs-D-P.",
+)
+@click.option("--block-size", default=f"{DEFAULT_BLOCK_SIZE >> 20}MiB", show_default=True)
+@click.option("--runs", default=3, show_default=True, help="Measured runs after one warm-up.")
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the cluster and the raw file go (same disk for both) [default: the temp dir].",
+)
+@click.option("--no-sync", is_flag=True, help="Page-cache mode for the store (raw still fsyncs).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def store(
+    size: str,
+    encodings: str,
+    block_size: str,
+    runs: int,
+    directory: Path | None,
+    no_sync: bool,
+    as_json: bool,
+) -> None:
+    """Store goodput per encoding beside raw pwrite+fdatasync to the same disk.
+
+    \b
+    Example:
+      tectonic-emu bench store --size 512MiB --encodings r3,rs-6-3 --json
+    """
+    from bench.store import run_store_bench
+
+    encs = [Encoding.parse(e.strip()).name for e in encodings.split(",") if e.strip()]
+    with err_console.status("bench store") as status:
+        result = asyncio.run(
+            run_store_bench(
+                size=parse_size(size),
+                encodings=encs,
+                directory=directory or Path(tempfile.gettempdir()),
+                block_size=parse_size(block_size),
+                runs=runs,
+                sync=not no_sync,
+                step=lambda s: status.update(f"bench store: {s}"),
+            )
+        )
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    mode = "cold" if result.cold_reads else "warm (page cache; run as root for cold)"
+    table = Table(
+        title=f"bench store: {size} per encoding, {result.runs} runs (median), reads {mode}"
+    )
+    for col in ("path", "write MB/s", "read MB/s", "write ratio", "read ratio", "read vs raw"):
+        table.add_column(col, justify="right")
+    table.add_row(
+        "raw disk", f"{result.raw_write_mb_s:.0f}", f"{result.raw_read_mb_s:.0f}", "", "", ""
+    )
+    for f in result.encodings:
+        table.add_row(
+            f.encoding,
+            f"{f.write_mb_s:.0f}",
+            f"{f.read_mb_s:.0f}",
+            f"{f.write_ratio:.2f}",
+            f"{f.read_ratio:.2f}",
+            f"{f.read_vs_raw:.2f}",
+        )
+    Console().print(table)

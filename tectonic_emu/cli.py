@@ -31,7 +31,8 @@ from rich.table import Table
 from tectonic_emu.cluster import Cluster
 from tectonic_emu.config import DEFAULT_BLOCK_SIZE, parse_size
 from tectonic_emu.demo import run_demo
-from tectonic_emu.errors import IsADirectoryError_, TectonicError
+from tectonic_emu.errors import IsADirectoryError_, NotFoundError, TectonicError
+from tectonic_emu.paths import join_path, split_path
 from tectonic_emu.services import DEFAULT_GC_GRACE, repair, scrub
 
 T = TypeVar("T")
@@ -202,9 +203,9 @@ def cluster_status(cluster_dir: Path, as_json: bool) -> None:
         table.add_row(
             str(n.node),
             "up" if n.up else "[red]down[/red]",
-            str(n.chunks),
-            _human(n.bytes_used),
-            _human(n.bytes_free),
+            "-" if n.chunks is None else str(n.chunks),
+            "-" if n.bytes_used is None else _human(n.bytes_used),
+            "-" if n.bytes_free is None else _human(n.bytes_free),
         )
     out_console.print(table)
     out_console.print(
@@ -235,12 +236,15 @@ def put(cluster_dir: Path, local: str, remote: str, encoding: str | None) -> Non
       tectonic-emu put --cluster /tmp/c1 ./shard-0001.parquet /data/shard-0001.parquet
     """
 
+    # The temporary file is a sibling with a short name of its own: REMOTE's name plus a
+    # suffix could pass the 255-byte limit that REMOTE itself meets.
+    parts = split_path(remote)
+    tmp = join_path([*parts[:-1], f".put-{os.getpid()}.tmp"])
     src = sys.stdin.buffer if local == "-" else open(local, "rb")  # noqa: SIM115
     total = None if local == "-" else os.fstat(src.fileno()).st_size
 
     async def go(c: Cluster) -> None:
         client = c.client()
-        tmp = remote.rstrip("/") + f".put-{os.getpid()}.tmp"
         if await client.exists(remote) and (await client.stat(remote)).kind == "dir":
             raise IsADirectoryError_("is a directory", remote)
         chunk = c.config.block_size * 4
@@ -274,6 +278,9 @@ def get(cluster_dir: Path, remote: str, local: str) -> None:
     Example:
       tectonic-emu get --cluster /tmp/c1 /ckpt/step-100/rank-0 ./rank-0.bin
     """
+
+    if local != "-" and not os.path.isdir(os.path.dirname(os.path.abspath(local))):
+        raise NotFoundError("no such local directory", os.path.dirname(os.path.abspath(local)))
 
     async def go(c: Cluster) -> None:
         client = c.client()
@@ -623,10 +630,12 @@ def demo(cluster_dir: Path | None, size: str, as_json: bool) -> None:
         out_console.print(table)
         out_console.print(
             f"blocks below redundancy after the loss: {report.below_redundancy_after_loss}; "
-            f"repair rebuilt {report.repaired_blocks} blocks; "
-            f"below redundancy after repair: {report.below_redundancy_after_repair}"
+            f"repair rebuilt {report.repaired_blocks} blocks; below redundancy after repair: "
+            f"{report.below_redundancy_after_repair} (encodings as wide as the cluster wait for "
+            f"the node), after it returned and repair ran again: "
+            f"{report.below_redundancy_after_restart}"
         )
-    if not report.all_verified or report.below_redundancy_after_repair:
+    if not report.all_verified or report.below_redundancy_after_restart:
         sys.exit(3)
 
 

@@ -29,6 +29,7 @@ from tectonic_emu.errors import (
     NotEnoughNodesError,
     NotFoundError,
     SealedFileError,
+    TectonicError,
     first_error,
 )
 from tectonic_emu.metadata.layers import MetaTxn, new_id
@@ -182,7 +183,7 @@ class Client:
         parts = split_path(path)
         async with self.meta.transaction() as m:
             if parts:
-                parent, e = await self._lookup(m, path)
+                _, e = await self._lookup(m, path)
                 if e.kind != "dir":
                     raise NotADirectoryError_("not a directory", join_path(parts))
                 dir_id = e.id
@@ -228,7 +229,7 @@ class Client:
 
     async def layout(self, path: str) -> list[BlockLayout]:
         """A file's blocks with their chunk placements and chunk file paths."""
-        f, blocks, recs = await self._file_blocks(path)
+        _, blocks, recs = await self._file_blocks(path)
         out = []
         for b, rec in zip(blocks, recs, strict=True):
             paths = tuple(
@@ -287,8 +288,10 @@ class Client:
                 )
                 await m.names.link(parent, Entry(parts[-1], "file", file_id))
                 garbage = await m.drop_file(e.id) if e is not None else []
-        except BaseException:
+        except BaseException as exc:
             await asyncio.shield(self._purge(file_id))
+            if isinstance(exc, TectonicError) and exc.path is None:
+                exc.path = join_path(parts)
             raise
         await self.datapath.delete_chunks(garbage)
 

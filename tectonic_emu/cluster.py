@@ -43,9 +43,10 @@ STOP_MARKER = "STOPPED"
 class NodeStatus:
     node: int
     up: bool
-    chunks: int
-    bytes_used: int
-    bytes_free: int
+    # None while the node is down: a stopped node answers nothing, not even its usage.
+    chunks: int | None
+    bytes_used: int | None
+    bytes_free: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,8 +155,8 @@ class Cluster:
                 nodes.append(node)
             yield cls(root, config, meta, nodes, io_pool, cpu_pool)
         finally:
-            for node in nodes:
-                await node.close()
+            for opened in nodes:
+                await opened.close()
             await kv.close()
             io_pool.shutdown(wait=True)
             cpu_pool.shutdown(wait=True)
@@ -187,7 +188,7 @@ class Cluster:
         node_status = []
         for node in self.nodes:
             if not node.available:
-                node_status.append(NodeStatus(node.node_id, False, 0, 0, 0))
+                node_status.append(NodeStatus(node.node_id, False, None, None, None))
                 continue
             usage = await node.usage()
             node_status.append(

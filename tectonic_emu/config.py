@@ -47,7 +47,8 @@ class ClusterConfig:
             raise InvalidArgumentError(f"disks per node must be 1..64, not {self.disks_per_node}")
         if not MIN_BLOCK_SIZE <= self.block_size <= MAX_BLOCK_SIZE:
             raise InvalidArgumentError(
-                f"block size must be {MIN_BLOCK_SIZE}..{MAX_BLOCK_SIZE} bytes, not {self.block_size}"
+                f"block size must be {MIN_BLOCK_SIZE}..{MAX_BLOCK_SIZE} bytes, "
+                f"not {self.block_size}"
             )
         if self.compression not in ("auto", "zstd", "none"):
             raise InvalidArgumentError(

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from tectonic_emu.chunkstore.base import BytesLike
 from tectonic_emu.coding import Encoding
-from tectonic_emu.errors import WriterClosedError
+from tectonic_emu.errors import TectonicError, WriterClosedError
 from tectonic_emu.metadata.layers import new_id
 
 if TYPE_CHECKING:
@@ -108,8 +108,10 @@ class FileWriter:
     async def _guard(self, op: Awaitable[None]) -> None:
         try:
             await op
-        except BaseException:
+        except BaseException as e:
             await asyncio.shield(self.abort())
+            if isinstance(e, TectonicError) and e.path is None:
+                e.path = self.path  # say which file, e.g. for NotEnoughNodesError
             raise
 
     async def append(self, data: BytesLike) -> None:

@@ -386,6 +386,23 @@ def test_sqlite_two_stores_on_one_file_lose_no_update(tmp_path: Path) -> None:
     run(body())
 
 
+def test_sqlite_stores_start_together_on_a_new_file(tmp_path: Path) -> None:
+    async def body(path: Path) -> None:
+        stores = [SQLiteKV(path) for _ in range(2)]
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for s in stores:
+                    for _ in range(3):
+                        tg.create_task(increment(s, b"counter", 3))
+            assert await stores[0].get(b"counter") == b"18"
+        finally:
+            for s in stores:
+                await s.close()
+
+    for i in range(20):  # the race this guards against is hit in about 1 round in 7
+        run(body(tmp_path / f"{i}.db"))
+
+
 _INCREMENTER = textwrap.dedent(
     """
     import asyncio, sys
@@ -409,11 +426,11 @@ _INCREMENTER = textwrap.dedent(
 def test_sqlite_processes_share_a_file_without_lost_updates(tmp_path: Path) -> None:
     path = tmp_path / "m.db"
     procs = [
-        subprocess.Popen([sys.executable, "-c", _INCREMENTER, str(path), "50"]) for _ in range(3)
+        subprocess.Popen([sys.executable, "-c", _INCREMENTER, str(path), "50"]) for _ in range(4)
     ]
-    assert [p.wait(timeout=60) for p in procs] == [0, 0, 0]
+    assert [p.wait(timeout=60) for p in procs] == [0] * 4
     store = SQLiteKV(path)
-    assert run(store.get(b"counter")) == b"150"
+    assert run(store.get(b"counter")) == b"200"
     run(store.close())
 
 

@@ -55,9 +55,7 @@ def pack_header(chunk_id: str, payload_len: int, payload_crc32c: int, flags: int
         raise InvalidArgumentError(f"crc32c out of range: {payload_crc32c}", chunk_id)
     if not 0 <= flags < 1 << 16:
         raise InvalidArgumentError(f"flags out of range: {flags}", chunk_id)
-    body = _HEADER.pack(
-        MAGIC, VERSION, flags, payload_len, payload_crc32c, id_crc32c(chunk_id)
-    )
+    body = _HEADER.pack(MAGIC, VERSION, flags, payload_len, payload_crc32c, id_crc32c(chunk_id))
     return body + _HEADER_CRC.pack(google_crc32c.value(body))
 
 

@@ -50,9 +50,7 @@ _release_buffer.restype = None
 
 
 @contextmanager
-def pinned(
-    buffers: Sequence[BytesLike], writable: bool = False
-) -> Iterator[list[tuple[int, int]]]:
+def pinned(buffers: Sequence[BytesLike], writable: bool = False) -> Iterator[list[tuple[int, int]]]:
     """Yield ``(address, nbytes)`` of each contiguous buffer, holding a buffer export on each
     until the block ends so that no bytearray can be resized or mmap closed under a native call.
     Raises ``BufferError`` for non-contiguous (or, if ``writable``, read-only) buffers."""
@@ -79,16 +77,17 @@ def _site_libs(package: str, pattern: str) -> list[str]:
 
 
 class IsaL:
-    """The few ISA-L erasure-code functions we use (see isa-l/include/erasure_code.h)."""
+    """The few ISA-L erasure-code functions we use (see isa-l/include/erasure_code.h).
 
-    def __init__(self, lib: ctypes.CDLL, path: str) -> None:
+    ``ec_encode_data`` releases the GIL (use it for bulk data); the other functions, and
+    ``ec_encode_data_small``, keep it: re-taking the GIL can cost a whole switch interval
+    (5 ms) when another thread is busy running Python, far more than a small call."""
+
+    def __init__(self, path: str) -> None:
         self.path = path
+        released, held = ctypes.CDLL(path), ctypes.PyDLL(path)
         u8p = ctypes.POINTER(ctypes.c_ubyte)
-        self.ec_init_tables = lib.ec_init_tables
-        self.ec_init_tables.argtypes = (ctypes.c_int, ctypes.c_int, u8p, u8p)
-        self.ec_init_tables.restype = None
-        self.ec_encode_data = lib.ec_encode_data
-        self.ec_encode_data.argtypes = (
+        encode_args = (
             ctypes.c_int,  # len
             ctypes.c_int,  # k sources
             ctypes.c_int,  # rows (outputs)
@@ -96,11 +95,18 @@ class IsaL:
             ctypes.POINTER(ctypes.c_void_p),  # k source pointers
             ctypes.POINTER(ctypes.c_void_p),  # rows output pointers
         )
-        self.ec_encode_data.restype = None
-        self.gf_invert_matrix = lib.gf_invert_matrix
+        self.ec_encode_data = released.ec_encode_data
+        self.ec_encode_data_small = held.ec_encode_data
+        for fn in (self.ec_encode_data, self.ec_encode_data_small):
+            fn.argtypes = encode_args
+            fn.restype = None
+        self.ec_init_tables = held.ec_init_tables
+        self.ec_init_tables.argtypes = (ctypes.c_int, ctypes.c_int, u8p, u8p)
+        self.ec_init_tables.restype = None
+        self.gf_invert_matrix = held.gf_invert_matrix
         self.gf_invert_matrix.argtypes = (u8p, u8p, ctypes.c_int)
         self.gf_invert_matrix.restype = ctypes.c_int
-        self.gf_gen_cauchy1_matrix = lib.gf_gen_cauchy1_matrix
+        self.gf_gen_cauchy1_matrix = held.gf_gen_cauchy1_matrix
         self.gf_gen_cauchy1_matrix.argtypes = (u8p, ctypes.c_int, ctypes.c_int)
         self.gf_gen_cauchy1_matrix.restype = None
 
@@ -114,7 +120,7 @@ def isal() -> IsaL:
         candidates.append(system)
     for path in candidates:
         try:
-            return IsaL(ctypes.CDLL(path), path)
+            return IsaL(path)
         except (OSError, AttributeError):
             continue
     raise ImportError(
@@ -124,16 +130,19 @@ def isal() -> IsaL:
 
 
 @cache
-def crc32c_extend() -> Callable[[int, int, int], int] | None:
+def crc32c_extend() -> tuple[Callable[[int, int, int], int], Callable[[int, int, int], int]] | None:
     """``uint32_t crc32c_extend(uint32_t crc, const uint8_t* data, size_t n)`` from the library
     google-crc32c's extension links against (dlsym on the extension also searches its
-    dependencies), or None if it cannot be reached (pure-Python build of google-crc32c)."""
+    dependencies), as (GIL-releasing, GIL-holding) functions; None if it cannot be reached
+    (pure-Python build of google-crc32c)."""
     try:
         from google_crc32c import _crc32c
 
-        fn = ctypes.CDLL(_crc32c.__file__).crc32c_extend
+        path = _crc32c.__file__
+        fns = ctypes.CDLL(path).crc32c_extend, ctypes.PyDLL(path).crc32c_extend
     except (ImportError, OSError, AttributeError):
         return None
-    fn.argtypes = (ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t)
-    fn.restype = ctypes.c_uint32
-    return fn
+    for fn in fns:
+        fn.argtypes = (ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t)
+        fn.restype = ctypes.c_uint32
+    return fns

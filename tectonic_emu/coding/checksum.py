@@ -8,9 +8,11 @@ from tectonic_emu.chunkstore.base import BytesLike
 from tectonic_emu.coding._native import crc32c_extend, pinned
 from tectonic_emu.errors import InvalidArgumentError
 
-# Below this, the C extension's lower call overhead wins; above, the ctypes call releases the GIL
-# (google-crc32c only does so for bytes of 1 MiB or more).
-_SMALL = 64 * 1024
+# Below this, keep the GIL: re-taking it after a native call can cost a switch interval (5 ms)
+# when another thread is busy in Python. Above, release it so checksums run in parallel
+# (google-crc32c itself only releases it for bytes of 1 MiB or more).
+_RELEASE_GIL_FROM = 256 * 1024
+_SMALL_BYTES = 64 * 1024  # below this, google-crc32c's C call is cheaper than ctypes
 
 
 def crc32c(data: BytesLike, value: int = 0) -> int:
@@ -22,13 +24,14 @@ def crc32c(data: BytesLike, value: int = 0) -> int:
     if not 0 <= value <= 0xFFFFFFFF:
         raise InvalidArgumentError(f"CRC32C start value out of range: {value}")
     native = crc32c_extend()
-    if native is None or (isinstance(data, bytes) and len(data) < _SMALL):
+    if native is None or (isinstance(data, bytes) and len(data) < _SMALL_BYTES):
         if not isinstance(data, bytes):
             data = bytes(data)  # only without the native library: google-crc32c takes bytes
         return int(google_crc32c.extend(value, data))
     try:
         with pinned([data]) as [(address, nbytes)]:
-            return native(value, address, nbytes)
+            fn = native[0] if nbytes >= _RELEASE_GIL_FROM else native[1]
+            return fn(value, address, nbytes)
     except BufferError as exc:
         raise InvalidArgumentError(f"cannot checksum a non-contiguous buffer: {exc}") from exc
 

@@ -121,6 +121,8 @@ class Codec(abc.ABC):
 def byte_view(buf: BytesLike) -> memoryview:
     """A flat unsigned-byte view of any contiguous buffer (no copy)."""
     view = memoryview(buf)
+    if not view.c_contiguous:
+        raise InvalidArgumentError("not a contiguous buffer")
     if view.format == "B" and view.ndim == 1:
         return view
     try:
@@ -146,26 +148,25 @@ _codecs_lock = threading.Lock()
 def codec_for(encoding: Encoding | str) -> Codec:
     """The shared codec of an encoding (``Encoding`` or its name). Safe to use from any
     number of threads at once."""
-    name = encoding.name if isinstance(encoding, Encoding) else encoding
+    name = str(encoding)
     codec = _codecs.get(name)
-    if codec is not None:
-        return codec
-    parsed = Encoding.parse(name)
-    if isinstance(encoding, Encoding) and encoding != parsed:
+    if codec is None:
+        parsed = Encoding.parse(name)
+        with _codecs_lock:
+            codec = _codecs.get(name)
+            if codec is None:
+                # Imported here: both modules subclass Codec from this one.
+                if parsed.kind == "replication":
+                    from tectonic_emu.coding.replication import ReplicationCodec
+
+                    codec = ReplicationCodec(parsed)
+                else:
+                    from tectonic_emu.coding.reed_solomon import ReedSolomonCodec
+
+                    codec = ReedSolomonCodec(parsed)
+                _codecs[name] = codec
+    if isinstance(encoding, Encoding) and encoding != codec.encoding:
         raise UnknownEncodingError(f"inconsistent encoding {encoding!r}", name)
-    with _codecs_lock:
-        codec = _codecs.get(name)
-        if codec is None:
-            # Imported here: both modules subclass Codec from this one.
-            if parsed.kind == "replication":
-                from tectonic_emu.coding.replication import ReplicationCodec
-
-                codec = ReplicationCodec(parsed)
-            else:
-                from tectonic_emu.coding.reed_solomon import ReedSolomonCodec
-
-                codec = ReedSolomonCodec(parsed)
-            _codecs[name] = codec
     return codec
 
 

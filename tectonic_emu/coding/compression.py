@@ -80,8 +80,10 @@ def maybe_compress(payload: BytesLike, policy: CompressionPolicy) -> tuple[Bytes
 def decompress(stored: BytesLike, flags: int, raw_len: int) -> BytesLike:
     """The inverse of ``maybe_compress``: the ``raw_len`` original bytes.
 
-    Raises ``ChunkCorruptError`` if the frame does not decode to exactly ``raw_len`` bytes or
-    ``flags`` has bits this version does not know.
+    Raises ``ChunkCorruptError`` if the frame does not decode to exactly ``raw_len`` bytes
+    (frames carry a checksum of their content, so a flipped bit is caught here too) or ``flags``
+    has bits this version does not know. Bytes after the frame are ignored: the chunk's stored
+    length and CRC32C catch those.
     """
     if flags & ~FLAG_ZSTD:
         raise ChunkCorruptError(f"unknown chunk flags {flags:#x}")

@@ -26,6 +26,9 @@ from tectonic_emu.errors import DataUnavailableError, InvalidArgumentError
 
 ALIGN = 64  # chunk length granule: keeps every data chunk of an aligned block cache-line aligned
 _MAX_CHUNK = 2**31 - 1  # ISA-L takes lengths as int
+# Below this many bytes touched, keep the GIL during the call: re-taking it can cost a switch
+# interval (5 ms) when another thread is busy in Python.
+_RELEASE_GIL_FROM = 256 * 1024
 
 _Tables = ctypes.Array[ctypes.c_ubyte]
 
@@ -161,15 +164,16 @@ class ReedSolomonCodec(Codec):
         shorter sources are zero-padded, shorter targets get their first bytes only."""
         k, m = len(sources), len(targets)
         r = min([s, *(len(x) for x in sources), *(len(x) for x in targets)])
-        encode = self._isal.ec_encode_data
         if r > 0:
-            # The bulk, straight from and into the callers' buffers; ctypes drops the GIL.
+            # The bulk, straight from and into the callers' buffers, without the GIL if large.
+            release = r * (k + m) >= _RELEASE_GIL_FROM
+            encode = self._isal.ec_encode_data if release else self._isal.ec_encode_data_small
             with pinned(sources) as src, pinned(targets, writable=True) as dst:
                 src_ptrs = (ctypes.c_void_p * k)(*(a for a, _ in src))
                 dst_ptrs = (ctypes.c_void_p * m)(*(a for a, _ in dst))
                 encode(r, k, m, tables, src_ptrs, dst_ptrs)
         if r < s:
-            # The ragged end (< 64*D bytes except for tiny blocks): padded copies.
+            # The ragged end (at most 64*D bytes a chunk): padded copies.
             tail = s - r
             scratch = bytearray(tail * (k + m))
             for i, x in enumerate(sources):
@@ -178,7 +182,7 @@ class ReedSolomonCodec(Codec):
             with pinned([scratch], writable=True) as [(base, _)]:
                 src_ptrs = (ctypes.c_void_p * k)(*(base + i * tail for i in range(k)))
                 dst_ptrs = (ctypes.c_void_p * m)(*(base + (k + j) * tail for j in range(m)))
-                encode(tail, k, m, tables, src_ptrs, dst_ptrs)
+                self._isal.ec_encode_data_small(tail, k, m, tables, src_ptrs, dst_ptrs)
             for j, x in enumerate(targets):
                 if len(x) > r:
                     start = (k + j) * tail

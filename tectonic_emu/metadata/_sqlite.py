@@ -209,7 +209,7 @@ class SQLiteKV(KVStore):
             if str(mode).lower() != "wal":
                 raise OSError(errno.EIO, f"could not switch to WAL mode (got {mode})", self.path)
         db.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
-        if db.execute("SELECT 1 FROM sqlite_schema WHERE name = 'kv'").fetchone() is None:
+        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'kv'").fetchone() is None:
             db.execute("BEGIN IMMEDIATE")
             db.execute(_SCHEMA)
             db.execute("COMMIT")

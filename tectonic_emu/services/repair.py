@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tectonic_emu.chunkstore.base import BytesLike
 from tectonic_emu.coding import Encoding, codec_for
 from tectonic_emu.errors import NotEnoughNodesError
 from tectonic_emu.metadata.records import BlockRecord, ChunkPlacement
@@ -62,12 +63,13 @@ async def repair_block(cluster: Cluster, rec: BlockRecord, report: RepairReport)
     if len(good) < enc.min_chunks:
         report.unrecoverable.append(f"{rec.block_id:016x}")
         return
+    rebuilt: dict[int, BytesLike]
     if enc.kind == "replication":
         payload = next(iter(good.values()))[1]
         rebuilt = dict.fromkeys(missing, payload)
     else:
         codec = codec_for(enc)
-        rebuilt = dict(codec.reconstruct({i: d for i, (_, d) in good.items()}, missing, rec.length))
+        rebuilt = codec.reconstruct({i: d for i, (_, d) in good.items()}, missing, rec.length)
     try:
         new = await cluster.datapath.write_chunks(enc, rec.block_id, rebuilt, avoid=seen_nodes)
     except NotEnoughNodesError:

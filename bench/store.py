@@ -1,0 +1,211 @@
+"""``tectonic-emu bench store``: the client's goodput beside the raw disk, per encoding.
+
+In one run, on the same file system: the raw limit (``os.pwrite`` of the same bytes in
+block-sized pieces to one file, then ``fdatasync``; read back with ``os.preadv`` into a reused
+buffer), and the store (``write_file`` of the same bytes, ``read_into`` a reused buffer) for
+each encoding. Reads are cold (page cache dropped) when the process may write
+``/proc/sys/vm/drop_caches`` (root), else warm, and the JSON says which.
+
+The ratios the issue asks for are ``goodput / (raw rate / storage overhead)``: what fraction of
+the disk's bandwidth, after paying for redundancy, the store delivers. For reads, where only
+the data chunks are read, ``read_vs_raw`` (goodput / raw read rate) is the stricter figure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tectonic_emu import Cluster
+from tectonic_emu.coding import Encoding
+
+PIECE = 8 << 20
+
+
+def drop_caches() -> bool:
+    """Write back and drop the page cache (root only). True when it worked."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError:
+        return False
+    return True
+
+
+def aligned_buffer(size: int) -> memoryview:
+    """A page-aligned buffer, touched once so that measured runs reuse warm memory."""
+    buf = mmap.mmap(-1, max(size, 1))
+    mv = memoryview(buf)
+    for off in range(0, len(mv), mmap.PAGESIZE):
+        mv[off] = 0
+    return mv
+
+
+def raw_write(path: Path, data: memoryview) -> float:
+    """Seconds to pwrite ``data`` in PIECE-sized writes and fdatasync it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        t0 = time.perf_counter()
+        for off in range(0, len(data), PIECE):
+            os.pwrite(fd, data[off : off + PIECE], off)
+        os.fdatasync(fd)
+        return time.perf_counter() - t0
+    finally:
+        os.close(fd)
+
+
+def raw_read(path: Path, buf: memoryview) -> float:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        t0 = time.perf_counter()
+        for off in range(0, len(buf), PIECE):
+            os.preadv(fd, [buf[off : off + PIECE]], off)
+        return time.perf_counter() - t0
+    finally:
+        os.close(fd)
+
+
+@dataclass(slots=True)
+class EncodingFigures:
+    encoding: str
+    overhead: float
+    write_mb_s: float
+    read_mb_s: float
+    write_ratio: float  # goodput / (raw write / overhead)
+    read_ratio: float  # goodput / (raw read / overhead)
+    read_vs_raw: float  # goodput / raw read
+    write_runs_mb_s: list[float] = field(default_factory=list)
+    read_runs_mb_s: list[float] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class StoreBench:
+    size: int
+    block_size: int
+    runs: int
+    nodes: int
+    sync: bool
+    cold_reads: bool
+    directory: str
+    raw_write_mb_s: float
+    raw_read_mb_s: float
+    raw_write_runs_mb_s: list[float]
+    raw_read_runs_mb_s: list[float]
+    encodings: list[EncodingFigures]
+    cpu_count: int = field(default_factory=lambda: os.cpu_count() or 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _mb_s(nbytes: int, seconds: float) -> float:
+    return round(nbytes / seconds / 1e6, 1)
+
+
+async def run_store_bench(
+    *,
+    size: int,
+    encodings: list[str],
+    directory: Path,
+    block_size: int,
+    runs: int = 3,
+    sync: bool = True,
+    step: Callable[[str], None] = lambda _: None,
+) -> StoreBench:
+    """Warm-up, then ``runs`` measured rounds; figures are medians of the rounds."""
+    work = Path(tempfile.mkdtemp(prefix="tectonic-bench-", dir=directory))
+    try:
+        data = aligned_buffer(size)
+        data[:] = os.urandom(size)  # random: nothing to compress, as with trained weights
+        payload = bytes(data)  # write_file's zero-copy path wants immutable bytes
+        buf = aligned_buffer(size)
+        widest = max(Encoding.parse(e).width for e in encodings)
+        root = work / "cluster"
+        Cluster.create(
+            root,
+            nodes=widest,
+            disks_per_node=2,
+            encoding=encodings[0],
+            block_size=block_size,
+            sync=sync,
+        )
+        raw_w: list[float] = []
+        raw_r: list[float] = []
+        per: dict[str, tuple[list[float], list[float]]] = {e: ([], []) for e in encodings}
+        cold = False
+        async with Cluster.open(root) as cluster:
+            client = cluster.client()
+            for rnd in range(runs + 1):  # round 0 warms up and is not counted
+                label = "warm-up" if rnd == 0 else f"run {rnd}/{runs}"
+                step(f"{label}: raw disk")
+                raw_file = work / "raw.bin"
+                w = await asyncio.to_thread(raw_write, raw_file, data)
+                cold = drop_caches()
+                r = await asyncio.to_thread(raw_read, raw_file, buf)
+                assert buf == data, "raw read-back differs"
+                raw_file.unlink()
+                if rnd:
+                    raw_w.append(_mb_s(size, w))
+                    raw_r.append(_mb_s(size, r))
+                for enc in encodings:
+                    step(f"{label}: {enc}")
+                    t0 = time.perf_counter()
+                    await client.write_file(f"/bench-{enc}", payload, encoding=enc)
+                    w = time.perf_counter() - t0
+                    drop_caches()
+                    t0 = time.perf_counter()
+                    n = await client.read_into(f"/bench-{enc}", 0, buf)
+                    r = time.perf_counter() - t0
+                    if n != size or buf != data:
+                        raise AssertionError(f"{enc}: read-back differs")
+                    await client.delete(f"/bench-{enc}")
+                    if rnd:
+                        per[enc][0].append(_mb_s(size, w))
+                        per[enc][1].append(_mb_s(size, r))
+        raw_wm, raw_rm = statistics.median(raw_w), statistics.median(raw_r)
+        figures = []
+        for enc in encodings:
+            ov = Encoding.parse(enc).overhead
+            wm, rm = statistics.median(per[enc][0]), statistics.median(per[enc][1])
+            figures.append(
+                EncodingFigures(
+                    enc,
+                    round(ov, 3),
+                    wm,
+                    rm,
+                    round(wm / (raw_wm / ov), 3),
+                    round(rm / (raw_rm / ov), 3),
+                    round(rm / raw_rm, 3),
+                    per[enc][0],
+                    per[enc][1],
+                )
+            )
+        return StoreBench(
+            size,
+            block_size,
+            runs,
+            widest,
+            sync,
+            cold,
+            str(directory),
+            raw_wm,
+            raw_rm,
+            raw_w,
+            raw_r,
+            figures,
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+__all__ = ["StoreBench", "run_store_bench"]
