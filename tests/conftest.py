@@ -23,7 +23,12 @@ SMALL_BLOCK = 64 << 10
 
 
 def make_cluster(
-    root: Path, *, nodes: int = 9, encoding: str = "rs-6-3", block_size: int = SMALL_BLOCK, **kw: Any
+    root: Path,
+    *,
+    nodes: int = 9,
+    encoding: str = "rs-6-3",
+    block_size: int = SMALL_BLOCK,
+    **kw: Any,
 ) -> Path:
     Cluster.create(root, nodes=nodes, encoding=encoding, block_size=block_size, **kw)
     return root

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from pathlib import Path
 
@@ -33,21 +34,29 @@ from .conftest import SMALL_BLOCK, run_with
 def test_round_trip_every_encoding(cluster_dir: Path, encoding: str) -> None:
     data = os.urandom(3 * SMALL_BLOCK + 12345)
 
-    async def go(c: Cluster) -> None:
+    async def go(c: Cluster) -> list[str]:
         client = c.client()
         await client.write_file("/f", data, encoding=encoding)
         assert await client.read_file("/f") == data
-        assert await client.read("/f", SMALL_BLOCK - 10, 20) == data[SMALL_BLOCK - 10 : SMALL_BLOCK + 10]
+        assert (
+            await client.read("/f", SMALL_BLOCK - 10, 20)
+            == data[SMALL_BLOCK - 10 : SMALL_BLOCK + 10]
+        )
         assert await client.read("/f", len(data) - 5, 100) == data[-5:]
         assert await client.read("/f", len(data) + 5, 100) == b""
         st = await client.stat("/f")
         assert (st.size, st.encoding, st.sealed, st.nblocks) == (len(data), encoding, True, 4)
+        paths: list[str] = []
         for block in await client.layout("/f"):
             nodes = [ch.node for ch in block.chunks]
             assert len(nodes) == len(set(nodes))  # distinct nodes
-            assert all(p is not None and os.path.exists(p) for p in block.chunk_paths)
+            assert all(p is not None for p in block.chunk_paths)
+            paths.extend(p for p in block.chunk_paths if p is not None)
 
-    run_with(cluster_dir, go)
+        return paths
+
+    paths = run_with(cluster_dir, go)
+    assert paths and all(os.path.exists(p) for p in paths)
 
 
 def test_compressible_data_is_compressed_and_reads_back(cluster_dir: Path) -> None:
@@ -216,10 +225,8 @@ def test_cancelled_write_leaves_sealed_files_intact(cluster_dir: Path) -> None:
             task = asyncio.create_task(client.write_file("/replaced", big))
             await asyncio.sleep(delay)
             task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
-            except asyncio.CancelledError:
-                pass
             got = await client.read_file("/replaced")
             assert got in (b"old contents", big)
         assert await client.read_file("/keep") == b"precious" * 1000
