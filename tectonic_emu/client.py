@@ -150,6 +150,8 @@ class Client:
         parts = split_path(path)
         if encoding is not None:
             self._encoding(encoding)
+        if not parts and not (parents or exist_ok):
+            raise AlreadyExistsError("directory exists", "/")
         now = time.time()
         async with self.meta.transaction() as m:
             dir_id = ROOT_DIR_ID
@@ -373,6 +375,8 @@ class Client:
     async def _file_blocks(
         self, path: str
     ) -> tuple[FileRecord, list[BlockEntry], list[BlockRecord]]:
+        if not split_path(path):
+            raise IsADirectoryError_("is a directory", "/")
         async with self.meta.transaction() as m:
             _, e = await self._lookup(m, path)
             if e.kind == "dir":

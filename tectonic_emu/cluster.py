@@ -37,6 +37,9 @@ from tectonic_emu.metadata import SQLiteKV
 from tectonic_emu.metadata.layers import Metadata
 
 STOP_MARKER = "STOPPED"
+# Threads for blocking chunk I/O, shared by all nodes of the cluster. Chunk writes block in
+# fdatasync most of their time, so more threads than cores keep the disk queue full.
+IO_THREADS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +141,7 @@ class Cluster:
         """
         root = Path(path)
         config = ClusterConfig.load(root)
-        io_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="tectonic-io")
+        io_pool = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="tectonic-io")
         cpu_pool = ThreadPoolExecutor(
             max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="tectonic-cpu"
         )

@@ -107,16 +107,18 @@ async def collect_garbage(cluster: Cluster, *, grace: float = DEFAULT_GC_GRACE) 
             f = await m.files.get(file_id)
             garbage = await m.drop_file(file_id) if f is not None and f.parent is None else []
         await cluster.datapath.delete_chunks(garbage)
-    referenced: set[str] = set()
+    # By placement, not by id alone: a chunk write that failed on one node is retried under
+    # the same id on another, leaving a torn copy that no block references.
+    referenced: set[tuple[int, int, str]] = set()
     async for rec in cluster.meta.iter_blocks():
-        referenced.update(c.chunk_id for c in rec.chunks)
+        referenced.update((c.node, c.disk, c.chunk_id) for c in rec.chunks)
     deleted = 0
     for node in cluster.nodes:
         if not node.available:
             continue
         for disk in range(node.disks):
             for info in await node.list_chunks(disk):
-                if info.chunk_id not in referenced and info.mtime < cutoff:
+                if (node.node_id, disk, info.chunk_id) not in referenced and info.mtime < cutoff:
                     await node.delete_chunk(disk, info.chunk_id)
                     deleted += 1
     return deleted
