@@ -267,7 +267,7 @@ class Client:
             )
         try:
             pipeline = BlockPipeline(self, file_id, token, enc, self.write_depth)
-            bs = self.config.block_size
+            bs = self.config.block_size_for(enc)
             try:
                 for off in range(0, len(mv), bs):
                     await pipeline.submit(mv[off : off + bs])

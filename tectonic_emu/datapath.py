@@ -10,6 +10,7 @@ back to other replicas or parity chunks when a chunk is missing, corrupt or on a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import secrets
 from collections.abc import Callable, Iterable, Sequence
@@ -86,13 +87,16 @@ class DataPath:
         avoid_set = set(avoid)
         live = [n for n in self.live_nodes() if n not in avoid_set]
         self._rng.shuffle(live)
-        if (
-            len(self.live_nodes()) < self.min_live_nodes(enc)
-            or len(live) * self.disks_per_node < count
-        ):
+        up = len(self.live_nodes())
+        if up < self.min_live_nodes(enc):
             raise NotEnoughNodesError(
-                f"encoding {enc} needs {self.min_live_nodes(enc)} live nodes for {count} chunks; "
-                f"{len(self.live_nodes())} of {len(self.nodes)} are up"
+                f"encoding {enc} needs {self.min_live_nodes(enc)} live nodes; "
+                f"{up} of {len(self.nodes)} are up"
+            )
+        if len(live) * self.disks_per_node < count:
+            raise NotEnoughNodesError(
+                f"encoding {enc}: {len(live)} usable live nodes cannot take {count} more chunks "
+                f"({up} of {len(self.nodes)} are up)"
             )
         targets: list[tuple[int, int]] = []
         disk_of = {n: self._rng.randrange(self.disks_per_node) for n in live}
@@ -124,14 +128,15 @@ class DataPath:
         """
         prepared = await self._cpu_call(len(block), self._prepare, enc, block)
         targets = self.place(enc, enc.width)
-        used: set[int] = {node for node, _ in targets}
+        taken = set(targets)
+        failed: set[int] = set()
         written: list[ChunkPlacement] = []
         try:
             async with asyncio.TaskGroup() as tg:
                 for index, target in enumerate(targets):
                     tg.create_task(
                         self._put_chunk(
-                            enc, block_id, index, prepared[index], target, used, written
+                            enc, block_id, index, prepared[index], target, taken, failed, written
                         )
                     )
         except BaseException as exc:
@@ -148,12 +153,14 @@ class DataPath:
         """Store rebuilt chunks (repair) on live nodes not in ``avoid``, as distinct as can be.
         On failure deletes what it wrote and raises."""
         targets = self.place(enc, len(raw), avoid=avoid)
-        used = set(avoid) | {node for node, _ in targets}
+        # Nodes in ``avoid`` hold chunks of the block: count all their disks as taken.
+        taken = set(targets) | {(n, d) for n in avoid for d in range(self.disks_per_node)}
+        failed: set[int] = set()
         written: list[ChunkPlacement] = []
         try:
             for (index, data), target in zip(sorted(raw.items()), targets, strict=True):
                 prep = await self._cpu_call(len(data), self._prepare_one, data)
-                await self._put_chunk(enc, block_id, index, prep, target, used, written)
+                await self._put_chunk(enc, block_id, index, prep, target, taken, failed, written)
         except BaseException:
             await asyncio.shield(self.delete_chunks(written))
             raise
@@ -170,24 +177,47 @@ class DataPath:
         index: int,
         prepared: tuple[BytesLike, int, int, int],
         target: tuple[int, int],
-        used: set[int],
+        taken: set[tuple[int, int]],
+        failed: set[int],
         written: list[ChunkPlacement],
     ) -> None:
+        """Write one chunk; if its node fails, retry (under a new id) on a replacement."""
         stored, flags, crc, raw_len = prepared
-        chunk_id = new_chunk_id(block_id, index)
         node, disk = target
         while True:
+            chunk_id = new_chunk_id(block_id, index)
             try:
                 await self.nodes[node].write_chunk(disk, chunk_id, stored, crc32c=crc, flags=flags)
             except (OSError, EOFError):
-                # That node failed mid-write: take another one not yet used by this block.
-                ((node, disk),) = self.place(enc, 1, avoid=used)
-                used.add(node)
+                failed.add(node)
+                node, disk = self._replacement(enc, taken, failed)
+                taken.add((node, disk))
                 continue
             written.append(
                 ChunkPlacement(index, node, disk, chunk_id, crc, len(stored), flags, raw_len)
             )
             return
+
+    def _replacement(
+        self, enc: Encoding, taken: set[tuple[int, int]], failed: set[int]
+    ) -> tuple[int, int]:
+        """A target for a chunk whose node failed: a live node the block does not use yet,
+        else (as a degraded write does) a free disk of a node it uses; the block is then below
+        redundancy until repair moves it."""
+        used = {n for n, _ in taken}
+        with contextlib.suppress(NotEnoughNodesError):
+            ((node, disk),) = self.place(enc, 1, avoid=used | failed)
+            return node, disk
+        for n in self.live_nodes():
+            if n in failed:
+                continue
+            for d in range(self.disks_per_node):
+                if (n, d) not in taken:
+                    return n, d
+        raise NotEnoughNodesError(
+            f"encoding {enc}: no live node left to take a chunk that failed to write "
+            f"({len(failed)} nodes failed, {len(self.live_nodes())} of {len(self.nodes)} up)"
+        )
 
     async def delete_chunks(self, chunks: Iterable[ChunkPlacement]) -> int:
         """Delete chunks, ignoring nodes that are down. Returns how many were deleted."""

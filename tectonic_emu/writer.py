@@ -99,7 +99,7 @@ class FileWriter:
         self.file_id = file_id
         self.encoding = enc
         self._token = token
-        self._block_size = client.config.block_size
+        self._block_size = client.config.block_size_for(enc)
         self._pipeline = BlockPipeline(client, file_id, token, enc, client.write_depth)
         self._buf = bytearray()
         self._closed = False

@@ -18,7 +18,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from tectonic_emu import Cluster
+from tectonic_emu import Cluster, ClusterConfig, Encoding
 from tectonic_emu.cli import cli
 
 from .conftest import SMALL_BLOCK, make_cluster, run_with
@@ -94,6 +94,11 @@ def snapshot(root: Path) -> tuple[dict[str, Any], list[str]]:
 
     files = sorted(str(p.relative_to(root)) for p in (root / "nodes").rglob("*") if p.is_file())
     return run_with(root, go), files
+
+
+def block_of(cluster: Path, encoding: str) -> int:
+    """Bytes per block of an ``encoding`` file in ``cluster`` (RS blocks hold D chunks)."""
+    return ClusterConfig.load(cluster).block_size_for(Encoding.parse(encoding))
 
 
 def local_files(d: Path) -> list[str]:
@@ -174,7 +179,8 @@ def cluster(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize(("encoding", "width"), [("r1", 1), ("r3", 3), ("rs-6-3", 9)])
 def test_put_get_round_trip(tmp_path: Path, cluster: Path, encoding: str, width: int) -> None:
-    data = os.urandom(3 * SMALL_BLOCK + 12345)
+    bs = block_of(cluster, encoding)
+    data = os.urandom(3 * bs + 12345)  # four blocks, the last one short
     (tmp_path / "in.bin").write_bytes(data)
     ok("put", "--encoding", encoding, "in.bin", "/f", cluster=cluster, cwd=tmp_path)
     ok("get", "/f", "out.bin", cluster=cluster, cwd=tmp_path)
@@ -185,7 +191,7 @@ def test_put_get_round_trip(tmp_path: Path, cluster: Path, encoding: str, width:
     got = tuple(st[k] for k in ("path", "kind", "size", "encoding", "sealed", "blocks"))
     assert got == ("/f", "file", len(data), encoding, True, 4)
     assert [(b["block_no"], b["offset"]) for b in st["block_list"]] == [
-        (i, i * SMALL_BLOCK) for i in range(4)
+        (i, i * bs) for i in range(4)
     ]
     assert sum(b["length"] for b in st["block_list"]) == len(data)
     for b in st["block_list"]:
@@ -199,7 +205,7 @@ def test_put_get_round_trip(tmp_path: Path, cluster: Path, encoding: str, width:
 
 
 def test_stdin_stdout_and_listing(tmp_path: Path, cluster: Path) -> None:
-    data = os.urandom(2 * SMALL_BLOCK + 7)
+    data = os.urandom(2 * block_of(cluster, "rs-6-3") + 7)  # three blocks
     ok("put", "-", "/from-stdin", cluster=cluster, stdin=data)
     assert ok("get", "/from-stdin", "-", cluster=cluster) == data
     ok("put", "--encoding", "r3", "-", "/empty", cluster=cluster, stdin=b"")
@@ -266,8 +272,8 @@ def flip_last_byte(path: str) -> None:
 
 
 def test_corrupt_and_missing_chunks_scrub_and_repair(tmp_path: Path, cluster: Path) -> None:
-    data_rs = os.urandom(2 * SMALL_BLOCK + 999)
-    data_r3 = os.urandom(2 * SMALL_BLOCK + 555)
+    data_rs = os.urandom(2 * block_of(cluster, "rs-6-3") + 999)  # three blocks each
+    data_r3 = os.urandom(2 * block_of(cluster, "r3") + 555)
     (tmp_path / "rs.bin").write_bytes(data_rs)
     (tmp_path / "r3.bin").write_bytes(data_r3)
     ok("put", "--encoding", "rs-6-3", str(tmp_path / "rs.bin"), "/rs", cluster=cluster)

@@ -12,7 +12,9 @@ import pytest
 from tectonic_emu import (
     AlreadyExistsError,
     Cluster,
+    ClusterConfig,
     DirectoryNotEmptyError,
+    Encoding,
     FencedWriterError,
     InvalidArgumentError,
     InvalidPathError,
@@ -32,26 +34,37 @@ from .conftest import SMALL_BLOCK, run_with
 
 @pytest.mark.parametrize("encoding", KNOWN_ENCODINGS)
 def test_round_trip_every_encoding(cluster_dir: Path, encoding: str) -> None:
-    data = os.urandom(3 * SMALL_BLOCK + 12345)
+    enc = Encoding.parse(encoding)
 
     async def go(c: Cluster) -> list[str]:
+        # Every chunk is block_size bytes: a replicated block is one chunk, an RS block D.
+        bs = c.config.block_size_for(enc)
+        assert bs == SMALL_BLOCK * (enc.data if enc.kind == "rs" else 1)
+        data = os.urandom(3 * bs + 12345)  # four blocks, the last one short
         client = c.client()
         await client.write_file("/f", data, encoding=encoding)
         assert await client.read_file("/f") == data
-        assert (
-            await client.read("/f", SMALL_BLOCK - 10, 20)
-            == data[SMALL_BLOCK - 10 : SMALL_BLOCK + 10]
-        )
+        assert await client.read("/f", bs - 10, 20) == data[bs - 10 : bs + 10]
         assert await client.read("/f", len(data) - 5, 100) == data[-5:]
         assert await client.read("/f", len(data) + 5, 100) == b""
         st = await client.stat("/f")
         assert (st.size, st.encoding, st.sealed, st.nblocks) == (len(data), encoding, True, 4)
+        layout = await client.layout("/f")
+        assert [(b.offset, b.length) for b in layout] == [
+            (0, bs),
+            (bs, bs),
+            (2 * bs, bs),
+            (3 * bs, 12345),
+        ]
         paths: list[str] = []
-        for block in await client.layout("/f"):
+        for block in layout:
+            assert len(block.chunks) == enc.width
             nodes = [ch.node for ch in block.chunks]
             assert len(nodes) == len(set(nodes))  # distinct nodes
             assert all(p is not None for p in block.chunk_paths)
             paths.extend(p for p in block.chunk_paths if p is not None)
+        for block in layout[:-1]:  # a full block's chunks are each exactly one chunk size
+            assert {ch.raw_len for ch in block.chunks} == {SMALL_BLOCK}
 
         return paths
 
@@ -255,7 +268,8 @@ def test_cancelled_write_leaves_sealed_files_intact(cluster_dir: Path) -> None:
 def test_degraded_write_and_read_with_nodes_down(tmp_path: Path) -> None:
     root = tmp_path / "c"
     Cluster.create(root, nodes=9, encoding="rs-6-3", block_size=SMALL_BLOCK)
-    data = os.urandom(2 * SMALL_BLOCK)
+    rs_block = ClusterConfig.load(root).block_size_for(Encoding.parse("rs-6-3"))
+    data = os.urandom(2 * rs_block)  # two blocks
 
     async def go(c: Cluster) -> None:
         client = c.client()

@@ -4,8 +4,10 @@ The model is a dict of files (path -> bytes) and a dict of directories (path -> 
 new files below inherit). Every namespace call is predicted exactly, errors included (the
 error's type is compared). Writers are the one place where the model allows a range: full
 blocks an open writer handed to its pipeline commit in the background, so between flushes a
-reader sees the flushed bytes plus any whole number of those blocks; each read narrows the
-model to what was seen (the committed prefix only grows).
+reader sees the flushed bytes plus any whole number of those blocks (a block is ``BLOCK`` bytes
+for a replicated file, D x ``BLOCK`` for an RS file); each read narrows the model to what was
+seen (the committed prefix only grows). Sizes near block edges are drawn in blocks of the
+encoding the file ends up with.
 
 Node faults stay within what the data survives, decided from the model alone (hypothesis needs
 the same draws on a replay, so nothing that depends on timing or placement may steer them): at
@@ -25,6 +27,7 @@ import shutil
 import tempfile
 from collections.abc import Coroutine
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, TypeVar
 
 from hypothesis import HealthCheck, settings
@@ -41,6 +44,7 @@ from tectonic_emu import (
     AlreadyExistsError,
     Client,
     Cluster,
+    ClusterConfig,
     DirectoryNotEmptyError,
     Encoding,
     FencedWriterError,
@@ -59,10 +63,11 @@ from tectonic_emu.services import DEFAULT_GC_GRACE, repair, scrub
 T = TypeVar("T")
 V = TypeVar("V")
 
-BLOCK = 16 << 10
+BLOCK = 16 << 10  # the cluster's block size: every chunk's
 NODES = 9
 DEFAULT_ENCODING = "rs-6-3"
 ENCODINGS = ("r1", "r3", "rs-3-3", "rs-6-3")
+CONFIG = ClusterConfig(nodes=NODES, encoding=DEFAULT_ENCODING, block_size=BLOCK, sync=False)
 # rs-6-3 needs 7 live nodes of 9 to accept a write: with at most 2 down every write succeeds.
 MAX_STOPPED = 2
 MAX_WRITERS = 2
@@ -70,24 +75,42 @@ MAX_WRITERS = 2
 names = st.sampled_from(("a", "b", "c"))
 paths = st.lists(names, min_size=1, max_size=3).map(lambda parts: "/" + "/".join(parts))
 encodings = st.one_of(st.none(), st.sampled_from(ENCODINGS))
+
+
+@cache
+def block_of(encoding: str) -> int:
+    """Bytes per block of an ``encoding`` file: ``BLOCK``, or D x ``BLOCK`` for rs-D-P."""
+    return CONFIG.block_size_for(Encoding.parse(encoding))
+
+
+@dataclass(frozen=True)
+class Payload:
+    """Bytes to write, drawn before the encoding they land in is known: ``size`` is a byte
+    count, or (blocks, delta) for ``blocks`` blocks of that encoding plus ``delta`` bytes."""
+
+    size: int | tuple[int, int]
+    seed: int
+    compressible: bool
+
+    def make(self, encoding: str) -> bytes:
+        size = self.size
+        if isinstance(size, tuple):
+            size = size[0] * block_of(encoding) + size[1]
+        rnd = random.Random(self.seed)
+        if not self.compressible:
+            return rnd.randbytes(size)
+        line = b"step %d loss %.4f lr 3e-4\n" % (rnd.randrange(1000), rnd.random())
+        return (line * (size // len(line) + 1))[:size]
+
+
 sizes = st.one_of(
     st.integers(0, 80 << 10),
-    st.sampled_from((1, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK, 5 * BLOCK - 1)),
+    st.sampled_from((1, (1, -1), (1, 0), (1, 1), (2, 0), (5, -1))),
 )
-
-
-def make_payload(size: int, seed: int, compressible: bool) -> bytes:
-    rnd = random.Random(seed)
-    if not compressible:
-        return rnd.randbytes(size)
-    line = b"step %d loss %.4f lr 3e-4\n" % (rnd.randrange(1000), rnd.random())
-    return (line * (size // len(line) + 1))[:size]
-
-
-payloads = st.builds(make_payload, sizes, st.integers(0, 1 << 16), st.booleans())
+payloads = st.builds(Payload, sizes, st.integers(0, 1 << 16), st.booleans())
 appends = st.builds(
-    make_payload,
-    st.one_of(st.integers(0, 40 << 10), st.sampled_from((BLOCK - 1, BLOCK, BLOCK + 1))),
+    Payload,
+    st.one_of(st.integers(0, 40 << 10), st.sampled_from(((1, -1), (1, 0), (1, 1)))),
     st.integers(0, 1 << 16),
     st.booleans(),
 )
@@ -103,10 +126,14 @@ class FileModel:
     unflushed: int = 0  # bytes appended since the last flush (``pending`` before any read)
     safe_down: int = NODES  # nodes that may be down with every block still readable
 
+    @property
+    def block(self) -> int:
+        return block_of(self.encoding)
+
     def candidates(self) -> list[bytes]:
         """Every content a reader may see now."""
-        whole = len(self.pending) // BLOCK
-        return [self.durable + self.pending[: k * BLOCK] for k in range(whole + 1)]
+        whole = len(self.pending) // self.block
+        return [self.durable + self.pending[: k * self.block] for k in range(whole + 1)]
 
     def saw(self, content: bytes) -> None:
         """Narrow the model to ``content``, read just now."""
@@ -127,7 +154,7 @@ class WriterModel:
     @property
     def in_flight(self) -> bool:
         """Full blocks may still be on their way to the nodes (uncommitted chunks exist)."""
-        return not self.fenced and self.file.unflushed >= BLOCK
+        return not self.fenced and self.file.unflushed >= self.file.block
 
 
 def safe_down(encoding: str, stopped: int) -> int:
@@ -177,7 +204,11 @@ class ClientMachine(RuleBasedStateMachine):
         super().__init__()
         self.root = tempfile.mkdtemp(prefix="tectonic-sm-")
         Cluster.create(
-            self.root, nodes=NODES, encoding=DEFAULT_ENCODING, block_size=BLOCK, sync=False
+            self.root,
+            nodes=CONFIG.nodes,
+            encoding=CONFIG.encoding,
+            block_size=CONFIG.block_size,
+            sync=CONFIG.sync,
         )
         self.loop = asyncio.new_event_loop()
         self.stack = contextlib.AsyncExitStack()
@@ -300,16 +331,17 @@ class ClientMachine(RuleBasedStateMachine):
             self.open_writer_at("/log", data.draw(encodings, label="encoding"))
 
     @rule(data=st.data(), payload=payloads, encoding=encodings)
-    def write_file(self, data: st.DataObject, payload: bytes, encoding: str | None) -> None:
+    def write_file(self, data: st.DataObject, payload: Payload, encoding: str | None) -> None:
         self.write_file_at(self.draw_path(data), payload, encoding)
 
-    def write_file_at(self, path: str, payload: bytes, encoding: str | None) -> None:
+    def write_file_at(self, path: str, spec: Payload, encoding: str | None) -> None:
         err = self.walk_error(parts_of(path)[:-1])
         if err is None and self.kind(path) == "dir":
             err = IsADirectoryError_
+        enc = encoding or self.inherited(path)  # meaningful when err is None
+        payload = spec.make(enc)
         self.call(self.client.write_file(path, payload, encoding=encoding), err)
         if err is None:
-            enc = encoding or self.inherited(path)
             if path in self.files:
                 self.drop_file(path)
             self.files[path] = FileModel(enc, payload)
@@ -346,8 +378,9 @@ class ClientMachine(RuleBasedStateMachine):
         total = len(f.durable) + len(f.pending)
         offset = total * data.draw(st.integers(0, 1250), label="offset per mille") // 1000
         if data.draw(st.booleans(), label="near a block edge"):
-            offset = max(0, offset - offset % BLOCK + data.draw(st.integers(-2, 2), label="delta"))
-        size = data.draw(st.integers(0 if into else -1, 3 * BLOCK), label="size")
+            edge = offset - offset % f.block
+            offset = max(0, edge + data.draw(st.integers(-2, 2), label="delta"))
+        size = data.draw(st.integers(0 if into else -1, 3 * f.block), label="size")
         if into:
             buf = bytearray(b"\xee" * size)
             n = self.run(self.client.read_into(path, offset, buf))
@@ -496,10 +529,11 @@ class ClientMachine(RuleBasedStateMachine):
             raise AssertionError("a writer that failed still accepts appends")
 
     @precondition(lambda self: self.writers)
-    @rule(data=st.data(), chunks=st.lists(appends, min_size=1, max_size=3))
-    def append(self, data: st.DataObject, chunks: list[bytes]) -> None:
+    @rule(data=st.data(), pieces=st.lists(appends, min_size=1, max_size=3))
+    def append(self, data: st.DataObject, pieces: list[Payload]) -> None:
         w = self.pick_writer(data)
-        for chunk in chunks:
+        for piece in pieces:
+            chunk = piece.make(w.file.encoding)
             self.call(w.writer.append(chunk), FencedWriterError if w.fenced else None)
             if w.fenced:
                 self.forget(w)

@@ -26,7 +26,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tectonic_emu import BlockLayout, Cluster, DataUnavailableError, Encoding, NotEnoughNodesError
+from tectonic_emu import (
+    BlockLayout,
+    Cluster,
+    ClusterConfig,
+    DataUnavailableError,
+    Encoding,
+    NotEnoughNodesError,
+)
 from tectonic_emu.chunkstore import FaultyNode
 from tectonic_emu.chunkstore._format import HEADER_SIZE, decode_chunk, encode_chunk
 from tectonic_emu.coding import crc32c
@@ -35,8 +42,17 @@ from tectonic_emu.services.scrub import ScrubReport
 
 from .conftest import run_with
 
-BLOCK = 16 << 10
-DATA = os.urandom(2 * BLOCK + 5000)  # three blocks, the last one short
+BLOCK = 16 << 10  # the clusters' block size: the size of every chunk
+
+
+def block_of(encoding: str) -> int:
+    """Bytes per block of an ``encoding`` file: ``BLOCK`` replicated, D x ``BLOCK`` for RS."""
+    return ClusterConfig(block_size=BLOCK).block_size_for(Encoding.parse(encoding))
+
+
+RS_BLOCK = block_of("rs-6-3")  # the clusters' default encoding
+# Per encoding: three blocks, the last one short.
+DATA = {e: os.urandom(2 * block_of(e) + 5000) for e in ("r1", "r3", "rs-3-3", "rs-6-3")}
 
 Damage = Literal["flip", "delete", "truncate"]
 
@@ -131,11 +147,12 @@ def test_damaged_chunk_is_caught_reported_and_repaired(
 ) -> None:
     root = make(tmp_path / "c")
     field = "missing" if how == "delete" else "corrupt"
+    data, bs = DATA[encoding], block_of(encoding)
 
     async def go(c: Cluster) -> None:
         client = c.client()
-        await client.write_file("/f", DATA, encoding=encoding)
-        await client.write_file("/other", DATA[:100], encoding=encoding)
+        await client.write_file("/f", data, encoding=encoding)
+        await client.write_file("/other", data[:100], encoding=encoding)
         before = await client.layout("/f")
         victim = before[1].chunks[0]  # block 1, chunk 0: a data chunk for RS
         damage(chunk_path(before[1], victim.index), how)
@@ -144,12 +161,12 @@ def test_damaged_chunk_is_caught_reported_and_repaired(
             with pytest.raises(DataUnavailableError):
                 await client.read_file("/f")
             with pytest.raises(DataUnavailableError):
-                await client.read("/f", BLOCK + 10, 10)
+                await client.read("/f", bs + 10, 10)
         else:
             for _ in range(3):  # replicas are read in random order: try a few
-                assert await client.read_file("/f") == DATA
-            assert await client.read("/f", BLOCK - 3, 10) == DATA[BLOCK - 3 : BLOCK + 7]
-        assert await client.read("/f", 0, BLOCK) == DATA[:BLOCK]  # other blocks unaffected
+                assert await client.read_file("/f") == data
+            assert await client.read("/f", bs - 3, 10) == data[bs - 3 : bs + 7]
+        assert await client.read("/f", 0, bs) == data[:bs]  # other blocks unaffected
 
         report = await scrub(c)
         assert problems(report) == {
@@ -182,8 +199,8 @@ def test_damaged_chunk_is_caught_reported_and_repaired(
         assert len(new) == 1 and new[0].chunk_id != victim.chunk_id
         assert gone(chunk_path(before[1], victim.index))  # the bad file was deleted
         assert distinct_nodes(after[1])
-        assert await client.read_file("/f") == DATA
-        assert await client.read_file("/other") == DATA[:100]
+        assert await client.read_file("/f") == data
+        assert await client.read_file("/other") == data[:100]
         assert await chunks_on_disk(c) == await referenced(c)
         assert (await c.status()).blocks_below_redundancy == 0
 
@@ -195,12 +212,12 @@ def test_flipped_header_byte_is_corruption_too(tmp_path: Path) -> None:
 
     async def go(c: Cluster) -> None:
         client = c.client()
-        await client.write_file("/f", DATA, encoding="r3")
+        await client.write_file("/f", DATA["r3"], encoding="r3")
         (block, *_) = await client.layout("/f")
         flip(chunk_path(block, 0), 5)  # in the version field
         flip(chunk_path(block, 1), HEADER_SIZE - 1)  # in the header's checksum
         for _ in range(3):
-            assert await client.read("/f", 0, BLOCK) == DATA[:BLOCK]
+            assert await client.read("/f", 0, BLOCK) == DATA["r3"][:BLOCK]
         assert problems(await scrub(c))["corrupt"] == {ch.chunk_id for ch in block.chunks[:2]}
         await repair(c, gc_grace=0)
         assert (await scrub(c)).clean
@@ -211,7 +228,8 @@ def test_flipped_header_byte_is_corruption_too(tmp_path: Path) -> None:
 # -- Reed-Solomon at and past its tolerance --------------------------------------------------
 def test_rs_6_3_repairs_three_damaged_chunks_per_block_but_not_four(tmp_path: Path) -> None:
     root = make(tmp_path / "c")
-    data = os.urandom(4 * BLOCK)
+    bs = RS_BLOCK
+    data = os.urandom(4 * bs)
     # per block: (chunk index, damage); data chunks, parity chunks, and a mix
     plan: list[list[tuple[int, Damage]]] = [
         [(0, "flip"), (1, "delete"), (2, "truncate")],
@@ -228,8 +246,8 @@ def test_rs_6_3_repairs_three_damaged_chunks_per_block_but_not_four(tmp_path: Pa
             for index, how in hits:
                 damage(chunk_path(block, index), how)
         for b in range(3):
-            assert await client.read("/f", b * BLOCK, BLOCK) == data[b * BLOCK : (b + 1) * BLOCK]
-        for offset, size in ((3 * BLOCK, 1), (0, -1), (3 * BLOCK - 1, 2)):
+            assert await client.read("/f", b * bs, bs) == data[b * bs : (b + 1) * bs]
+        for offset, size in ((3 * bs, 1), (0, -1), (3 * bs - 1, 2)):
             with pytest.raises(DataUnavailableError):
                 await client.read("/f", offset, size)
 
@@ -239,7 +257,7 @@ def test_rs_6_3_repairs_three_damaged_chunks_per_block_but_not_four(tmp_path: Pa
         fixed = await repair(c, gc_grace=0)
         assert fixed.unrecoverable == [f"{layout[3].block_id:016x}"]
         assert (fixed.blocks_repaired, fixed.chunks_rebuilt) == (3, 9)
-        assert await client.read("/f", 0, 3 * BLOCK) == data[: 3 * BLOCK]
+        assert await client.read("/f", 0, 3 * bs) == data[: 3 * bs]
         with pytest.raises(DataUnavailableError):
             await client.read_file("/f")
         report = await scrub(c)  # only the lost block's four chunks remain bad
@@ -265,8 +283,9 @@ def test_reads_return_exact_bytes_or_raise(
     """Up to the encoding's tolerance of chunks lost, in any way: exact bytes. One more: an
     error, never wrong bytes."""
     enc = Encoding.parse(encoding)
-    data = b"%d tokens/s\n" % at * 2000 if compressible else os.urandom(BLOCK - 7)
-    data = data[: BLOCK - 7]
+    size = block_of(encoding) - 7  # one block, nearly full
+    line = b"%d tokens/s\n" % at
+    data = (line * (size // len(line) + 1))[:size] if compressible else os.urandom(size)
     hits = [i for i in order if i < enc.width][: enc.tolerance + 1]
 
     async def go(c: Cluster) -> None:
@@ -294,7 +313,8 @@ def test_end_to_end_checksum_catches_what_the_node_cannot(tmp_path: Path, encodi
 
     async def go(c: Cluster) -> None:
         client = c.client()
-        await client.write_file("/f", DATA, encoding=encoding)
+        data, bs = DATA[encoding], block_of(encoding)
+        await client.write_file("/f", data, encoding=encoding)
         (block, *_) = await client.layout("/f")
         victim = block.chunks[0]
         rewrite_consistently(chunk_path(block, 0), victim.chunk_id)
@@ -304,7 +324,7 @@ def test_end_to_end_checksum_catches_what_the_node_cannot(tmp_path: Path, encodi
                 await client.read("/f", 0, 10)
         else:
             for _ in range(3):
-                assert await client.read("/f", 0, BLOCK) == DATA[:BLOCK]
+                assert await client.read("/f", 0, bs) == data[:bs]
         assert problems(await scrub(c))["corrupt"] == {victim.chunk_id}
 
     run_with(root, go)
@@ -317,11 +337,11 @@ def test_chunk_file_under_another_chunks_name_is_corrupt(tmp_path: Path) -> None
 
     async def go(c: Cluster) -> None:
         client = c.client()
-        await client.write_file("/f", DATA)
+        await client.write_file("/f", DATA["rs-6-3"])
         (block, *_) = await client.layout("/f")
         a, b = chunk_path(block, 0), chunk_path(block, 1)
         swap(a, b)
-        assert await client.read_file("/f") == DATA
+        assert await client.read_file("/f") == DATA["rs-6-3"]
         corrupt = problems(await scrub(c))["corrupt"]
         assert corrupt == {block.chunks[0].chunk_id, block.chunks[1].chunk_id}
         first = await repair(c, gc_grace=0)
@@ -329,7 +349,7 @@ def test_chunk_file_under_another_chunks_name_is_corrupt(tmp_path: Path) -> None
         again = await repair(c, gc_grace=0)  # idempotent: nothing left to do
         assert (again.blocks_repaired, again.garbage_chunks_deleted) == (0, 0)
         assert (await scrub(c)).clean
-        assert await client.read_file("/f") == DATA
+        assert await client.read_file("/f") == DATA["rs-6-3"]
 
     run_with(root, go)
 
@@ -338,8 +358,8 @@ def test_chunk_file_under_another_chunks_name_is_corrupt(tmp_path: Path) -> None
 def test_stopped_node_is_reported_repaired_around_and_collected_on_return(tmp_path: Path) -> None:
     # 12 nodes: an rs-6-3 block (9 chunks) finds a spare node for the chunk it lost.
     root = make(tmp_path / "c", nodes=12)
-    files = {f"/f{i}": os.urandom(BLOCK * (i + 1) + i) for i in range(4)}
     encodings = ["rs-6-3", "r3", "rs-3-3", "rs-6-3"]
+    files = {f"/f{i}": os.urandom(block_of(e) * (i + 1) + i) for i, e in enumerate(encodings)}
 
     async def go(c: Cluster) -> None:
         client = c.client()
@@ -396,12 +416,12 @@ def test_rs_6_3_on_nine_nodes_cannot_regain_redundancy_with_one_down(tmp_path: P
 
     async def go(c: Cluster) -> None:
         client = c.client()
-        await client.write_file("/f", DATA)
+        await client.write_file("/f", DATA["rs-6-3"])  # three blocks
         c.stop_node(0)
         fixed = await repair(c, gc_grace=0)
         assert len(fixed.not_enough_nodes) == 3 and fixed.unrecoverable == []
         assert (await c.status()).blocks_below_redundancy == 3
-        assert await client.read_file("/f") == DATA
+        assert await client.read_file("/f") == DATA["rs-6-3"]
 
     run_with(root, go)
 
@@ -438,7 +458,7 @@ def check_after_crash(
 
 
 def write_sealed(root: Path) -> dict[str, bytes]:
-    sealed = {"/a": os.urandom(3 * BLOCK), "/b": b"small", "/c": os.urandom(BLOCK)}
+    sealed = {"/a": os.urandom(3 * RS_BLOCK), "/b": b"small", "/c": os.urandom(RS_BLOCK)}
 
     async def go(c: Cluster) -> None:
         for path, data in sealed.items():
@@ -451,7 +471,7 @@ def write_sealed(root: Path) -> dict[str, bytes]:
 def test_writer_cancelled_mid_append(tmp_path: Path) -> None:
     root = make(tmp_path / "c")
     sealed = write_sealed(root)
-    head, big = os.urandom(BLOCK + 99), os.urandom(64 * BLOCK)
+    head, big = os.urandom(RS_BLOCK + 99), os.urandom(64 * RS_BLOCK)
 
     async def go(c: Cluster) -> None:
         client = c.client()
@@ -460,7 +480,7 @@ def test_writer_cancelled_mid_append(tmp_path: Path) -> None:
         await w.flush()
         task = asyncio.create_task(w.append(big))
         for _ in range(10_000):  # until two blocks of it are committed
-            if (await client.stat("/stream")).size >= len(head) + 2 * BLOCK:
+            if (await client.stat("/stream")).size >= len(head) + 2 * RS_BLOCK:
                 break
             await asyncio.sleep(0.001)
         assert not task.done()
@@ -468,16 +488,16 @@ def test_writer_cancelled_mid_append(tmp_path: Path) -> None:
         with pytest.raises(asyncio.CancelledError):
             await task
         got = await client.read_file("/stream")
-        assert (len(got) - len(head)) % BLOCK == 0  # whole blocks after the flush point
+        assert (len(got) - len(head)) % RS_BLOCK == 0  # whole blocks after the flush point
 
     run_with(root, go)
-    check_after_crash(root, sealed, head + big, len(head) + 2 * BLOCK)
+    check_after_crash(root, sealed, head + big, len(head) + 2 * RS_BLOCK)
 
 
 def test_cluster_closed_under_an_open_writer(tmp_path: Path) -> None:
     root = make(tmp_path / "c")
     sealed = write_sealed(root)
-    head, big = os.urandom(2 * BLOCK + 1), os.urandom(12 * BLOCK + 5)
+    head, big = os.urandom(2 * RS_BLOCK + 1), os.urandom(12 * RS_BLOCK + 5)
 
     async def go(c: Cluster) -> None:
         client = c.client()
@@ -488,7 +508,7 @@ def test_cluster_closed_under_an_open_writer(tmp_path: Path) -> None:
         # Chunks written but never committed, as a crash between the two leaves them.
         for _ in range(3):
             await c.datapath.write_block(
-                Encoding.parse("rs-6-3"), os.urandom(BLOCK), block_id=12345, file_id=w.file_id
+                Encoding.parse("rs-6-3"), os.urandom(RS_BLOCK), block_id=12345, file_id=w.file_id
             )
 
     run_with(root, go)
@@ -529,7 +549,7 @@ def test_writer_process_killed_mid_block(tmp_path: Path) -> None:
     nothing runs its cleanup, so those chunks stay behind as garbage."""
     root = make(tmp_path / "c")
     sealed = write_sealed(root)
-    piece, pieces = 2 * BLOCK + 77, 3
+    piece, pieces = 2 * RS_BLOCK + 77, 3
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(root), str(piece), str(pieces)],
         stdout=subprocess.PIPE,
@@ -565,7 +585,7 @@ async def write_until_tried(
     """Write files until the faulty node was asked for a chunk at least once."""
     for i in range(50):
         path = f"/{encoding}-{i}"
-        await c.client().write_file(path, DATA, encoding=encoding)
+        await c.client().write_file(path, DATA[encoding], encoding=encoding)
         await check(path)
         if faulty.calls["write_chunk"]:
             return
@@ -584,7 +604,7 @@ def test_chunk_write_failing_on_one_node_goes_elsewhere(tmp_path: Path, encoding
         client = c.client()
 
         async def check(path: str) -> None:
-            assert await client.read_file(path) == DATA
+            assert await client.read_file(path) == DATA[encoding]
             for b in await client.layout(path):
                 assert distinct_nodes(b) and 4 not in {ch.node for ch in b.chunks}
                 assert len(b.chunks) == Encoding.parse(encoding).width
@@ -605,15 +625,18 @@ def test_chunk_write_torn_on_one_node_leaves_only_garbage(tmp_path: Path) -> Non
         client = c.client()
 
         async def check(path: str) -> None:
-            assert await client.read_file(path) == DATA
+            assert await client.read_file(path) == DATA["rs-6-3"]
 
         await write_until_tried(c, faulty, "rs-6-3", check)
         assert faulty.crash_writes == 0
         torn = await chunks_on_disk(c) - await referenced(c)
         assert len(torn) == 1  # the half-written chunk, on node 7
         ((node, _, chunk_id),) = torn
-        # Retried under the same id on another node: the collector must go by placement.
-        assert node == 7 and chunk_id in {ch_id for _, _, ch_id in await referenced(c)}
+        assert node == 7
+        # Retried on another node under a new id (block id, index, then a random part).
+        same_chunk = chunk_id.rsplit(".", 1)[0] + "."
+        (retried,) = [(n, ch) for n, _, ch in await referenced(c) if ch.startswith(same_chunk)]
+        assert retried[0] != 7 and retried[1] != chunk_id
         assert (await scrub(c)).clean
         assert await collect_garbage(c, grace=0) == 1
         assert await chunks_on_disk(c) == await referenced(c)
@@ -621,13 +644,6 @@ def test_chunk_write_torn_on_one_node_leaves_only_garbage(tmp_path: Path) -> Non
     run_with(root, go)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DataPath._put_chunk retries a failed chunk write only on a node the block does not "
-    "use yet; when the encoding is as wide as the cluster (rs-6-3 on 9 nodes) there is none, "
-    "so one transient write failure fails the whole write, although place() would accept two "
-    "chunks on one node (distinct disks) had the node been down from the start",
-)
 def test_chunk_write_failure_on_a_cluster_as_wide_as_the_encoding(tmp_path: Path) -> None:
     root = make(tmp_path / "c", nodes=9)
 
@@ -636,9 +652,18 @@ def test_chunk_write_failure_on_a_cluster_as_wide_as_the_encoding(tmp_path: Path
         faulty.fail_writes = 1
         c.nodes[4] = faulty
         try:
-            await c.client().write_file("/f", DATA, encoding="rs-6-3")
+            await c.client().write_file("/f", DATA["rs-6-3"], encoding="rs-6-3")
         except NotEnoughNodesError as e:
             pytest.fail(f"one failed chunk write failed the file write: {e}")
-        assert await c.client().read_file("/f") == DATA
+        assert faulty.calls["write_chunk"] >= 1  # nine chunks, nine nodes: node 4 was tried
+        assert await c.client().read_file("/f") == DATA["rs-6-3"]
+        # The failed chunk went to a second disk of a node the block uses: below redundancy
+        # until repair moves it to a node of its own.
+        assert (await c.status()).blocks_below_redundancy == 1
+        fixed = await repair(c, gc_grace=0)
+        assert (fixed.blocks_repaired, fixed.not_enough_nodes) == (1, [])
+        assert (await c.status()).blocks_below_redundancy == 0
+        assert all(distinct_nodes(b) for b in await c.client().layout("/f"))
+        assert await c.client().read_file("/f") == DATA["rs-6-3"]
 
     run_with(root, go)

@@ -107,8 +107,8 @@ async def collect_garbage(cluster: Cluster, *, grace: float = DEFAULT_GC_GRACE) 
             f = await m.files.get(file_id)
             garbage = await m.drop_file(file_id) if f is not None and f.parent is None else []
         await cluster.datapath.delete_chunks(garbage)
-    # By placement, not by id alone: a chunk write that failed on one node is retried under
-    # the same id on another, leaving a torn copy that no block references.
+    # By placement, not by id alone: a chunk id must be referenced on the node and disk
+    # where it sits (a stale copy elsewhere, e.g. left by a retried write, is garbage).
     referenced: set[tuple[int, int, str]] = set()
     async for rec in cluster.meta.iter_blocks():
         referenced.update((c.node, c.disk, c.chunk_id) for c in rec.chunks)
