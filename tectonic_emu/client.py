@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
@@ -406,13 +407,7 @@ class Client:
         if end <= offset:
             return b""
         parts: dict[int, BytesLike] = {}
-        await self._read_blocks(
-            blocks,
-            recs,
-            offset,
-            end,
-            lambda b, data, lo, hi: parts.__setitem__(b.block_no, data[lo:hi]),
-        )
+        await self._read_blocks(blocks, recs, offset, end, parts.__setitem__)
         return b"".join(parts[k] for k in sorted(parts))
 
     async def read_into(self, path: str, offset: int, buf: BytesLike) -> int:
@@ -424,9 +419,8 @@ class Client:
         if end <= offset:
             return 0
 
-        def place(b: BlockEntry, data: BytesLike, lo: int, hi: int) -> None:
-            at = b.offset + lo - offset
-            out[at : at + hi - lo] = memoryview(data)[lo:hi]
+        def place(at: int, piece: BytesLike) -> None:
+            out[at - offset : at - offset + len(piece)] = piece
 
         await self._read_blocks(blocks, recs, offset, end, place)
         return end - offset
@@ -437,18 +431,20 @@ class Client:
         recs: list[BlockRecord],
         start: int,
         end: int,
-        sink: object,
+        sink: Callable[[int, BytesLike], None],
     ) -> None:
+        """Read file bytes [start, end), handing ``sink(file offset, piece)`` each piece."""
         wanted = [
             (b, r) for b, r in zip(blocks, recs, strict=True) if b.end > start and b.offset < end
         ]
         sem = asyncio.Semaphore(self.read_depth)
-        assert callable(sink)
 
         async def one(b: BlockEntry, rec: BlockRecord) -> None:
+            lo, hi = max(0, start - b.offset), min(b.length, end - b.offset)
             async with sem:
-                data = await self.datapath.read_block(rec)
-            sink(b, data, max(0, start - b.offset), min(b.length, end - b.offset))
+                pieces = await self.datapath.read_range(rec, lo, hi)
+            for at, piece in pieces:
+                sink(b.offset + at, piece)
 
         if len(wanted) == 1:
             await one(*wanted[0])
