@@ -146,8 +146,10 @@ def main() -> None:
     big = os.path.join(work, "big")
     try:
         print("\n## write (GB/s)")
-        print(f"{'chunk':>6} {'raw pwrite+fdatasync':>21} {'sync d=1':>9} {'d=4':>6} {'d=8':>6}"
-              f" {'nosync d=4':>11}")
+        print(
+            f"{'chunk':>6} {'raw pwrite+fdatasync':>21} {'sync d=1':>9} {'d=4':>6} {'d=8':>6}"
+            f" {'nosync d=4':>11}"
+        )
         for size in (1 * MiB, 4 * MiB, 8 * MiB):
             chunk = os.urandom(size)
             crc = google_crc32c.value(chunk)
@@ -155,10 +157,13 @@ def main() -> None:
             total = count * size
             row = [median_rate(partial(raw_write, big, chunk, count), total, args.runs)]
             for n, depth in [(node, 1), (node, 4), (node, 8), (fast, 4)]:
-                row.append(median_rate(partial(_write_run, n, chunk, crc, count, depth),
-                                       total, args.runs))
-            print(f"{size // MiB:>4}Mi {row[0]:>21.2f} {row[1]:>9.2f} {row[2]:>6.2f} "
-                  f"{row[3]:>6.2f} {row[4]:>11.2f}")
+                row.append(
+                    median_rate(partial(_write_run, n, chunk, crc, count, depth), total, args.runs)
+                )
+            print(
+                f"{size // MiB:>4}Mi {row[0]:>21.2f} {row[1]:>9.2f} {row[2]:>6.2f} "
+                f"{row[3]:>6.2f} {row[4]:>11.2f}"
+            )
 
         print("\n## read from page cache, with CRC check (GB/s)")
         print(f"{'chunk':>6} {'raw preadv, no CRC':>24} {'d=1':>6} {'d=4':>6} {'d=8':>6}")
@@ -175,8 +180,9 @@ def main() -> None:
             for depth in (1, 4, 8):
                 row.append(median_rate(partial(_read_run, fast, count, depth), total, args.runs))
             asyncio.run(_empty(fast, count))
-            print(f"{size // MiB:>4}Mi {row[0]:>24.2f} {row[1]:>6.2f} {row[2]:>6.2f} "
-                  f"{row[3]:>6.2f}")
+            print(
+                f"{size // MiB:>4}Mi {row[0]:>24.2f} {row[1]:>6.2f} {row[2]:>6.2f} {row[3]:>6.2f}"
+            )
         buf.close()
 
         print("\n## read buffer choice, 4 MiB, one thread, pread + CRC (GB/s)")
