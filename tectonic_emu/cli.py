@@ -137,7 +137,12 @@ def cluster_group() -> None:
     "--disks-per-node", default=2, show_default=True, help="Disks (directories) per node."
 )
 @click.option("--encoding", default="rs-6-3", show_default=True, help="Default: r1, r3, rs-D-P.")
-@click.option("--block-size", default=f"{DEFAULT_BLOCK_SIZE >> 20}MiB", show_default=True)
+@click.option(
+    "--block-size",
+    default=f"{DEFAULT_BLOCK_SIZE >> 20}MiB",
+    show_default=True,
+    help="Size of every chunk file: a replicated block is 1 chunk, an rs-D-P block D chunks.",
+)
 @click.option(
     "--no-sync",
     is_flag=True,
@@ -177,7 +182,7 @@ def cluster_create(
     else:
         click.echo(
             f"created {cluster_dir}: {nodes} nodes x {disks_per_node} disks, "
-            f"encoding {config.encoding}, {config.block_size >> 10} KiB blocks, "
+            f"encoding {config.encoding}, {config.block_size >> 10} KiB chunks, "
             f"{'fsync' if config.sync else 'PAGE-CACHE (no fsync)'}"
         )
 
