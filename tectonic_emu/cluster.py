@@ -35,6 +35,7 @@ from tectonic_emu.datapath import DataPath
 from tectonic_emu.errors import AlreadyExistsError, InvalidArgumentError
 from tectonic_emu.metadata import SQLiteKV
 from tectonic_emu.metadata.layers import Metadata
+from tectonic_emu.metadata.records import BlockRecord
 
 STOP_MARKER = "STOPPED"
 # Threads for blocking chunk I/O, shared by all nodes of the cluster. Chunk writes block in
@@ -230,7 +231,7 @@ class Cluster:
         )
 
 
-def block_fully_redundant(rec: Any, present: dict[tuple[int, int], set[str]]) -> bool:
+def block_fully_redundant(rec: BlockRecord, present: dict[tuple[int, int], set[str]]) -> bool:
     """All ``width`` chunks present, on distinct nodes that are up."""
     width = Encoding.parse(rec.encoding).width
     if rec.length > 0 and len(rec.chunks) < width:
