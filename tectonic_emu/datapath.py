@@ -86,9 +86,10 @@ class DataPath:
         Raises NotEnoughNodesError when the live nodes cannot hold the block safely.
         """
         avoid_set = set(avoid)
-        live = [n for n in self.live_nodes() if n not in avoid_set]
+        all_live = self.live_nodes()
+        live = [n for n in all_live if n not in avoid_set]
         self._rng.shuffle(live)
-        up = len(self.live_nodes())
+        up = len(all_live)
         if up < self.min_live_nodes(enc):
             raise NotEnoughNodesError(
                 f"encoding {enc} needs {self.min_live_nodes(enc)} live nodes; "
@@ -283,25 +284,43 @@ class DataPath:
                 for r in results:
                     if isinstance(r, BaseException) and not isinstance(r, (OSError, EOFError)):
                         raise r
-                if not any(isinstance(r, BaseException) for r in results):
+                have = {
+                    i: r
+                    for i, r in zip(wanted, results, strict=True)
+                    if not isinstance(r, BaseException)
+                }
+                if len(have) == len(wanted):
                     pieces: list[tuple[int, BytesLike]] = []
-                    for i, data in zip(wanted, results, strict=True):
+                    for i in wanted:
                         a, b = max(lo, starts[i]), min(hi, starts[i] + sizes[i])
-                        view = memoryview(data)  # type: ignore[arg-type]
-                        pieces.append((a, view[a - starts[i] : b - starts[i]]))
+                        pieces.append((a, memoryview(have[i])[a - starts[i] : b - starts[i]]))
                     return pieces
+                # Decode, reusing the chunks already fetched and skipping the ones that failed.
+                failed = set(wanted) - set(have)
+                data = await self.read_block(rec, have=have, failed=failed)
+                return [(lo, memoryview(data)[lo:hi])]
         data = await self.read_block(rec)
         return [(lo, memoryview(data)[lo:hi])]
 
-    async def read_block(self, rec: BlockRecord) -> BytesLike:
-        """The block's exact bytes, or DataUnavailableError. Never wrong bytes."""
+    async def read_block(
+        self,
+        rec: BlockRecord,
+        *,
+        have: dict[int, BytesLike] | None = None,
+        failed: Iterable[int] = (),
+    ) -> BytesLike:
+        """The block's exact bytes, or DataUnavailableError. Never wrong bytes.
+
+        ``have``: chunks already fetched and checked; ``failed``: indexes not to try again.
+        """
         if rec.length == 0:
             return b""
         enc = Encoding.parse(rec.encoding)
         order = self._read_order(rec.chunks, enc.min_chunks if enc.kind == "rs" else 1)
-        good: dict[int, BytesLike] = {}
+        good: dict[int, BytesLike] = dict(have or {})
+        skip = set(good) | set(failed)
         errors: list[BaseException] = []
-        pending = list(order)
+        pending = [c for c in order if c.index not in skip]
         while len(good) < enc.min_chunks:
             want = enc.min_chunks - len(good)
             batch, pending = pending[:want], pending[want:]
