@@ -34,6 +34,7 @@ from tectonic_emu.chunkstore import (
     encode_chunk,
 )
 from tectonic_emu.chunkstore._format import FLAG_ZSTD, MAGIC, id_crc32c
+from tectonic_emu.chunkstore.remote import RemoteNode, fixed_address
 from tectonic_emu.errors import (
     AlreadyExistsError,
     ChunkCorruptError,
@@ -41,6 +42,7 @@ from tectonic_emu.errors import (
     InvalidArgumentError,
     NodeUnavailableError,
 )
+from tests.node_thread import ThreadedNodeServer
 
 run = asyncio.run
 T = TypeVar("T")
@@ -51,7 +53,15 @@ def crc(data: bytes | bytearray | memoryview) -> int:
     return int(google_crc32c.value(bytes(data)))
 
 
+_servers: dict[int, ThreadedNodeServer] = {}
+
+
 def make_node(kind: str, root: Path) -> StorageNode:
+    if kind == "remote":
+        server = ThreadedNodeServer(root, node_id=7, disks=DISKS)
+        remote = RemoteNode(7, DISKS, fixed_address(*server.address))
+        _servers[id(remote)] = server
+        return remote
     if kind == "local":
         return LocalNode(root, node_id=7, disks=DISKS)
     if kind == "memory":
@@ -59,11 +69,14 @@ def make_node(kind: str, root: Path) -> StorageNode:
     return FaultyNode(LocalNode(root, node_id=7, disks=DISKS, sync=False))
 
 
-@pytest.fixture(params=["local", "memory", "faulty-local"])
+@pytest.fixture(params=["local", "memory", "faulty-local", "remote"])
 def node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StorageNode]:
     n = make_node(request.param, tmp_path / "node")
     yield n
     run(n.close())
+    server = _servers.pop(id(n), None)
+    if server is not None:
+        server.stop()
 
 
 async def write(node: StorageNode, disk: int, chunk_id: str, data: bytes, flags: int = 0) -> None:
@@ -170,8 +183,16 @@ def test_bad_crc_and_flags(node: StorageNode) -> None:
 
 
 def test_wrong_checksum_from_writer_reads_as_corrupt(node: StorageNode) -> None:
+    """In-process nodes store what they are given and catch it on read; a served node checks
+    the payload against its checksum on arrival and refuses it (a bad frame writes nothing)."""
+
     async def go() -> None:
-        await node.write_chunk(0, "abc", b"payload", crc32c=crc(b"payload") ^ 1)
+        try:
+            await node.write_chunk(0, "abc", b"payload", crc32c=crc(b"payload") ^ 1)
+        except ChunkCorruptError:
+            assert isinstance(node, RemoteNode)
+            assert await node.list_chunks(0) == []
+            return
         with pytest.raises(ChunkCorruptError):
             await node.read_chunk(0, "abc")
 

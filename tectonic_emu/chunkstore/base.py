@@ -13,7 +13,7 @@ import abc
 import re
 from dataclasses import dataclass
 
-from tectonic_emu.errors import InvalidArgumentError
+from tectonic_emu.errors import InvalidArgumentError, NodeUnavailableError
 
 # What chunk payloads may be passed as (``collections.abc.Buffer`` needs Python 3.12).
 BytesLike = bytes | bytearray | memoryview
@@ -89,6 +89,13 @@ class StorageNode(abc.ABC):
     @abc.abstractmethod
     async def usage(self) -> list[DiskUsage]:
         """Per disk: chunk count, bytes used and bytes free."""
+
+    async def reserve(self, nbytes: int) -> None:
+        """Ask whether the node takes a chunk of ``nbytes`` now: hedged writes reserve on more
+        nodes than they need and write to the first that accept. Raises NodeUnavailableError
+        while down, OSError(ENOSPC) when full. In-process nodes accept at once."""
+        if not self.available:
+            raise NodeUnavailableError(f"node {self.node_id} is down")
 
     def chunk_path(self, disk: int, chunk_id: str) -> str | None:
         """Where the chunk lives on the local file system, when it does (for ``stat --json``

@@ -1,0 +1,416 @@
+"""``RemoteNode``: the client side of a served storage node (``server.py``).
+
+One TCP connection per node for data and a second one for heartbeats (so a ping is never
+queued behind megabytes of chunk replies), both opened lazily and reopened after a failure.
+Requests are pipelined on the connection and matched to replies by request id; replies are
+received straight into their destination buffer, which is page aligned (copies into a buffer
+16 bytes past a page boundary are 5x slower on this machine, see ../shared/MACHINE.md).
+
+A connection that fails (refused, reset, timed out, malformed reply) marks the node down at
+once, fails every request on it with ``NodeUnavailableError``, and is dropped; the cluster's
+health monitor pings down nodes and marks them up when they answer again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tectonic_emu.chunkstore import wire
+from tectonic_emu.chunkstore._format import as_byte_view
+from tectonic_emu.chunkstore.base import (
+    BytesLike,
+    ChunkInfo,
+    DiskUsage,
+    StorageNode,
+    check_chunk_id,
+)
+from tectonic_emu.chunkstore.wire import HEADER_SIZE, FrameError, Header, Op
+from tectonic_emu.errors import InvalidArgumentError, NodeUnavailableError
+
+log = logging.getLogger(__name__)
+
+Address = tuple[str, int]
+Resolver = Callable[[], Address | None]
+
+# Replies may be bigger than a chunk (a LIST of a full disk); this bounds what a bad peer can
+# make us allocate.
+MAX_REPLY_PAYLOAD = 1 << 30
+_DISCARD = memoryview(bytearray(1 << 16))
+
+
+def aligned_buffer(n: int) -> memoryview:
+    """A writable, page-aligned view of ``n`` bytes on the heap (recycled by malloc, unlike a
+    fresh ``mmap``, whose first touch is slow here)."""
+    if n == 0:
+        return memoryview(bytearray(0))
+    raw = bytearray(n + 4096)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(raw))
+    start = -address % 4096
+    return memoryview(raw)[start : start + n]
+
+
+@dataclass(frozen=True, slots=True)
+class PingReply:
+    node_id: int
+    pid: int
+    disks: int
+    started: float
+    max_payload: int
+    rtt: float  # seconds, measured by the client
+
+
+class _Call:
+    __slots__ = ("future", "op")
+
+    def __init__(self, op: int, future: asyncio.Future[tuple[Header, bytes, memoryview]]) -> None:
+        self.op = op
+        self.future = future
+
+
+_HEAD, _META, _PAYLOAD = range(3)
+
+
+class _ClientConnection(asyncio.BufferedProtocol):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.pending: dict[int, _Call] = {}
+        self.closed = False
+        self.transport: asyncio.Transport | None = None
+        self._header_buf = bytearray(HEADER_SIZE)
+        self._meta_buf = bytearray(wire.MAX_META)
+        self._state = _HEAD
+        self._got = 0
+        self._h: Header | None = None
+        self._meta = b""
+        self._dest: memoryview | None = None  # None: discarding a cancelled call's payload
+        self._writable = asyncio.Event()
+        self._writable.set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(NodeUnavailableError(f"{self.name}: connection lost ({exc or 'closed'})"))
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    def _fail(self, error: Exception) -> None:
+        self.closed = True
+        self._writable.set()
+        calls, self.pending = self.pending, {}
+        for call in calls.values():
+            if not call.future.done():
+                call.future.set_exception(error)
+
+    def abort(self, reason: str) -> None:
+        self._fail(NodeUnavailableError(f"{self.name}: {reason}"))
+        if self.transport is not None:
+            self.transport.abort()
+
+    async def send(self, head: bytes, payload: memoryview | None) -> None:
+        while not self._writable.is_set():
+            await self._writable.wait()
+        if self.closed or self.transport is None:
+            raise NodeUnavailableError(f"{self.name}: connection closed")
+        self.transport.write(head)
+        if payload is not None and payload.nbytes:
+            self.transport.write(payload)
+
+    # -- receiving replies -------------------------------------------------------------------
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._state == _HEAD:
+            return memoryview(self._header_buf)[self._got :]
+        assert self._h is not None
+        if self._state == _META:
+            return memoryview(self._meta_buf)[self._got : self._h.meta_len]
+        remaining = self._h.payload_len - self._got
+        if self._dest is None:
+            return _DISCARD[: min(remaining, _DISCARD.nbytes)]
+        return self._dest[self._got :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._got += nbytes
+        try:
+            self._advance()
+        except FrameError as e:
+            self.abort(f"bad reply frame: {e}")
+
+    def _advance(self) -> None:
+        if self._state == _HEAD and self._got == HEADER_SIZE:
+            self._h = wire.unpack_header(self._header_buf, MAX_REPLY_PAYLOAD)
+            self._state, self._got = _META, 0
+        if self._state == _META and self._h is not None and self._got == self._h.meta_len:
+            meta = memoryview(self._meta_buf)[: self._h.meta_len]
+            wire.check_meta(self._header_buf, meta)
+            self._meta = bytes(meta)
+            call = self.pending.get(self._h.request_id)
+            if call is not None and call.op != self._h.op:
+                raise FrameError(f"reply op {self._h.op} to a request of op {call.op}")
+            wanted = call is not None and not call.future.done()
+            self._dest = aligned_buffer(self._h.payload_len) if wanted else None
+            self._state, self._got = _PAYLOAD, 0
+        if self._state == _PAYLOAD and self._h is not None and self._got == self._h.payload_len:
+            h, meta, dest = self._h, self._meta, self._dest
+            self._state, self._got, self._h, self._dest = _HEAD, 0, None, None
+            call = self.pending.pop(h.request_id, None)
+            if call is not None and not call.future.done():
+                call.future.set_result((h, meta, dest if dest is not None else memoryview(b"")))
+
+
+class RemoteNode(StorageNode):
+    """A storage node served by another process. ``resolve`` returns its current address
+    (re-read on every connect, so a node restarted on a new port is found), or None while it
+    has none. ``request_timeout`` bounds every request; a node that misses it is marked down."""
+
+    def __init__(
+        self,
+        node_id: int,
+        disks: int,
+        resolve: Resolver,
+        *,
+        connect_timeout: float = 2.0,
+        request_timeout: float = 120.0,
+    ) -> None:
+        self.node_id = node_id
+        self.disks = disks
+        self.available = True
+        self.resolve = resolve
+        self.connect_timeout = connect_timeout
+        self.request_timeout = request_timeout
+        self.address: Address | None = None
+        self.last_ping: PingReply | None = None
+        self.down_reason = ""
+        self._conns: dict[str, _ClientConnection] = {}
+        self._connecting: dict[str, asyncio.Future[_ClientConnection]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ids = itertools.count(1)
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"RemoteNode({self.node_id}, {self.address}, up={self.available})"
+
+    # -- connections -------------------------------------------------------------------------
+    def mark_down(self, reason: str) -> None:
+        if self.available:
+            log.info("node %d marked down: %s", self.node_id, reason)
+        self.available = False
+        self.down_reason = reason
+        for conn in list(self._conns.values()):
+            conn.abort(reason)
+        self._conns.clear()
+
+    async def _connection(self, kind: str) -> _ClientConnection:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # used from a new event loop: the old sockets are dead
+            for conn in self._conns.values():
+                _drop(conn)
+            self._conns.clear()
+            self._connecting.clear()
+            self._loop = loop
+        conn = self._conns.get(kind)
+        if conn is not None and not conn.closed:
+            return conn
+        pending = self._connecting.get(kind)
+        if pending is None:
+            pending = loop.create_future()
+            self._connecting[kind] = pending
+            try:
+                pending.set_result(await self._open(kind))
+            except BaseException as e:
+                pending.set_exception(e)
+                pending.exception()  # retrieved: waiters re-raise it
+            finally:
+                self._connecting.pop(kind, None)
+        conn = await asyncio.shield(pending)
+        self._conns[kind] = conn
+        return conn
+
+    async def _open(self, kind: str) -> _ClientConnection:
+        address = self.resolve()
+        if address is None:
+            raise NodeUnavailableError(f"node {self.node_id} is not served (no address)")
+        self.address = address
+        host, port = address
+        name = f"node {self.node_id} at {host}:{port}"
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(lambda: _ClientConnection(name), host, port),
+                self.connect_timeout,
+            )
+        except (OSError, TimeoutError) as e:
+            raise NodeUnavailableError(f"{name}: cannot connect ({e or 'timed out'})") from None
+        return conn
+
+    async def call(
+        self,
+        op: Op,
+        meta: bytes = b"",
+        payload: memoryview | None = None,
+        payload_crc32c: int = 0,
+        *,
+        kind: str = "data",
+        wait: float | None = None,
+    ) -> tuple[Header, bytes, memoryview]:
+        """Send one request and wait for its reply; raises the reply's typed error."""
+        if self._closed:
+            raise NodeUnavailableError(f"node {self.node_id} is closed")
+        if not self.available:
+            why = f" ({self.down_reason})" if self.down_reason else ""
+            raise NodeUnavailableError(f"node {self.node_id} is down{why}")
+        try:
+            conn = await self._connection(kind)
+        except NodeUnavailableError as e:
+            self.mark_down(str(e))
+            raise
+        request_id = next(self._ids)
+        future: asyncio.Future[tuple[Header, bytes, memoryview]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        conn.pending[request_id] = _Call(op, future)
+        size = payload.nbytes if payload is not None else 0
+        try:
+            await conn.send(
+                wire.pack_header(
+                    op, request_id, meta, payload_len=size, payload_crc32c=payload_crc32c
+                ),
+                payload,
+            )
+            h, reply_meta, reply_payload = await asyncio.wait_for(
+                future, wait or self.request_timeout
+            )
+        except TimeoutError:
+            reason = f"no reply to {op.name} in {wait or self.request_timeout:.1f} s"
+            self.mark_down(reason)
+            raise NodeUnavailableError(f"node {self.node_id}: {reason}") from None
+        except NodeUnavailableError as e:
+            self.mark_down(str(e))
+            raise
+        finally:
+            conn.pending.pop(request_id, None)
+        if h.status:
+            raise wire.error_from_reply(
+                h.status, reply_meta.decode("utf-8", "replace"), f"node {self.node_id}"
+            )
+        return h, reply_meta, reply_payload
+
+    # -- health ------------------------------------------------------------------------------
+    async def ping(self, wait: float = 2.0) -> PingReply:
+        """Heartbeat on its own connection, even while the node is marked down; marks the node
+        up when it answers as the node it should be."""
+        t0 = time.monotonic()
+        try:
+            conn = await self._connection("ping")
+        except NodeUnavailableError as e:
+            self.mark_down(str(e))
+            raise
+        request_id = next(self._ids)
+        future: asyncio.Future[tuple[Header, bytes, memoryview]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        conn.pending[request_id] = _Call(Op.PING, future)
+        try:
+            await conn.send(wire.pack_header(Op.PING, request_id), None)
+            _, meta, _ = await asyncio.wait_for(future, wait)
+        except (TimeoutError, NodeUnavailableError) as e:
+            reason = str(e) if isinstance(e, NodeUnavailableError) else "heartbeat timed out"
+            conn.abort(reason)
+            self._conns.pop("ping", None)
+            self.mark_down(reason)
+            raise NodeUnavailableError(f"node {self.node_id}: {reason}") from None
+        finally:
+            conn.pending.pop(request_id, None)
+        node_id, pid, disks, _, started, max_payload = wire.PING_REPLY.unpack(meta)
+        if node_id != self.node_id:
+            reason = f"the address of node {self.node_id} answers as node {node_id}"
+            self.mark_down(reason)
+            raise NodeUnavailableError(reason)
+        reply = PingReply(node_id, pid, disks, started, max_payload, time.monotonic() - t0)
+        self.last_ping = reply
+        if not self.available:
+            log.info("node %d is up again", self.node_id)
+        self.available = True
+        self.down_reason = ""
+        return reply
+
+    async def set_delay(self, seconds: float) -> None:
+        """Make the node add ``seconds`` before every reply but heartbeats (fault injection)."""
+        await self.call(Op.SET_DELAY, wire.DELAY.pack(seconds))
+
+    async def reserve(self, nbytes: int) -> None:
+        await self.call(Op.RESERVE, wire.RESERVE.pack(nbytes))
+
+    # -- the seam ----------------------------------------------------------------------------
+    def _check(self, disk: int, chunk_id: str | None = None) -> None:
+        if not 0 <= disk < self.disks:
+            raise InvalidArgumentError(f"node {self.node_id} has no disk {disk}")
+        if chunk_id is not None:
+            check_chunk_id(chunk_id)
+
+    async def write_chunk(
+        self, disk: int, chunk_id: str, payload: BytesLike, *, crc32c: int, flags: int = 0
+    ) -> None:
+        self._check(disk, chunk_id)
+        if not 0 <= crc32c < 1 << 32:
+            raise InvalidArgumentError(f"crc32c out of range: {crc32c}", chunk_id)
+        if not 0 <= flags < 1 << 16:
+            raise InvalidArgumentError(f"flags out of range: {flags}", chunk_id)
+        view = as_byte_view(payload)
+        meta = wire.DISK_FLAGS.pack(disk, flags) + chunk_id.encode("ascii")
+        await self.call(Op.WRITE, meta, view, crc32c)
+
+    async def read_chunk(self, disk: int, chunk_id: str) -> tuple[memoryview, ChunkInfo]:
+        self._check(disk, chunk_id)
+        _, meta, payload = await self.call(Op.READ, wire.pack_chunk_ref(disk, chunk_id))
+        return payload.toreadonly(), wire.unpack_info(chunk_id, meta)
+
+    async def delete_chunk(self, disk: int, chunk_id: str) -> None:
+        self._check(disk, chunk_id)
+        await self.call(Op.DELETE, wire.pack_chunk_ref(disk, chunk_id))
+
+    async def stat_chunk(self, disk: int, chunk_id: str) -> ChunkInfo:
+        self._check(disk, chunk_id)
+        _, meta, _ = await self.call(Op.STAT, wire.pack_chunk_ref(disk, chunk_id))
+        return wire.unpack_info(chunk_id, meta)
+
+    async def list_chunks(self, disk: int) -> list[ChunkInfo]:
+        self._check(disk)
+        _, _, payload = await self.call(Op.LIST, wire.DISK.pack(disk))
+        return wire.unpack_list(payload)
+
+    async def usage(self) -> list[DiskUsage]:
+        _, _, payload = await self.call(Op.USAGE)
+        return wire.unpack_usage(payload)
+
+    async def close(self) -> None:
+        self._closed = True
+        for conn in self._conns.values():
+            _drop(conn)
+        self._conns.clear()
+
+
+def _drop(conn: _ClientConnection) -> None:
+    """Close a connection, even one whose event loop is closed (its socket then goes with
+    the garbage collector)."""
+    if conn.transport is not None:
+        with contextlib.suppress(RuntimeError):
+            conn.transport.abort()
+
+
+def fixed_address(host: str, port: int) -> Resolver:
+    return lambda: (host, port)
+
+
+__all__ = ["PingReply", "RemoteNode", "aligned_buffer", "fixed_address"]

@@ -1,0 +1,361 @@
+"""``NodeServer``: one storage node behind a TCP port, speaking ``wire.py``'s protocol.
+
+Each connection is an ``asyncio.BufferedProtocol`` that receives straight into buffers it
+already owns: a 32-byte header buffer, a meta buffer, and for a chunk write one payload buffer
+from the server's pool, allocated and touched once at start (fresh memory is slow to touch on
+this machine, see ../shared/MACHINE.md). Requests are pipelined: each frame becomes a task and
+replies go out as they finish, in any order, matched by request id.
+
+Backpressure: when the pool has no free buffer, or a connection has ``MAX_INFLIGHT`` requests
+running, the connection stops reading until that changes, so a node never holds more than
+``buffers`` chunk payloads in memory whatever its clients send.
+
+A frame that breaks the framing rules (``wire.FrameError``) closes its connection only; every
+other error becomes a typed error reply and the connection goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import errno
+import logging
+import mmap
+import os
+import time
+from typing import Any
+
+from tectonic_emu.chunkstore import wire
+from tectonic_emu.chunkstore._local import LocalNode
+from tectonic_emu.chunkstore.base import BytesLike
+from tectonic_emu.chunkstore.wire import HEADER_SIZE, MAX_META, FrameError, Header, Op
+from tectonic_emu.coding import crc32c
+from tectonic_emu.errors import ChunkCorruptError, InvalidArgumentError, TectonicError
+
+log = logging.getLogger(__name__)
+
+# Requests one connection may have running before the node stops reading from it.
+MAX_INFLIGHT = 64
+# Below this many bytes a checksum runs on the event loop rather than in a worker thread.
+_INLINE_CRC_BYTES = 256 << 10
+
+
+class NoSpaceError(TectonicError):
+    default_errno = errno.ENOSPC
+
+
+class BufferPool:
+    """``count`` page-aligned buffers of ``size`` bytes, touched once up front."""
+
+    def __init__(self, size: int, count: int) -> None:
+        self.size = size
+        self._free: list[mmap.mmap] = []
+        for _ in range(count):
+            buf = mmap.mmap(-1, max(size, 1))
+            for off in range(0, len(buf), mmap.PAGESIZE):
+                buf[off] = 0  # first touch now, not on the data path
+            self._free.append(buf)
+        self._waiters: collections.deque[_Connection] = collections.deque()
+
+    def acquire(self, conn: _Connection) -> mmap.mmap | None:
+        """A free buffer, or None: ``conn`` is then handed one through ``got_buffer``."""
+        if self._free:
+            return self._free.pop()
+        self._waiters.append(conn)
+        return None
+
+    def release(self, buf: mmap.mmap) -> None:
+        while self._waiters:
+            conn = self._waiters.popleft()
+            if not conn.closed:
+                conn.got_buffer(buf)
+                return
+        self._free.append(buf)
+
+    def close(self) -> None:
+        # Views of a buffer may outlive the request (a worker's job object): let the garbage
+        # collector unmap them rather than ``mmap.close()``, which refuses while views exist.
+        self._free.clear()
+
+
+class NodeServer:
+    """Serve ``node`` on TCP. ``max_payload`` bounds a chunk (the cluster's block size);
+    ``delay`` seconds are added before every reply but PING's (a slow node, for studying tail
+    latency; ``SET_DELAY`` changes it at run time)."""
+
+    def __init__(
+        self, node: LocalNode, *, max_payload: int, buffers: int = 8, delay: float = 0.0
+    ) -> None:
+        self.node = node
+        self.max_payload = max_payload
+        self.delay = delay
+        self.pool = BufferPool(max_payload, buffers)
+        self.started = time.time()
+        self.connections: set[_Connection] = set()
+        self._server: asyncio.Server | None = None
+        self._free_cache: tuple[float, int] = (0.0, 0)
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> tuple[str, int]:
+        """Listen; returns the (host, port) bound (port 0 picks a free one)."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _Connection(self), host, port, reuse_address=True
+        )
+        sockname = self._server.sockets[0].getsockname()
+        return str(sockname[0]), int(sockname[1])
+
+    async def close(self) -> None:
+        """Stop listening, drop every connection, wait for running requests, close the node."""
+        if self._server is not None:
+            self._server.close()
+        tasks: list[asyncio.Task[None]] = []
+        for conn in list(self.connections):
+            conn.abort()
+            tasks.extend(conn.tasks)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+        await self.node.close()
+        self.pool.close()
+
+    # -- requests ----------------------------------------------------------------------------
+    def _free_bytes(self) -> int:
+        now = time.monotonic()
+        if now - self._free_cache[0] > 1.0:
+            vfs = os.statvfs(self.node.root)
+            self._free_cache = (now, vfs.f_bavail * vfs.f_frsize)
+        return self._free_cache[1]
+
+    async def handle(
+        self, h: Header, meta: bytes, payload: memoryview | None
+    ) -> tuple[bytes, BytesLike, int]:
+        """Run one request: (reply meta, reply payload, reply payload CRC)."""
+        node = self.node
+        if h.op == Op.PING:
+            ping = wire.PING_REPLY.pack(
+                node.node_id, os.getpid(), node.disks, 0, self.started, self.max_payload
+            )
+            return ping, b"", 0
+        if h.op == Op.WRITE:
+            (disk, flags), chunk_id = wire.unpack_chunk_ref(meta, wire.DISK_FLAGS)
+            view = payload if payload is not None else memoryview(b"")
+            if view.nbytes < _INLINE_CRC_BYTES:
+                got = crc32c(view)
+            else:
+                got = await asyncio.get_running_loop().run_in_executor(None, crc32c, view)
+            if got != h.payload_crc32c:
+                raise _BadPayload("payload fails its checksum in transit", chunk_id)
+            await node.write_chunk(disk, chunk_id, view, crc32c=h.payload_crc32c, flags=flags)
+            return b"", b"", 0
+        if h.op in (Op.READ, Op.STAT, Op.DELETE):
+            (disk,), chunk_id = wire.unpack_chunk_ref(meta)
+            if h.op == Op.READ:
+                data, info = await node.read_chunk(disk, chunk_id)
+                return wire.pack_info(info), data, info.crc32c
+            if h.op == Op.STAT:
+                return wire.pack_info(await node.stat_chunk(disk, chunk_id)), b"", 0
+            await node.delete_chunk(disk, chunk_id)
+            return b"", b"", 0
+        if h.op == Op.LIST:
+            (disk,), _ = wire.unpack_chunk_ref(meta)
+            listing = wire.pack_list(await node.list_chunks(disk))
+            return b"", listing, crc32c(listing)
+        if h.op == Op.USAGE:
+            usage = wire.pack_usage(await node.usage())
+            return b"", usage, crc32c(usage)
+        if h.op == Op.RESERVE:
+            (nbytes,) = _unpack_exact(wire.RESERVE, meta)
+            if nbytes > self._free_bytes():
+                raise NoSpaceError(f"node {node.node_id} cannot take {nbytes} more bytes")
+            return b"", b"", 0
+        if h.op == Op.SET_DELAY:
+            (delay,) = _unpack_exact(wire.DELAY, meta)
+            if not 0.0 <= delay <= 3600.0:
+                raise InvalidArgumentError(f"delay must be 0..3600 s, not {delay}")
+            self.delay = delay
+            return b"", b"", 0
+        raise InvalidArgumentError(f"op {h.op} not served")  # unreachable: checked in header
+
+
+class _BadPayload(ChunkCorruptError):
+    default_errno = errno.EBADMSG
+
+
+def _unpack_exact(fmt: Any, meta: bytes) -> tuple[Any, ...]:
+    if len(meta) != fmt.size:
+        raise InvalidArgumentError(f"meta of {len(meta)} bytes, op needs {fmt.size}")
+    return tuple(fmt.unpack(meta))
+
+
+_HEADER, _META, _PAYLOAD, _WAIT_BUFFER = range(4)
+
+
+class _Connection(asyncio.BufferedProtocol):
+    """One client connection: parse frames into owned buffers, run them as tasks."""
+
+    def __init__(self, server: NodeServer) -> None:
+        self.server = server
+        self.closed = False
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._transport: asyncio.Transport | None = None
+        self._header_buf = bytearray(HEADER_SIZE)
+        self._meta_buf = bytearray(MAX_META)
+        self._state = _HEADER
+        self._got = 0
+        self._h: Header | None = None
+        self._meta = b""
+        self._payload: mmap.mmap | None = None
+        self._paused = False
+
+    # -- asyncio callbacks -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.connections.discard(self)
+        if self._payload is not None:
+            self.server.pool.release(self._payload)
+            self._payload = None
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._state == _HEADER:
+            return memoryview(self._header_buf)[self._got :]
+        assert self._h is not None
+        if self._state == _META:
+            return memoryview(self._meta_buf)[self._got : self._h.meta_len]
+        assert self._state == _PAYLOAD and self._payload is not None
+        return memoryview(self._payload)[self._got : self._h.payload_len]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._got += nbytes
+        try:
+            self._advance()
+        except FrameError as e:
+            log.warning("node %d: closing a connection: %s", self.server.node.node_id, e)
+            self.abort()
+
+    def eof_received(self) -> bool | None:
+        return None  # close our side too
+
+    # -- framing -----------------------------------------------------------------------------
+    def _advance(self) -> None:
+        if self._state == _HEADER and self._got == HEADER_SIZE:
+            self._h = wire.unpack_header(self._header_buf, self.server.max_payload)
+            self._got = 0
+            self._state = _META
+        if self._state == _META and self._h is not None and self._got == self._h.meta_len:
+            meta = memoryview(self._meta_buf)[: self._h.meta_len]
+            wire.check_meta(self._header_buf, meta)
+            if self._h.status != 0:
+                raise FrameError("a request carries a status")
+            if self._h.payload_len and self._h.op != Op.WRITE:
+                raise FrameError(f"op {Op(self._h.op).name} takes no payload")
+            self._meta = bytes(meta)
+            self._got = 0
+            if self._h.payload_len == 0:
+                self._dispatch(None)
+                return
+            buf = self.server.pool.acquire(self)
+            if buf is None:
+                self._state = _WAIT_BUFFER
+                self._pause()
+                return
+            self._payload = buf
+            self._state = _PAYLOAD
+        if self._state == _PAYLOAD and self._h is not None and self._got == self._h.payload_len:
+            self._dispatch(self._payload)
+
+    def got_buffer(self, buf: mmap.mmap) -> None:
+        """The pool hands us the buffer we waited for."""
+        self._payload = buf
+        self._state = _PAYLOAD
+        self._resume()
+
+    def _dispatch(self, payload: mmap.mmap | None) -> None:
+        assert self._h is not None
+        h, meta = self._h, self._meta
+        self._payload = None
+        self._state, self._got, self._h = _HEADER, 0, None
+        task = asyncio.get_running_loop().create_task(self._run(h, meta, payload))
+        self.tasks.add(task)
+        task.add_done_callback(self._done)
+        if len(self.tasks) >= MAX_INFLIGHT:
+            self._pause()
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        if len(self.tasks) < MAX_INFLIGHT and self._state != _WAIT_BUFFER:
+            self._resume()
+
+    def _pause(self) -> None:
+        if not self._paused and self._transport is not None and not self.closed:
+            self._paused = True
+            self._transport.pause_reading()
+
+    def _resume(self) -> None:
+        if self._paused and self._transport is not None and not self.closed:
+            self._paused = False
+            self._transport.resume_reading()
+
+    def abort(self) -> None:
+        self.closed = True
+        if self._transport is not None:
+            self._transport.abort()
+
+    # -- one request -------------------------------------------------------------------------
+    async def _run(self, h: Header, meta: bytes, payload: mmap.mmap | None) -> None:
+        server = self.server
+        status, reply_meta, reply_payload, reply_crc = 0, b"", b"", 0
+        try:
+            view = memoryview(payload)[: h.payload_len] if payload is not None else None
+            try:
+                reply_meta, reply_payload, reply_crc = await server.handle(h, meta, view)
+            finally:
+                if view is not None:
+                    view.release()
+                if payload is not None:
+                    server.pool.release(payload)
+        except (FrameError, ValueError, OSError) as e:
+            status = errno.EINVAL if isinstance(e, (FrameError, ValueError)) else error_of(e)
+            reply_meta = str(e).encode("utf-8", "replace")[:MAX_META]
+            reply_payload, reply_crc = b"", 0
+        except Exception as e:  # a bug: answer it, keep serving, leave a trace
+            log.exception("node %d: %s failed", server.node.node_id, Op(h.op).name)
+            status, reply_meta = errno.EIO, f"internal error: {e!r}".encode()[:MAX_META]
+            reply_payload, reply_crc = b"", 0
+        if server.delay and h.op != Op.PING:
+            await asyncio.sleep(server.delay)
+        if self.closed or self._transport is None:
+            return
+        size = memoryview(reply_payload).nbytes
+        self._transport.write(
+            wire.pack_header(
+                h.op,
+                h.request_id,
+                reply_meta,
+                payload_len=size,
+                payload_crc32c=reply_crc,
+                status=status,
+            )
+        )
+        if size:
+            self._transport.write(reply_payload)
+
+
+def error_of(exc: OSError) -> int:
+    return wire.error_status(exc)
+
+
+async def serve_forever(server: NodeServer, stop: asyncio.Event) -> None:
+    """Serve until ``stop`` is set, then close cleanly."""
+    with contextlib.suppress(asyncio.CancelledError):
+        await stop.wait()
+    await server.close()
+
+
+__all__ = ["BufferPool", "NodeServer", "serve_forever"]

@@ -1,0 +1,223 @@
+"""The node wire protocol: framed binary messages over TCP (``docs/wire-protocol.md``).
+
+Every message, request or reply, is one frame: a 32-byte header, a *meta* section of at most
+``MAX_META`` bytes, then a *payload* of ``payload_len`` bytes. All integers little-endian::
+
+    offset size field
+         0    2 magic          b"TW"
+         2    1 version        1
+         3    1 op             Op (a reply carries the op of its request)
+         4    2 status         0 in requests and successful replies; an errno in error replies
+         6    2 meta_len       bytes of meta after the header (<= 4096)
+         8    8 request_id     chosen by the client, echoed in the reply
+        16    8 payload_len    bytes of payload after the meta (<= the node's max_payload)
+        24    4 payload_crc32c CRC32C of the payload (the chunk's own checksum; 0 when empty)
+        28    4 header_crc32c  CRC32C of bytes 0..27 followed by the meta section
+
+A frame whose magic, version, op, lengths or header checksum is wrong cannot be trusted to say
+where the next frame starts, so the receiver closes that connection and nothing else. A payload
+that fails its checksum is answered with an error reply (EBADMSG) and never stored.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import struct
+from dataclasses import dataclass
+
+import google_crc32c
+
+from tectonic_emu.chunkstore.base import ChunkInfo, DiskUsage
+from tectonic_emu.errors import (
+    AlreadyExistsError,
+    ChunkCorruptError,
+    ChunkNotFoundError,
+    InvalidArgumentError,
+    NodeUnavailableError,
+    TectonicError,
+)
+
+MAGIC = b"TW"
+VERSION = 1
+HEADER_SIZE = 32
+MAX_META = 4096
+
+_HEADER = struct.Struct("<2sBBHHQQI")  # bytes 0..27, covered by the header CRC
+_CRC = struct.Struct("<I")
+assert _HEADER.size + _CRC.size == HEADER_SIZE
+
+
+class Op(enum.IntEnum):
+    PING = 1  # reply meta: PING_REPLY
+    WRITE = 2  # meta: DISK_FLAGS + chunk id; payload: the chunk; payload_crc32c: its checksum
+    READ = 3  # meta: DISK + chunk id; reply meta: CHUNK_INFO; reply payload: the chunk
+    STAT = 4  # meta: DISK + chunk id; reply meta: CHUNK_INFO
+    DELETE = 5  # meta: DISK + chunk id
+    LIST = 6  # meta: DISK; reply payload: LIST_ENTRY records
+    USAGE = 7  # reply payload: USAGE_ENTRY records
+    RESERVE = 8  # meta: RESERVE (bytes about to be written); ENOSPC when they would not fit
+    SET_DELAY = 9  # meta: DELAY (seconds added before every reply but PING's; fault injection)
+
+
+# Meta and payload layouts, by name as docs/wire-protocol.md uses them.
+DISK = struct.Struct("<H")
+DISK_FLAGS = struct.Struct("<HH")
+CHUNK_INFO = struct.Struct("<HHIQd")  # disk, flags, crc32c, stored_len, mtime
+LIST_ENTRY_ID_LEN = struct.Struct("<B")  # after CHUNK_INFO, then the chunk id
+USAGE_ENTRY = struct.Struct("<HQQQ")  # disk, chunks, bytes_used, bytes_free
+PING_REPLY = struct.Struct("<IIHHdQ")  # node_id, pid, disks, reserved, started, max_payload
+RESERVE = struct.Struct("<Q")
+DELAY = struct.Struct("<d")
+
+
+class FrameError(Exception):
+    """A frame that cannot be parsed: the connection it came on must be closed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    op: int
+    status: int
+    meta_len: int
+    request_id: int
+    payload_len: int
+    payload_crc32c: int
+
+
+def pack_header(
+    op: int,
+    request_id: int,
+    meta: bytes = b"",
+    *,
+    payload_len: int = 0,
+    payload_crc32c: int = 0,
+    status: int = 0,
+) -> bytes:
+    """Header and meta of one frame, ready to send (the payload follows separately)."""
+    if len(meta) > MAX_META:
+        raise InvalidArgumentError(f"frame meta of {len(meta)} bytes (limit {MAX_META})")
+    body = _HEADER.pack(
+        MAGIC, VERSION, op, status, len(meta), request_id, payload_len, payload_crc32c
+    )
+    crc = google_crc32c.extend(google_crc32c.value(body), meta)
+    return body + _CRC.pack(crc) + meta
+
+
+def unpack_header(raw: bytes | bytearray | memoryview, max_payload: int) -> Header:
+    """Parse and bound-check a header (its CRC is checked with the meta: ``check_meta``)."""
+    magic, version, op, status, meta_len, request_id, payload_len, payload_crc = (
+        _HEADER.unpack_from(raw)
+    )
+    if magic != MAGIC:
+        raise FrameError(f"bad magic {bytes(magic)!r}")
+    if version != VERSION:
+        raise FrameError(f"unsupported protocol version {version}")
+    if op not in Op._value2member_map_:
+        raise FrameError(f"unknown op {op}")
+    if meta_len > MAX_META:
+        raise FrameError(f"meta of {meta_len} bytes (limit {MAX_META})")
+    if payload_len > max_payload:
+        raise FrameError(f"payload of {payload_len} bytes (limit {max_payload})")
+    return Header(op, status, meta_len, request_id, payload_len, payload_crc)
+
+
+def check_meta(raw_header: bytes | bytearray | memoryview, meta: bytes | memoryview) -> None:
+    """Raise FrameError unless the header CRC covers this header and meta."""
+    body = bytes(raw_header[: _HEADER.size])
+    (want,) = _CRC.unpack_from(raw_header, _HEADER.size)
+    if google_crc32c.extend(google_crc32c.value(body), bytes(meta)) != want:
+        raise FrameError("header checksum mismatch")
+
+
+# -- meta helpers ----------------------------------------------------------------------------
+def pack_chunk_ref(disk: int, chunk_id: str) -> bytes:
+    return DISK.pack(disk) + chunk_id.encode("ascii")
+
+
+def unpack_chunk_ref(meta: bytes, fixed: struct.Struct = DISK) -> tuple[tuple[int, ...], str]:
+    """(fixed fields, chunk id); FrameError when the meta is too short or the id not ASCII."""
+    if len(meta) < fixed.size:
+        raise FrameError(f"meta of {len(meta)} bytes, op needs at least {fixed.size}")
+    try:
+        chunk_id = meta[fixed.size :].decode("ascii")
+    except UnicodeDecodeError:
+        raise FrameError("chunk id is not ASCII") from None
+    return fixed.unpack_from(meta), chunk_id
+
+
+def pack_info(info: ChunkInfo) -> bytes:
+    return CHUNK_INFO.pack(info.disk, info.flags, info.crc32c, info.stored_len, info.mtime)
+
+
+def unpack_info(chunk_id: str, meta: bytes | memoryview, offset: int = 0) -> ChunkInfo:
+    disk, flags, crc, stored_len, mtime = CHUNK_INFO.unpack_from(meta, offset)
+    return ChunkInfo(chunk_id, disk, stored_len, crc, flags, mtime)
+
+
+def pack_list(infos: list[ChunkInfo]) -> bytes:
+    out = bytearray()
+    for info in infos:
+        raw_id = info.chunk_id.encode("ascii")
+        out += pack_info(info) + LIST_ENTRY_ID_LEN.pack(len(raw_id)) + raw_id
+    return bytes(out)
+
+
+def unpack_list(payload: bytes | memoryview) -> list[ChunkInfo]:
+    infos: list[ChunkInfo] = []
+    pos, view = 0, memoryview(payload)
+    while pos < len(view):
+        (id_len,) = LIST_ENTRY_ID_LEN.unpack_from(view, pos + CHUNK_INFO.size)
+        start = pos + CHUNK_INFO.size + LIST_ENTRY_ID_LEN.size
+        chunk_id = bytes(view[start : start + id_len]).decode("ascii")
+        infos.append(unpack_info(chunk_id, view, pos))
+        pos = start + id_len
+    return infos
+
+
+def pack_usage(usage: list[DiskUsage]) -> bytes:
+    return b"".join(USAGE_ENTRY.pack(u.disk, u.chunks, u.bytes_used, u.bytes_free) for u in usage)
+
+
+def unpack_usage(payload: bytes | memoryview) -> list[DiskUsage]:
+    return [DiskUsage(*fields) for fields in USAGE_ENTRY.iter_unpack(payload)]
+
+
+# -- errors ----------------------------------------------------------------------------------
+_ERROR_TYPES: dict[int, type[TectonicError]] = {
+    errno.ENOENT: ChunkNotFoundError,
+    errno.EEXIST: AlreadyExistsError,
+    errno.EIO: ChunkCorruptError,
+    errno.EBADMSG: ChunkCorruptError,
+    errno.EINVAL: InvalidArgumentError,
+    errno.EHOSTDOWN: NodeUnavailableError,
+}
+
+
+def error_status(exc: BaseException) -> int:
+    """The errno an error reply carries for ``exc`` (EIO when it has none)."""
+    code = getattr(exc, "errno", None)
+    return code if isinstance(code, int) and 0 < code < 1 << 16 else errno.EIO
+
+
+def error_from_reply(status: int, message: str, where: str) -> OSError:
+    """The exception a client raises for an error reply: the typed error for the errnos of
+    the chunk seam, a plain OSError with that errno for the rest (ENOSPC, EROFS...)."""
+    kind = _ERROR_TYPES.get(status)
+    if kind is not None:
+        return kind(message, where)
+    return OSError(status, f"{message} ({where})")
+
+
+__all__ = [
+    "HEADER_SIZE",
+    "MAX_META",
+    "FrameError",
+    "Header",
+    "Op",
+    "check_meta",
+    "error_from_reply",
+    "error_status",
+    "pack_header",
+    "unpack_header",
+]
