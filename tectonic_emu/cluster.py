@@ -6,15 +6,22 @@ Layout::
     DIR/metadata.db           SQLite (WAL): the Name, File and Block layers
     DIR/nodes/n000/d0/...     node 0, disk 0: chunk files
     DIR/nodes/n000/STOPPED    present while node 0 is out of service
+    DIR/nodes/n000/address.json, DIR/serve.json   while served (``served.py``)
 
-In embedded mode one process owns the cluster at a time (the CLI opens it per command).
+Embedded mode (no daemon): the opening process reads and writes the node directories itself.
+Served mode (``tectonic-emu serve``): every node is its own process on TCP, and any number of
+client processes open the cluster at once; ``open`` detects it and uses ``RemoteNode``s, with a
+heartbeat task marking nodes down and up. The metadata stays in SQLite (WAL), which many
+processes on one host share safely.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
@@ -22,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tectonic_emu.chunkstore import LocalNode, StorageNode
+from tectonic_emu.chunkstore.remote import HealthMonitor, RemoteNode
 from tectonic_emu.client import Client
 from tectonic_emu.coding import Encoding
 from tectonic_emu.config import (
@@ -32,15 +40,26 @@ from tectonic_emu.config import (
     Compression,
 )
 from tectonic_emu.datapath import DataPath
-from tectonic_emu.errors import AlreadyExistsError, InvalidArgumentError
+from tectonic_emu.errors import AlreadyExistsError, InvalidArgumentError, NodeUnavailableError
 from tectonic_emu.metadata import SQLiteKV
 from tectonic_emu.metadata.layers import Metadata
 from tectonic_emu.metadata.records import BlockRecord
+from tectonic_emu.served import (
+    STOP_MARKER,
+    control,
+    is_served,
+    node_dir,
+    read_address,
+    signal_node,
+)
 
-STOP_MARKER = "STOPPED"
 # Threads for blocking chunk I/O, shared by all nodes of the cluster. Chunk writes block in
 # fdatasync most of their time, so more threads than cores keep the disk queue full.
 IO_THREADS = 32
+# Served mode: seconds between heartbeats, and how long a heartbeat may take before the node
+# counts as down.
+HEARTBEAT_INTERVAL = 0.5
+HEARTBEAT_TIMEOUT = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +70,12 @@ class NodeStatus:
     chunks: int | None
     bytes_used: int | None
     bytes_free: int | None
+    state: str = "up"  # up, down (not answering), stopped (taken out of service)
+    # Served mode only: where the node listens, its process, and the last heartbeat.
+    address: str | None = None
+    pid: int | None = None
+    heartbeat_ms: float | None = None
+    down_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +90,7 @@ class ClusterStatus:
     encoding: str
     block_size: int
     sync: bool
+    served: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,8 +107,11 @@ class Cluster:
         nodes: list[StorageNode],
         io_pool: ThreadPoolExecutor,
         cpu_pool: ThreadPoolExecutor,
+        *,
+        served: bool = False,
     ) -> None:
         self.path = path
+        self.served = served
         self.config = config
         self.meta = meta
         self.nodes = nodes
@@ -148,17 +177,41 @@ class Cluster:
         )
         kv = SQLiteKV(root / METADATA_FILE, synchronous="full" if config.sync else "normal")
         nodes: list[StorageNode] = []
+        monitor: HealthMonitor | None = None
+        cluster: Cluster | None = None
         try:
             meta = Metadata(kv)
             await meta.ensure_root(time.time())
-            for n in range(config.nodes):
-                node = LocalNode(
-                    node_dir(root, n), n, config.disks_per_node, sync=config.sync, executor=io_pool
+            served = is_served(root, config.nodes)
+            if served:
+                remote = [
+                    RemoteNode(n, config.disks_per_node, _resolver(root, n))
+                    for n in range(config.nodes)
+                ]
+                nodes.extend(remote)
+                monitor = HealthMonitor(
+                    remote, interval=HEARTBEAT_INTERVAL, timeout=HEARTBEAT_TIMEOUT
                 )
-                node.available = not (node_dir(root, n) / STOP_MARKER).exists()
-                nodes.append(node)
-            yield cls(root, config, meta, nodes, io_pool, cpu_pool)
+                await monitor.check_all()
+                monitor.start()
+            else:
+                for n in range(config.nodes):
+                    node = LocalNode(
+                        node_dir(root, n),
+                        n,
+                        config.disks_per_node,
+                        sync=config.sync,
+                        executor=io_pool,
+                    )
+                    node.available = not (node_dir(root, n) / STOP_MARKER).exists()
+                    nodes.append(node)
+            cluster = cls(root, config, meta, nodes, io_pool, cpu_pool, served=served)
+            yield cluster
         finally:
+            if cluster is not None:
+                await cluster.datapath.drain()
+            if monitor is not None:
+                await monitor.stop()
             for opened in nodes:
                 await opened.close()
             await kv.close()
@@ -176,13 +229,55 @@ class Cluster:
 
     def stop_node(self, n: int) -> None:
         """Take node ``n`` out of service: it answers nothing until ``start_node``.
-        Persists across opens of the cluster."""
-        self._node(n).available = False
+        Persists across opens of the cluster. Served: its process is stopped (SIGTERM)."""
+        node = self._node(n)
         (node_dir(self.path, n) / STOP_MARKER).touch()
+        if isinstance(node, RemoteNode):
+            with contextlib.suppress(NodeUnavailableError):
+                signal_node(self.path, n, signal.SIGTERM)
+            node.mark_down("stopped")
+        else:
+            node.available = False
 
     def start_node(self, n: int) -> None:
-        self._node(n).available = True
+        """Put node ``n`` back in service. Served: asks ``tectonic-emu serve`` to start its
+        process and waits until it listens."""
+        node = self._node(n)
         (node_dir(self.path, n) / STOP_MARKER).unlink(missing_ok=True)
+        if isinstance(node, RemoteNode):
+            control(self.path, {"cmd": "start", "node": n})
+        else:
+            node.available = True
+
+    def kill_node(self, n: int) -> int:
+        """SIGKILL the process of node ``n`` (served mode only); returns its pid. The node
+        stays down until ``start_node``; chunk writes it had in flight are torn."""
+        node = self._node(n)
+        if not isinstance(node, RemoteNode):
+            raise InvalidArgumentError(
+                "only a served node has a process to kill (run `tectonic-emu serve` first)"
+            )
+        pid = signal_node(self.path, n, signal.SIGKILL)
+        node.mark_down("killed")
+        return pid
+
+    async def check_health(self) -> None:
+        """Served: ping every node now (the heartbeat task does it every half second)."""
+        remote = [n for n in self.nodes if isinstance(n, RemoteNode)]
+        if remote:
+            await HealthMonitor(remote, timeout=HEARTBEAT_TIMEOUT).check_all()
+
+    def down_since(self, n: int) -> float:
+        """When node ``n`` went down (``time.time()``), or 0.0 when unknown or up."""
+        node = self._node(n)
+        if node.available:
+            return 0.0
+        if isinstance(node, RemoteNode):
+            return node.down_since
+        try:
+            return (node_dir(self.path, n) / STOP_MARKER).stat().st_mtime
+        except FileNotFoundError:
+            return 0.0
 
     # -- status ------------------------------------------------------------------------------
     async def status(self) -> ClusterStatus:
@@ -191,10 +286,27 @@ class Cluster:
         present: dict[tuple[int, int], set[str]] = {}
         node_status = []
         for node in self.nodes:
-            if not node.available:
-                node_status.append(NodeStatus(node.node_id, False, None, None, None))
+            served: dict[str, Any] = {}
+            if isinstance(node, RemoteNode):
+                addr = read_address(self.path, node.node_id)
+                ping = node.last_ping
+                served = {
+                    "address": f"{addr.host}:{addr.port}" if addr else None,
+                    "pid": addr.pid if addr else None,
+                    "heartbeat_ms": round(ping.rtt * 1000, 3) if ping and node.available else None,
+                    "down_reason": node.down_reason or None,
+                }
+            usage = None
+            if node.available:
+                with contextlib.suppress(NodeUnavailableError):
+                    usage = await node.usage()
+            if usage is None:
+                stopped = (node_dir(self.path, node.node_id) / STOP_MARKER).exists()
+                state = "stopped" if stopped else "down"
+                node_status.append(
+                    NodeStatus(node.node_id, False, None, None, None, state, **served)
+                )
                 continue
-            usage = await node.usage()
             node_status.append(
                 NodeStatus(
                     node.node_id,
@@ -202,10 +314,13 @@ class Cluster:
                     sum(u.chunks for u in usage),
                     sum(u.bytes_used for u in usage),
                     sum(u.bytes_free for u in usage),
+                    "up",
+                    **served,
                 )
             )
             for d in range(node.disks):
-                present[(node.node_id, d)] = {c.chunk_id for c in await node.list_chunks(d)}
+                with contextlib.suppress(NodeUnavailableError):
+                    present[(node.node_id, d)] = {c.chunk_id for c in await node.list_chunks(d)}
         blocks = below = physical = 0
         async for rec in self.meta.iter_blocks():
             blocks += 1
@@ -228,6 +343,7 @@ class Cluster:
             self.config.encoding,
             self.config.block_size,
             self.config.sync,
+            self.served,
         )
 
 
@@ -242,8 +358,12 @@ def block_fully_redundant(rec: BlockRecord, present: dict[tuple[int, int], set[s
     return all(c.chunk_id in present.get((c.node, c.disk), ()) for c in rec.chunks)
 
 
-def node_dir(root: Path, n: int) -> Path:
-    return root / "nodes" / f"n{n:03d}"
+def _resolver(root: Path, n: int) -> Callable[[], tuple[str, int] | None]:
+    def resolve() -> tuple[str, int] | None:
+        addr = read_address(root, n)
+        return (addr.host, addr.port) if addr is not None else None
+
+    return resolve
 
 
 __all__ = ["Cluster", "ClusterStatus", "NodeStatus", "node_dir"]

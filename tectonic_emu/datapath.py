@@ -5,17 +5,34 @@ the event loop keeps serving other ranks), its chunks are written concurrently t
 nodes, and only then may the caller commit the block to metadata. Reads fetch the fewest
 chunks that can return the block, check every chunk's CRC32C against the Block layer, and fall
 back to other replicas or parity chunks when a chunk is missing, corrupt or on a dead node.
+
+Hedging (Tectonic's answer to slow nodes, section 5 of the FAST'21 paper):
+
+- *Hedged writes*: when more nodes are live than a block needs, the write first reserves on
+  ``hedge_extra`` more nodes than it needs and writes to the first that accept, so a slow node
+  is rarely picked.
+- *Quorum acknowledgment* (``write_ack="quorum"``, served mode's default): ``write_block``
+  returns once ``ack_quorum(enc)`` chunks are durable (all but one: 2 of 3 replicas, 8 of 9
+  RS(6,3) chunks). The straggler keeps writing in the background; if it fails, its chunk is
+  missing and repair rebuilds it. ``drain()`` waits for the stragglers.
+- *Hedged reads*: a chunk read slower than the ``hedge_percentile`` of recent reads of chunks
+  of its size is raced against another replica, or for Reed-Solomon against a decode from
+  parity; at most ``hedge_share`` of reads may hedge.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
+import logging
 import random
 import secrets
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from tectonic_emu.chunkstore.base import BytesLike, StorageNode
@@ -25,14 +42,42 @@ from tectonic_emu.errors import (
     ChunkCorruptError,
     DataUnavailableError,
     NotEnoughNodesError,
-    first_error,
 )
 from tectonic_emu.metadata.records import BlockRecord, ChunkPlacement
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+# Stragglers (chunk writes still running after their block was acknowledged) a DataPath keeps
+# before write_block waits for one to finish: bounds the memory they hold.
+MAX_STRAGGLERS = 32
+# Latency samples kept per chunk-size class, and how many before reads start hedging.
+_LATENCY_SAMPLES = 256
+_MIN_SAMPLES = 20
 
 # Below this many bytes a checksum or copy is cheaper than a hop to a worker thread.
 _INLINE_CPU_BYTES = 256 << 10
+
+
+@dataclass(slots=True)
+class _BlockWrite:
+    """Shared state of the chunk writes of one block."""
+
+    taken: set[tuple[int, int]]
+    failed: set[int] = field(default_factory=set)
+    current: dict[int, ChunkPlacement] = field(default_factory=dict)  # the latest attempt
+    written: list[ChunkPlacement] = field(default_factory=list)  # durable
+    acked: bool = False  # the block was acknowledged: stragglers no longer retry
+
+
+@dataclass(slots=True)
+class HedgeStats:
+    reads: int = 0  # chunk-read operations (a block or range read)
+    hedged_reads: int = 0  # of which raced a second replica or a decode
+    writes: int = 0
+    hedged_writes: int = 0  # reserved on more nodes than needed
+    stragglers: int = 0  # chunk writes left running after the block was acknowledged
+    straggler_failures: int = 0  # of which failed (repair rebuilds those chunks)
 
 
 def new_chunk_id(block_id: int, index: int) -> str:
@@ -50,12 +95,25 @@ class DataPath:
         disks_per_node: int,
         compression: Compression,
         cpu: Executor,
+        write_ack: str = "all",
+        hedge_extra: int = 2,
+        hedge_percentile: float = 95.0,
+        hedge_share: float = 0.05,
     ) -> None:
+        if write_ack not in ("all", "quorum"):
+            raise ValueError(f"write_ack must be 'all' or 'quorum', not {write_ack!r}")
         self.nodes = nodes
         self.disks_per_node = disks_per_node
         self.compression: Compression = compression
+        self.write_ack = write_ack
+        self.hedge_extra = hedge_extra
+        self.hedge_percentile = hedge_percentile
+        self.hedge_share = hedge_share
+        self.stats = HedgeStats()
         self._cpu = cpu
         self._rng = random.Random()
+        self._stragglers: set[asyncio.Task[None]] = set()
+        self._latency: dict[int, collections.deque[float]] = {}
 
     # -- helpers ---------------------------------------------------------------------------
     async def _cpu_call(self, size: int, fn: Callable[..., T], *args: object) -> T:
@@ -119,35 +177,109 @@ class DataPath:
             return [self._prepare_one(block)] * enc.width
         return [self._prepare_one(chunk) for chunk in chunks]
 
+    def ack_quorum(self, enc: Encoding) -> int:
+        """Chunks that must be durable before a block is acknowledged."""
+        if self.write_ack == "all" or enc.width <= 2:
+            return enc.width
+        return max(enc.min_chunks + 1, enc.width - 1)
+
+    async def _reserve_targets(self, enc: Encoding, nbytes: int) -> list[tuple[int, int]]:
+        """``enc.width`` targets on distinct nodes; with spare live nodes, the first to accept
+        a reservation among ``hedge_extra`` more than needed."""
+        extra = min(self.hedge_extra, len(self.live_nodes()) - enc.width)
+        if extra <= 0:
+            return self.place(enc, enc.width)
+        self.stats.hedged_writes += 1
+        candidates = self.place(enc, enc.width + extra)
+        asks = {
+            asyncio.ensure_future(self.nodes[n].reserve(nbytes)): (n, d) for n, d in candidates
+        }
+        accepted: list[tuple[int, int]] = []
+        failed: set[int] = set()
+        pending = set(asks)
+        try:
+            while pending and len(accepted) < enc.width:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for ask in done:
+                    if ask.exception() is None:
+                        accepted.append(asks[ask])
+                    elif isinstance(ask.exception(), OSError):
+                        failed.add(asks[ask][0])
+                    else:
+                        raise ask.exception()  # type: ignore[misc]
+        finally:
+            for ask in pending:
+                ask.cancel()
+        taken = set(accepted)
+        while len(accepted) < enc.width:  # too few accepted: fill as a failed write would
+            target = self._replacement(enc, taken, failed)
+            taken.add(target)
+            accepted.append(target)
+        return accepted[: enc.width]
+
     async def write_block(
         self, enc: Encoding, block: BytesLike, *, block_id: int, file_id: int
     ) -> BlockRecord:
         """Encode and durably store one block's chunks. The caller commits the record.
 
-        Raises NotEnoughNodesError if too few nodes accept chunks. On any error or
-        cancellation the chunks already written are deleted (best effort; repair's garbage
-        collection removes what could not be).
+        Returns once ``ack_quorum(enc)`` chunks are durable; the record names every chunk,
+        the stragglers' included. Raises NotEnoughNodesError if too few nodes accept chunks.
+        On any error or cancellation the chunks already written are deleted (best effort;
+        repair's garbage collection removes what could not be).
         """
         prepared = await self._cpu_call(len(block), self._prepare, enc, block)
-        targets = self.place(enc, enc.width)
-        taken = set(targets)
-        failed: set[int] = set()
-        written: list[ChunkPlacement] = []
+        targets = await self._reserve_targets(enc, max(len(p[0]) for p in prepared))
+        state = _BlockWrite(taken=set(targets))
+        self.stats.writes += 1
+        tasks = [
+            asyncio.ensure_future(self._put_chunk(enc, block_id, i, prepared[i], target, state))
+            for i, target in enumerate(targets)
+        ]
+        quorum = self.ack_quorum(enc)
+        pending = set(tasks)
         try:
-            async with asyncio.TaskGroup() as tg:
-                for index, target in enumerate(targets):
-                    tg.create_task(
-                        self._put_chunk(
-                            enc, block_id, index, prepared[index], target, taken, failed, written
-                        )
-                    )
-        except BaseException as exc:
-            await asyncio.shield(self.delete_chunks(written))
-            if isinstance(exc, BaseExceptionGroup):
-                raise first_error(exc) from None
+            durable = 0
+            while durable < quorum:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.exception() is not None:
+                        raise task.exception()  # type: ignore[misc]
+                    durable += 1
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.shield(self._abandon(tasks, state))
             raise
-        written.sort(key=lambda c: c.index)
-        return BlockRecord(block_id, file_id, len(block), enc.name, tuple(written))
+        state.acked = True
+        for task in pending:
+            self.stats.stragglers += 1
+            self._stragglers.add(task)
+            task.add_done_callback(self._straggler_done)
+        if len(self._stragglers) > MAX_STRAGGLERS:
+            await asyncio.wait(set(self._stragglers), return_when=asyncio.FIRST_COMPLETED)
+        chunks = sorted(state.current.values(), key=lambda c: c.index)
+        return BlockRecord(block_id, file_id, len(block), enc.name, tuple(chunks))
+
+    async def _abandon(self, tasks: Sequence[asyncio.Future[None]], state: _BlockWrite) -> None:
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.delete_chunks(state.written)
+
+    def _straggler_done(self, task: asyncio.Task[None]) -> None:
+        self._stragglers.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.stats.straggler_failures += 1
+            log.info("a straggling chunk write failed (repair rebuilds it): %s", task.exception())
+
+    async def drain(self, wait: float = 60.0) -> None:
+        """Wait for the stragglers of acknowledged blocks (at most ``wait`` seconds, then
+        cancel them: repair rebuilds what they did not write)."""
+        if not self._stragglers:
+            return
+        _, late = await asyncio.wait(set(self._stragglers), timeout=wait)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.gather(*late, return_exceptions=True)
 
     async def write_chunks(
         self, enc: Encoding, block_id: int, raw: dict[int, BytesLike], *, avoid: set[int]
@@ -156,17 +288,17 @@ class DataPath:
         On failure deletes what it wrote and raises."""
         targets = self.place(enc, len(raw), avoid=avoid)
         # Nodes in ``avoid`` hold chunks of the block: count all their disks as taken.
-        taken = set(targets) | {(n, d) for n in avoid for d in range(self.disks_per_node)}
-        failed: set[int] = set()
-        written: list[ChunkPlacement] = []
+        state = _BlockWrite(
+            taken=set(targets) | {(n, d) for n in avoid for d in range(self.disks_per_node)}
+        )
         try:
             for (index, data), target in zip(sorted(raw.items()), targets, strict=True):
                 prep = await self._cpu_call(len(data), self._prepare_one, data)
-                await self._put_chunk(enc, block_id, index, prep, target, taken, failed, written)
+                await self._put_chunk(enc, block_id, index, prep, target, state)
         except BaseException:
-            await asyncio.shield(self.delete_chunks(written))
+            await asyncio.shield(self.delete_chunks(state.written))
             raise
-        return written
+        return state.written
 
     def _prepare_one(self, raw: BytesLike) -> tuple[BytesLike, int, int, int]:
         stored, flags = maybe_compress(raw, self.compression)
@@ -179,25 +311,29 @@ class DataPath:
         index: int,
         prepared: tuple[BytesLike, int, int, int],
         target: tuple[int, int],
-        taken: set[tuple[int, int]],
-        failed: set[int],
-        written: list[ChunkPlacement],
+        state: _BlockWrite,
     ) -> None:
-        """Write one chunk; if its node fails, retry (under a new id) on a replacement."""
+        """Write one chunk; if its node fails, retry (under a new id) on a replacement, unless
+        the block was acknowledged meanwhile (its record names this attempt: repair will
+        rebuild the chunk)."""
         stored, flags, crc, raw_len = prepared
         node, disk = target
         while True:
             chunk_id = new_chunk_id(block_id, index)
+            placement = ChunkPlacement(
+                index, node, disk, chunk_id, crc, len(stored), flags, raw_len
+            )
+            state.current[index] = placement
             try:
                 await self.nodes[node].write_chunk(disk, chunk_id, stored, crc32c=crc, flags=flags)
             except (OSError, EOFError):
-                failed.add(node)
-                node, disk = self._replacement(enc, taken, failed)
-                taken.add((node, disk))
+                if state.acked:
+                    raise
+                state.failed.add(node)
+                node, disk = self._replacement(enc, state.taken, state.failed)
+                state.taken.add((node, disk))
                 continue
-            written.append(
-                ChunkPlacement(index, node, disk, chunk_id, crc, len(stored), flags, raw_len)
-            )
+            state.written.append(placement)
             return
 
     def _replacement(
@@ -244,8 +380,89 @@ class DataPath:
 
     async def fetch_chunk(self, c: ChunkPlacement) -> BytesLike:
         """One chunk's raw (decompressed) bytes, checked end to end against the Block layer."""
+        t0 = time.monotonic()
         stored, _info = await self.nodes[c.node].read_chunk(c.disk, c.chunk_id)
+        self._record_latency(c.stored_len, time.monotonic() - t0)
         return await self._cpu_call(len(stored), self._verify, c, stored)
+
+    # -- hedged reads ----------------------------------------------------------------------
+    def _record_latency(self, size: int, seconds: float) -> None:
+        samples = self._latency.get(size.bit_length())
+        if samples is None:
+            samples = self._latency[size.bit_length()] = collections.deque(maxlen=_LATENCY_SAMPLES)
+        samples.append(seconds)
+
+    def hedge_after(self, size: int) -> float | None:
+        """Seconds after which a read of a chunk of ``size`` bytes is slow: the
+        ``hedge_percentile`` of recent reads of chunks of that size class (None until there
+        are enough of them)."""
+        samples = self._latency.get(size.bit_length())
+        if samples is None or len(samples) < _MIN_SAMPLES:
+            return None
+        ordered = sorted(samples)
+        return ordered[min(len(ordered) - 1, int(len(ordered) * self.hedge_percentile / 100))]
+
+    def _may_hedge(self) -> bool:
+        return self.stats.hedged_reads < self.hedge_share * self.stats.reads
+
+    def _count_read(self) -> None:
+        self.stats.reads += 1
+        if self.stats.reads >= 10_000:  # a sliding share: old reads weigh less
+            self.stats.reads //= 2
+            self.stats.hedged_reads //= 2
+
+    async def _race(
+        self,
+        primary: list[ChunkPlacement],
+        spare: list[ChunkPlacement],
+        *,
+        enough: int,
+    ) -> tuple[dict[int, BytesLike], set[int]]:
+        """Fetch ``primary``; if they are not all in after the hedge delay (and the hedge
+        share allows), also fetch as many ``spare`` chunks as primaries are late. Stops when
+        every primary is in, or (once hedged) when ``enough`` chunks are in, or when a primary
+        failed and nothing was hedged. Returns (good chunks by index, failed indexes)."""
+        tasks = {asyncio.ensure_future(self.fetch_chunk(c)): c for c in primary}
+        wanted = {c.index for c in primary}
+        good: dict[int, BytesLike] = {}
+        failed: set[int] = set()
+        delay = self.hedge_after(max(c.stored_len for c in primary))
+        hedged = False
+        try:
+            while tasks and not wanted <= good.keys():
+                if hedged and len(good) >= enough:
+                    break
+                if failed & wanted and not hedged:
+                    break
+                timeout = delay if not hedged and spare else None
+                done, _ = await asyncio.wait(
+                    tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    delay = None  # hedge once per read
+                    if self._may_hedge():
+                        hedged = True
+                        self.stats.hedged_reads += 1
+                        late = len(wanted - good.keys())
+                        for c in spare[:late]:
+                            tasks[asyncio.ensure_future(self.fetch_chunk(c))] = c
+                        spare = spare[late:]
+                    continue
+                for task in done:
+                    c = tasks.pop(task)
+                    exc = task.exception()
+                    if exc is None:
+                        good[c.index] = task.result()
+                    elif isinstance(exc, (OSError, EOFError)):
+                        failed.add(c.index)
+                    else:
+                        raise exc
+        finally:
+            for task in tasks:
+                task.cancel()
+            # Let the cancelled fetches unwind; their results (if any) are not needed.
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return good, failed
 
     def _read_order(self, chunks: Iterable[ChunkPlacement], data: int) -> list[ChunkPlacement]:
         """Live nodes first; for RS, data chunks before parity (no decoding needed)."""
@@ -265,7 +482,8 @@ class DataPath:
         For Reed-Solomon only the data chunks overlapping the range are fetched, and no block
         is assembled: its bytes go straight from the chunk buffers to the caller (a fresh
         48 MiB block per read would cost more than the read on this VM). When one of them is
-        missing, corrupt or on a node that is down, the block is decoded from any D chunks.
+        missing, corrupt, on a node that is down, or slow (hedged), the block is decoded from
+        any D chunks.
         """
         enc = Encoding.parse(rec.encoding)
         if enc.kind == "rs" and hi > lo:
@@ -278,25 +496,22 @@ class DataPath:
                 if sizes[i] and starts[i] < hi and starts[i] + sizes[i] > lo
             ]
             if all(i in by_index and self.nodes[by_index[i].node].available for i in wanted):
-                results = await asyncio.gather(
-                    *(self.fetch_chunk(by_index[i]) for i in wanted), return_exceptions=True
+                self._count_read()
+                spare = [
+                    c
+                    for c in self._read_order(rec.chunks, enc.data)
+                    if c.index not in wanted and self.nodes[c.node].available
+                ]
+                have, failed = await self._race(
+                    [by_index[i] for i in wanted], spare, enough=enc.data
                 )
-                for r in results:
-                    if isinstance(r, BaseException) and not isinstance(r, (OSError, EOFError)):
-                        raise r
-                have = {
-                    i: r
-                    for i, r in zip(wanted, results, strict=True)
-                    if not isinstance(r, BaseException)
-                }
-                if len(have) == len(wanted):
+                if all(i in have for i in wanted):
                     pieces: list[tuple[int, BytesLike]] = []
                     for i in wanted:
                         a, b = max(lo, starts[i]), min(hi, starts[i] + sizes[i])
                         pieces.append((a, memoryview(have[i])[a - starts[i] : b - starts[i]]))
                     return pieces
                 # Decode, reusing the chunks already fetched and skipping the ones that failed.
-                failed = set(wanted) - set(have)
                 data = await self.read_block(rec, have=have, failed=failed)
                 return [(lo, memoryview(data)[lo:hi])]
         data = await self.read_block(rec)
@@ -318,7 +533,15 @@ class DataPath:
         enc = Encoding.parse(rec.encoding)
         order = self._read_order(rec.chunks, enc.min_chunks if enc.kind == "rs" else 1)
         good: dict[int, BytesLike] = dict(have or {})
-        skip = set(good) | set(failed)
+        failed = set(failed)
+        if enc.kind == "replication" and not good:
+            self._count_read()
+            live = [c for c in order if self.nodes[c.node].available]
+            if live:
+                good, failed = await self._race(live[:1], live[1:], enough=1)
+                if good:
+                    return next(iter(good.values()))
+        skip = set(good) | failed
         errors: list[BaseException] = []
         pending = [c for c in order if c.index not in skip]
         while len(good) < enc.min_chunks:

@@ -152,9 +152,9 @@ class _ClientConnection(asyncio.BufferedProtocol):
             self._h = wire.unpack_header(self._header_buf, MAX_REPLY_PAYLOAD)
             self._state, self._got = _META, 0
         if self._state == _META and self._h is not None and self._got == self._h.meta_len:
-            meta = memoryview(self._meta_buf)[: self._h.meta_len]
-            wire.check_meta(self._header_buf, meta)
-            self._meta = bytes(meta)
+            meta_view = memoryview(self._meta_buf)[: self._h.meta_len]
+            wire.check_meta(self._header_buf, meta_view)
+            self._meta = bytes(meta_view)
             call = self.pending.get(self._h.request_id)
             if call is not None and call.op != self._h.op:
                 raise FrameError(f"reply op {self._h.op} to a request of op {call.op}")
@@ -192,6 +192,7 @@ class RemoteNode(StorageNode):
         self.address: Address | None = None
         self.last_ping: PingReply | None = None
         self.down_reason = ""
+        self.down_since = 0.0  # time.time() when last marked down
         self._conns: dict[str, _ClientConnection] = {}
         self._connecting: dict[str, asyncio.Future[_ClientConnection]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -205,6 +206,7 @@ class RemoteNode(StorageNode):
     def mark_down(self, reason: str) -> None:
         if self.available:
             log.info("node %d marked down: %s", self.node_id, reason)
+            self.down_since = time.time()
         self.available = False
         self.down_reason = reason
         for conn in list(self._conns.values()):
@@ -219,9 +221,9 @@ class RemoteNode(StorageNode):
             self._conns.clear()
             self._connecting.clear()
             self._loop = loop
-        conn = self._conns.get(kind)
-        if conn is not None and not conn.closed:
-            return conn
+        current = self._conns.get(kind)
+        if current is not None and not current.closed:
+            return current
         pending = self._connecting.get(kind)
         if pending is None:
             pending = loop.create_future()
@@ -413,4 +415,40 @@ def fixed_address(host: str, port: int) -> Resolver:
     return lambda: (host, port)
 
 
-__all__ = ["PingReply", "RemoteNode", "aligned_buffer", "fixed_address"]
+
+
+class HealthMonitor:
+    """Heartbeats: ping every node each ``interval`` seconds on its heartbeat connection. A
+    node that refuses, resets or takes longer than ``timeout`` is marked down; one that answers
+    is marked up again."""
+
+    def __init__(self, nodes: list[RemoteNode], *, interval: float = 0.5, timeout: float = 2.0):
+        self.nodes = nodes
+        self.interval = interval
+        self.timeout = timeout
+        self._task: asyncio.Task[None] | None = None
+
+    async def check_all(self) -> None:
+        async def one(node: RemoteNode) -> None:
+            with contextlib.suppress(NodeUnavailableError):
+                await node.ping(self.timeout)
+
+        await asyncio.gather(*(one(n) for n in self.nodes))
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            await self.check_all()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+
+__all__ = ["HealthMonitor", "PingReply", "RemoteNode", "aligned_buffer", "fixed_address"]

@@ -310,7 +310,8 @@ class _Connection(asyncio.BufferedProtocol):
     # -- one request -------------------------------------------------------------------------
     async def _run(self, h: Header, meta: bytes, payload: mmap.mmap | None) -> None:
         server = self.server
-        status, reply_meta, reply_payload, reply_crc = 0, b"", b"", 0
+        status, reply_meta, reply_crc = 0, b"", 0
+        reply_payload: BytesLike = b""
         try:
             view = memoryview(payload)[: h.payload_len] if payload is not None else None
             try:

@@ -1,0 +1,464 @@
+"""Served mode: every storage node is its own OS process behind a TCP port.
+
+Files in the cluster directory (the *topology*; clients on any host that sees the directory
+find the nodes through them)::
+
+    DIR/nodes/n000/address.json   {"node", "host", "port", "pid", "hostname", "started"},
+                                  written by the node process once it listens, removed when
+                                  it stops cleanly (a SIGKILLed node leaves it: clients then
+                                  find nothing listening and count the node as down)
+    DIR/serve.json                {"pid", "control": [host, port], "hostname", "started"},
+                                  written by ``tectonic-emu serve`` while it supervises
+
+A cluster is *served* while any of these files exist; ``Cluster.open`` then reaches every node
+over TCP (``RemoteNode``) and never touches the node directories itself.
+
+``run_node`` is ``tectonic-emu node serve``; ``Supervisor`` is ``tectonic-emu serve``: it
+starts one ``node serve`` process per node, runs the background services, answers control
+requests (``node start``) on a small JSON-lines socket, and on SIGINT/SIGTERM stops every node
+and exits. ``Serving`` starts and stops a supervisor from Python (tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tectonic_emu.config import ClusterConfig
+from tectonic_emu.errors import (
+    AlreadyExistsError,
+    InvalidArgumentError,
+    NodeUnavailableError,
+    TectonicError,
+)
+
+log = logging.getLogger(__name__)
+
+ADDRESS_FILE = "address.json"
+SERVE_FILE = "serve.json"
+STOP_MARKER = "STOPPED"
+
+
+def node_dir(root: Path, n: int) -> Path:
+    return root / "nodes" / f"n{n:03d}"
+
+
+# -- the topology files ------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class NodeAddress:
+    node: int
+    host: str
+    port: int
+    pid: int
+    hostname: str
+    started: float
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data) + "\n")
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_address(root: Path, n: int) -> NodeAddress | None:
+    data = _read_json(node_dir(root, n) / ADDRESS_FILE)
+    if data is None:
+        return None
+    try:
+        return NodeAddress(**data)
+    except TypeError:
+        return None
+
+
+def read_serve_file(root: Path) -> dict[str, Any] | None:
+    return _read_json(root / SERVE_FILE)
+
+
+def is_served(root: Path, nodes: int) -> bool:
+    """Whether a supervisor or any node process serves (or served, until it was killed)
+    this cluster."""
+    if (root / SERVE_FILE).exists():
+        return True
+    return any((node_dir(root, n) / ADDRESS_FILE).exists() for n in range(nodes))
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _local(hostname: str) -> bool:
+    return hostname == socket.gethostname()
+
+
+# -- one node process --------------------------------------------------------------------------
+async def run_node(
+    root: Path,
+    n: int,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    delay: float = 0.0,
+    buffers: int = 8,
+    ready: asyncio.Event | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve node ``n`` of the cluster at ``root`` until SIGTERM/SIGINT (or ``stop``)."""
+    from tectonic_emu.chunkstore import LocalNode
+    from tectonic_emu.chunkstore.server import NodeServer
+
+    config = ClusterConfig.load(root)
+    if not 0 <= n < config.nodes:
+        raise InvalidArgumentError(f"no node {n}; nodes are 0..{config.nodes - 1}")
+    current = read_address(root, n)
+    if (
+        current is not None
+        and current.pid != os.getpid()
+        and _local(current.hostname)
+        and pid_alive(current.pid)
+    ):
+        raise AlreadyExistsError(f"node {n} is already served by pid {current.pid}")
+    (node_dir(root, n) / STOP_MARKER).unlink(missing_ok=True)
+    node = LocalNode(node_dir(root, n), n, config.disks_per_node, sync=config.sync)
+    server = NodeServer(node, max_payload=config.block_size, buffers=buffers, delay=delay)
+    bound_host, bound_port = await server.start(host, port)
+    advertised = socket.getfqdn() if bound_host in ("0.0.0.0", "::") else bound_host
+    me = NodeAddress(n, advertised, bound_port, os.getpid(), socket.gethostname(), time.time())
+    _write_json(node_dir(root, n) / ADDRESS_FILE, asdict(me))
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    log.info("node %d serving on %s:%d (pid %d)", n, advertised, bound_port, os.getpid())
+    if ready is not None:
+        ready.set()
+    try:
+        await stop.wait()
+    finally:
+        current = read_address(root, n)
+        if current is not None and current.pid == os.getpid():
+            (node_dir(root, n) / ADDRESS_FILE).unlink(missing_ok=True)
+        await server.close()
+
+
+# -- signals to node processes -----------------------------------------------------------------
+def signal_node(root: Path, n: int, sig: int) -> int:
+    """Send ``sig`` to the process serving node ``n`` on this host; returns its pid."""
+    addr = read_address(root, n)
+    if addr is None:
+        raise NodeUnavailableError(f"node {n} is not served")
+    if not _local(addr.hostname):
+        raise InvalidArgumentError(
+            f"node {n} runs on {addr.hostname}; signal it from there", str(root)
+        )
+    try:
+        os.kill(addr.pid, sig)
+    except ProcessLookupError:
+        raise NodeUnavailableError(f"node {n} (pid {addr.pid}) is not running") from None
+    return addr.pid
+
+
+def control(root: Path, request: dict[str, Any], *, wait: float = 30.0) -> dict[str, Any]:
+    """Send one request to the supervisor's control socket and return its reply."""
+    info = read_serve_file(root)
+    if info is None:
+        raise NodeUnavailableError(
+            "no `tectonic-emu serve` runs for this cluster (start nodes with `node serve`)",
+            str(root),
+        )
+    host, port = info["control"]
+    try:
+        with socket.create_connection((host, port), timeout=wait) as sock:
+            sock.sendall(json.dumps(request).encode() + b"\n")
+            raw = sock.makefile("rb").readline()
+    except OSError as e:
+        raise NodeUnavailableError(f"cannot reach the supervisor at {host}:{port} ({e})") from None
+    reply = json.loads(raw or b"{}")
+    if not reply.get("ok"):
+        raise TectonicError(str(reply.get("error", "the supervisor refused the request")))
+    return dict(reply)
+
+
+# -- the supervisor ----------------------------------------------------------------------------
+@dataclass(slots=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    slow: dict[int, float] = field(default_factory=dict)  # node -> reply delay in seconds
+    buffers: int = 8  # chunk buffers per node process
+    repair_interval: float = 10.0  # seconds between repair passes; 0 turns repair off
+    repair_after: float = 30.0  # a node down this long has its chunks rebuilt elsewhere
+    scrub_interval: float = 0.0  # seconds between scrub passes; 0 turns scrubbing off
+    scrub_rate: float = 50e6  # bytes per second a scrub pass reads at most
+    gc_grace: float = 600.0
+
+
+def _die_with_parent() -> None:
+    """In a node process: get SIGTERM when the supervisor dies, even by SIGKILL."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class Supervisor:
+    def __init__(self, root: Path, options: ServeOptions) -> None:
+        self.root = root
+        self.options = options
+        self.config = ClusterConfig.load(root)
+        self.procs: dict[int, asyncio.subprocess.Process] = {}
+        self.exits: dict[int, int] = {}  # node -> exit status of its last process
+        self._stopping = False
+
+    def _node_command(self, n: int) -> list[str]:
+        cmd = [sys.executable, "-m", "tectonic_emu", "node", "serve", "--cluster", str(self.root)]
+        cmd += ["--node", str(n), "--host", self.options.host]
+        cmd += ["--buffers", str(self.options.buffers)]
+        if self.options.slow.get(n):
+            cmd += ["--slow", f"{self.options.slow[n]}"]
+        return cmd
+
+    async def start_node(self, n: int, *, wait: float = 30.0) -> NodeAddress:
+        """Start (or restart) node ``n``'s process and wait until it listens."""
+        if not 0 <= n < self.config.nodes:
+            raise InvalidArgumentError(f"no node {n}; nodes are 0..{self.config.nodes - 1}")
+        proc = self.procs.get(n)
+        if proc is not None and proc.returncode is None:
+            addr = read_address(self.root, n)
+            if addr is not None and addr.pid == proc.pid:
+                return addr
+        with contextlib.suppress(FileNotFoundError):
+            stale = read_address(self.root, n)
+            if stale is not None and not pid_alive(stale.pid):
+                (node_dir(self.root, n) / ADDRESS_FILE).unlink()
+        proc = await asyncio.create_subprocess_exec(
+            *self._node_command(n),
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+        )
+        self.procs[n] = proc
+        asyncio.get_running_loop().create_task(self._reap(n, proc))
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            addr = read_address(self.root, n)
+            if addr is not None and addr.pid == proc.pid:
+                return addr
+            if proc.returncode is not None:
+                raise NodeUnavailableError(f"node {n} exited with status {proc.returncode}")
+            await asyncio.sleep(0.02)
+        raise NodeUnavailableError(f"node {n} did not start listening in {wait:.0f} s")
+
+    async def _reap(self, n: int, proc: asyncio.subprocess.Process) -> None:
+        code = await proc.wait()
+        self.exits[n] = code
+        if not self._stopping:
+            log.warning("node %d (pid %d) exited with status %d", n, proc.pid, code)
+
+    async def stop_nodes(self, wait: float = 10.0) -> None:
+        self._stopping = True
+        live = [p for p in self.procs.values() if p.returncode is None]
+        for p in live:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.gather(*(p.wait() for p in live)), wait)
+        except TimeoutError:
+            for p in live:
+                with contextlib.suppress(ProcessLookupError):
+                    p.kill()
+            await asyncio.gather(*(p.wait() for p in live))
+
+    async def _control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = json.loads(await reader.readline())
+            if request.get("cmd") == "start":
+                addr = await self.start_node(int(request["node"]))
+                reply: dict[str, Any] = {"ok": True, "address": asdict(addr)}
+            elif request.get("cmd") == "status":
+                reply = {
+                    "ok": True,
+                    "nodes": {
+                        str(n): {"pid": p.pid, "running": p.returncode is None}
+                        for n, p in self.procs.items()
+                    },
+                }
+            else:
+                reply = {"ok": False, "error": f"unknown request {request!r}"}
+        except (ValueError, KeyError, OSError) as e:
+            reply = {"ok": False, "error": str(e)}
+        writer.write(json.dumps(reply).encode() + b"\n")
+        with contextlib.suppress(OSError):
+            await writer.drain()
+            writer.close()
+
+    async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+        """Start the nodes, serve until ``stop``, then stop everything."""
+        from tectonic_emu.cluster import Cluster
+        from tectonic_emu.services.background import repair_loop, scrub_loop
+
+        info = read_serve_file(self.root)
+        if info is not None and _local(info.get("hostname", "")) and pid_alive(int(info["pid"])):
+            raise AlreadyExistsError(f"the cluster is already served by pid {info['pid']}")
+        control_server = await asyncio.start_server(self._control, self.options.host, 0)
+        chost, cport = control_server.sockets[0].getsockname()[:2]
+        _write_json(
+            self.root / SERVE_FILE,
+            {
+                "pid": os.getpid(),
+                "control": [chost, cport],
+                "hostname": socket.gethostname(),
+                "started": time.time(),
+            },
+        )
+        services: list[asyncio.Task[None]] = []
+        try:
+            to_start = [
+                n
+                for n in range(self.config.nodes)
+                if not (node_dir(self.root, n) / STOP_MARKER).exists()
+            ]
+            await asyncio.gather(*(self.start_node(n) for n in to_start))
+            async with Cluster.open(self.root) as cluster:
+                opts = self.options
+                if opts.repair_interval > 0:
+                    services.append(
+                        asyncio.create_task(
+                            repair_loop(
+                                cluster,
+                                interval=opts.repair_interval,
+                                repair_after=opts.repair_after,
+                                gc_grace=opts.gc_grace,
+                            )
+                        )
+                    )
+                if opts.scrub_interval > 0:
+                    services.append(
+                        asyncio.create_task(
+                            scrub_loop(cluster, interval=opts.scrub_interval, rate=opts.scrub_rate)
+                        )
+                    )
+                if ready is not None:
+                    ready.set()
+                await stop.wait()
+                for task in services:
+                    task.cancel()
+                await asyncio.gather(*services, return_exceptions=True)
+        finally:
+            control_server.close()
+            await self.stop_nodes()
+            info = read_serve_file(self.root)
+            if info is not None and info.get("pid") == os.getpid():
+                (self.root / SERVE_FILE).unlink(missing_ok=True)
+
+
+async def run_supervisor(root: Path, options: ServeOptions) -> None:
+    """``tectonic-emu serve``: until SIGINT or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await Supervisor(root, options).run(stop)
+
+
+# -- from Python: a supervisor in a child process ----------------------------------------------
+class Serving:
+    """Run ``tectonic-emu serve`` for a cluster in a child process::
+
+        with Serving(root, repair_interval=1, repair_after=2):
+            ...  # Cluster.open(root) now talks to node processes over TCP
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, wait: float = 60.0, **options: Any):
+        self.root = Path(root)
+        self.wait = wait
+        self.options = options
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "tectonic_emu", "serve", "--cluster", str(self.root)]
+        for key, value in self.options.items():
+            if key == "slow":
+                for n, delay in dict(value).items():
+                    cmd += ["--slow", f"{n}={delay}"]
+            else:
+                cmd += [f"--{key.replace('_', '-')}", str(value)]
+        return cmd
+
+    def start(self) -> Serving:
+        config = ClusterConfig.load(self.root)
+        self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + self.wait
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise NodeUnavailableError(f"serve exited with status {self.proc.returncode}")
+            info = read_serve_file(self.root)
+            if info is not None and info.get("pid") == self.proc.pid and self.ready(config):
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise NodeUnavailableError(f"serve did not start in {self.wait:.0f} s")
+
+    def ready(self, config: ClusterConfig) -> bool:
+        for n in range(config.nodes):
+            if (node_dir(self.root, n) / STOP_MARKER).exists():
+                continue
+            addr = read_address(self.root, n)
+            if addr is None or not pid_alive(addr.pid):
+                return False
+        return True
+
+    def stop(self) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def __enter__(self) -> Serving:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+__all__ = [
+    "NodeAddress",
+    "ServeOptions",
+    "Serving",
+    "Supervisor",
+    "control",
+    "is_served",
+    "read_address",
+    "run_node",
+    "run_supervisor",
+    "signal_node",
+]

@@ -1,0 +1,110 @@
+"""Background services of a served cluster: repair and scrub, at a configurable pace.
+
+``repair_loop`` runs a pass every ``interval`` seconds. A pass rebuilds every block that lacks
+full redundancy: a chunk missing from a live node (a hedged write's straggler that failed, a
+lost file), two chunks sharing a node (a degraded write), or a chunk on a node that has been
+down for ``repair_after`` seconds or more. The blocks of a dead node are found by walking the
+disk -> block reverse index of each of its disks, so the pass costs what the dead node held,
+not what the cluster holds. A node down for less than ``repair_after`` is left alone: a
+restart should not trigger a rebuild. Each pass ends with garbage collection.
+
+``scrub_loop`` reads every chunk end to end, at most ``rate`` bytes per second, and repairs the
+blocks where it finds a corrupt or missing chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from tectonic_emu.services.repair import RepairReport, collect_garbage, repair_block
+from tectonic_emu.services.scrub import check_block
+
+if TYPE_CHECKING:
+    from tectonic_emu.cluster import Cluster
+    from tectonic_emu.metadata.records import BlockRecord
+
+log = logging.getLogger(__name__)
+
+
+async def blocks_needing_repair(cluster: Cluster, *, repair_after: float) -> list[BlockRecord]:
+    """Blocks to rebuild now (see the module docstring), each once."""
+    now = time.time()
+    dead = [
+        n.node_id
+        for n in cluster.nodes
+        if not n.available and now - cluster.down_since(n.node_id) >= repair_after
+    ]
+    present: dict[tuple[int, int], set[str]] = {}
+    for node in cluster.nodes:
+        if node.available:
+            for d in range(node.disks):
+                present[(node.node_id, d)] = {c.chunk_id for c in await node.list_chunks(d)}
+    todo: dict[int, BlockRecord] = {}
+    for n in dead:  # the reverse index: only the dead node's blocks
+        for d in range(cluster.config.disks_per_node):
+            for block_id in await cluster.meta.blocks_on_disk(n, d):
+                async with cluster.meta.transaction() as m:
+                    rec = await m.blocks.get(block_id)
+                if rec is not None:
+                    todo[block_id] = rec
+    async for rec in cluster.meta.iter_blocks():
+        if rec.block_id in todo:
+            continue
+        nodes = [c.node for c in rec.chunks]
+        shared = len(set(nodes)) != len(nodes)
+        missing = any(
+            cluster.nodes[c.node].available and c.chunk_id not in present[(c.node, c.disk)]
+            for c in rec.chunks
+        )
+        # A block committed after the listing may look as if it missed chunks: repair_block
+        # reads the chunks again before it rebuilds anything.
+        if shared or missing:
+            todo[rec.block_id] = rec
+    return list(todo.values())
+
+
+async def repair_pass(cluster: Cluster, *, repair_after: float, gc_grace: float) -> RepairReport:
+    report = RepairReport()
+    for rec in await blocks_needing_repair(cluster, repair_after=repair_after):
+        await repair_block(cluster, rec, report)
+        report.blocks_checked += 1
+    report.garbage_chunks_deleted = await collect_garbage(cluster, grace=gc_grace)
+    return report
+
+
+async def repair_loop(
+    cluster: Cluster, *, interval: float, repair_after: float, gc_grace: float
+) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            report = await repair_pass(cluster, repair_after=repair_after, gc_grace=gc_grace)
+        except OSError as e:  # a node died mid-pass: the next pass goes on from there
+            log.warning("repair pass stopped: %s", e)
+            continue
+        if report.blocks_repaired or report.unrecoverable or report.garbage_chunks_deleted:
+            log.info("repair: %s", report.to_dict())
+
+
+async def scrub_loop(cluster: Cluster, *, interval: float, rate: float) -> None:
+    while True:
+        report = RepairReport()
+        t0 = time.monotonic()
+        checked = 0
+        async for rec in cluster.meta.iter_blocks():
+            good, bad = await check_block(cluster, rec)
+            checked += sum(c.stored_len for c, _ in good.values())
+            if any(cluster.nodes[c.node].available for c, _ in bad):
+                await repair_block(cluster, rec, report)
+            ahead = checked / rate - (time.monotonic() - t0)
+            if ahead > 0:
+                await asyncio.sleep(ahead)
+        if report.blocks_repaired:
+            log.info("scrub repaired %d blocks", report.blocks_repaired)
+        await asyncio.sleep(interval)
+
+
+__all__ = ["blocks_needing_repair", "repair_loop", "repair_pass", "scrub_loop"]
