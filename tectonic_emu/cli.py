@@ -201,17 +201,27 @@ def cluster_status(cluster_dir: Path, as_json: bool) -> None:
     if as_json:
         print_json(st.to_dict())
         return
-    table = Table(title=f"cluster {st.path}")
-    for col in ("node", "state", "chunks", "used", "free"):
+    table = Table(title=f"cluster {st.path}" + (" (served)" if st.served else ""))
+    columns = ["node", "state", "chunks", "used", "free"]
+    if st.served:
+        columns += ["address", "pid", "heartbeat"]
+    for col in columns:
         table.add_column(col, justify="right")
     for n in st.nodes:
-        table.add_row(
+        row = [
             str(n.node),
-            "up" if n.up else "[red]down[/red]",
+            "up" if n.up else f"[red]{n.state}[/red]",
             "-" if n.chunks is None else str(n.chunks),
             "-" if n.bytes_used is None else _human(n.bytes_used),
             "-" if n.bytes_free is None else _human(n.bytes_free),
-        )
+        ]
+        if st.served:
+            row += [
+                n.address or "-",
+                "-" if n.pid is None else str(n.pid),
+                "-" if n.heartbeat_ms is None else f"{n.heartbeat_ms:.1f} ms",
+            ]
+        table.add_row(*row)
     out_console.print(table)
     out_console.print(
         f"files {st.files}  blocks {st.blocks}  logical {_human(st.logical_bytes)}  "
@@ -476,15 +486,178 @@ def stat(cluster_dir: Path, path: str, as_json: bool) -> None:
         click.echo(f"  block {b['block_no']} @{b['offset']} +{b['length']}: {nodes}")
 
 
+# -- serving ---------------------------------------------------------------------------------
+def parse_duration(text: str) -> float:
+    """``'50ms'``, ``'2s'``, ``'0.5'`` (seconds) -> seconds."""
+    t = text.strip().lower()
+    scale = 1.0
+    for suffix, factor in (("ms", 1e-3), ("us", 1e-6), ("s", 1.0)):
+        if t.endswith(suffix):
+            t, scale = t[: -len(suffix)], factor
+            break
+    try:
+        value = float(t) * scale
+    except ValueError:
+        raise click.BadParameter(f"not a duration: {text!r} (try 50ms, 2s, 0.5)") from None
+    if value < 0:
+        raise click.BadParameter(f"a duration cannot be negative: {text!r}")
+    return value
+
+
+def _parse_slow(values: tuple[str, ...]) -> dict[int, float]:
+    slow: dict[int, float] = {}
+    for v in values:
+        node, sep, delay = v.partition("=")
+        if not sep or not node.strip().isdigit():
+            raise click.BadParameter(f"--slow takes NODE=DELAY (e.g. 3=50ms), not {v!r}")
+        slow[int(node)] = parse_duration(delay)
+    return slow
+
+
+def _setup_logging() -> None:
+    import logging
+
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+@cli.command("serve")
+@cluster_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address nodes bind to.")
+@click.option(
+    "--slow", multiple=True, metavar="NODE=DELAY", help="Delay one node's replies (repeatable)."
+)
+@click.option("--buffers", default=8, show_default=True, help="Chunk buffers per node process.")
+@click.option(
+    "--repair-interval", default="10s", show_default=True, help="Pause between repair passes."
+)
+@click.option(
+    "--repair-after",
+    default="30s",
+    show_default=True,
+    help="Rebuild a down node's chunks once it has been down this long.",
+)
+@click.option(
+    "--scrub-interval", default="0", show_default=True, help="Pause between scrubs (0: off)."
+)
+@click.option("--scrub-rate", default="50MiB", show_default=True, help="Scrub read rate per s.")
+@click.option(
+    "--gc-grace", default="600s", show_default=True, help="Age before garbage is collected."
+)
+def serve_cmd(
+    cluster_dir: Path,
+    host: str,
+    slow: tuple[str, ...],
+    buffers: int,
+    repair_interval: str,
+    repair_after: str,
+    scrub_interval: str,
+    scrub_rate: str,
+    gc_grace: str,
+) -> None:
+    """Serve the cluster: one process per storage node on TCP, plus repair and scrub.
+
+    Runs until Ctrl-C or SIGTERM, then stops every node cleanly. While it runs, every other
+    command (from any number of processes) reaches the nodes over TCP.
+
+    \b
+    Example:
+      tectonic-emu serve --cluster /tmp/c1 --slow 3=50ms --repair-after 60s &
+      tectonic-emu cluster status --cluster /tmp/c1
+      tectonic-emu node kill --cluster /tmp/c1 3
+    """
+    from tectonic_emu.served import ServeOptions, run_supervisor
+
+    _setup_logging()
+    options = ServeOptions(
+        host=host,
+        slow=_parse_slow(slow),
+        buffers=buffers,
+        repair_interval=parse_duration(repair_interval),
+        repair_after=parse_duration(repair_after),
+        scrub_interval=parse_duration(scrub_interval),
+        scrub_rate=float(parse_size(scrub_rate)),
+        gc_grace=parse_duration(gc_grace),
+    )
+    run(run_supervisor(cluster_dir, options))
+
+
 # -- nodes and services ----------------------------------------------------------------------
 @cli.group("node")
 def node_group() -> None:
-    """Take storage nodes out of service and back (fault injection).
+    """Run storage nodes, and take them out of service and back (fault injection).
 
     \b
     Example:
       tectonic-emu node stop --cluster /tmp/c1 3
+      tectonic-emu node kill --cluster /tmp/c1 3     # served clusters: SIGKILL
     """
+
+
+@node_group.command("serve")
+@cluster_option
+@click.option("--node", "node", type=int, required=True, help="Which node to serve.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", default=0, show_default=True, help="Port (0: any free one).")
+@click.option("--slow", default="0", show_default=True, help="Delay added to every reply.")
+@click.option("--buffers", default=8, show_default=True, help="Chunk buffers in memory.")
+def node_serve(cluster_dir: Path, node: int, host: str, port: int, slow: str, buffers: int) -> None:
+    """Serve one storage node in this process (`serve` starts these for every node).
+
+    Writes DIR/nodes/nNNN/address.json so clients find it; runs until SIGTERM or Ctrl-C.
+
+    \b
+    Example:
+      tectonic-emu node serve --cluster /shared/c1 --node 4 --host 0.0.0.0 --port 7004
+    """
+    from tectonic_emu.served import run_node
+
+    _setup_logging()
+    run(
+        run_node(
+            cluster_dir, node, host=host, port=port, delay=parse_duration(slow), buffers=buffers
+        )
+    )
+
+
+@node_group.command("kill")
+@cluster_option
+@click.argument("node", type=int)
+def node_kill(cluster_dir: Path, node: int) -> None:
+    """SIGKILL node N's process (served clusters): it stays down until `node start`.
+
+    \b
+    Example:
+      tectonic-emu node kill --cluster /tmp/c1 3
+    """
+
+    async def go(c: Cluster) -> int:
+        return c.kill_node(node)
+
+    pid = run(with_cluster(cluster_dir, go))
+    click.echo(f"node {node}: killed pid {pid}")
+
+
+@node_group.command("slow")
+@cluster_option
+@click.argument("node", type=int)
+@click.argument("delay")
+def node_slow(cluster_dir: Path, node: int, delay: str) -> None:
+    """Make served node N add DELAY to every reply but heartbeats (0 to undo).
+
+    \b
+    Example:
+      tectonic-emu node slow --cluster /tmp/c1 3 100ms
+    """
+    seconds = parse_duration(delay)
+
+    async def go(c: Cluster) -> None:
+        await c.set_node_delay(node, seconds)
+
+    run(with_cluster(cluster_dir, go))
 
 
 async def _set_node(path: Path, n: int, up: bool) -> None:

@@ -109,6 +109,7 @@ class Cluster:
         cpu_pool: ThreadPoolExecutor,
         *,
         served: bool = False,
+        write_ack: str = "all",
     ) -> None:
         self.path = path
         self.served = served
@@ -122,6 +123,7 @@ class Cluster:
             disks_per_node=config.disks_per_node,
             compression=config.compression,
             cpu=cpu_pool,
+            write_ack=write_ack,
         )
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -164,9 +166,14 @@ class Cluster:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, path: str | os.PathLike[str]) -> AsyncIterator[Cluster]:
+    async def open(
+        cls, path: str | os.PathLike[str], *, write_ack: str | None = None
+    ) -> AsyncIterator[Cluster]:
         """Open an existing cluster for the duration of the ``async with`` block.
 
+        ``write_ack``: ``"all"`` acknowledges a block once every chunk is durable (the
+        embedded default), ``"quorum"`` once all but one are (the served default: a slow or
+        dying node does not hold writers back; repair rebuilds a chunk that never lands).
         Raises ClusterNotFoundError when ``path`` holds no cluster.
         """
         root = Path(path)
@@ -205,7 +212,10 @@ class Cluster:
                     )
                     node.available = not (node_dir(root, n) / STOP_MARKER).exists()
                     nodes.append(node)
-            cluster = cls(root, config, meta, nodes, io_pool, cpu_pool, served=served)
+            ack = write_ack or ("quorum" if served else "all")
+            cluster = cls(
+                root, config, meta, nodes, io_pool, cpu_pool, served=served, write_ack=ack
+            )
             yield cluster
         finally:
             if cluster is not None:
@@ -260,6 +270,15 @@ class Cluster:
         pid = signal_node(self.path, n, signal.SIGKILL)
         node.mark_down("killed")
         return pid
+
+    async def set_node_delay(self, n: int, seconds: float) -> None:
+        """Make served node ``n`` add ``seconds`` before every reply but heartbeats."""
+        node = self._node(n)
+        if not isinstance(node, RemoteNode):
+            raise InvalidArgumentError(
+                "only a served node can be slowed (run `tectonic-emu serve` first)"
+            )
+        await node.set_delay(seconds)
 
     async def check_health(self) -> None:
         """Served: ping every node now (the heartbeat task does it every half second)."""

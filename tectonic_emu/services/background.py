@@ -15,10 +15,12 @@ blocks where it finds a corrupt or missing chunk.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING
 
+from tectonic_emu.errors import NodeUnavailableError
 from tectonic_emu.services.repair import RepairReport, collect_garbage, repair_block
 from tectonic_emu.services.scrub import check_block
 
@@ -41,7 +43,9 @@ async def blocks_needing_repair(cluster: Cluster, *, repair_after: float) -> lis
     for node in cluster.nodes:
         if node.available:
             for d in range(node.disks):
-                present[(node.node_id, d)] = {c.chunk_id for c in await node.list_chunks(d)}
+                # A node dying now is not listed: its chunks count as neither here nor missing.
+                with contextlib.suppress(NodeUnavailableError):
+                    present[(node.node_id, d)] = {c.chunk_id for c in await node.list_chunks(d)}
     todo: dict[int, BlockRecord] = {}
     for n in dead:  # the reverse index: only the dead node's blocks
         for d in range(cluster.config.disks_per_node):
@@ -56,7 +60,7 @@ async def blocks_needing_repair(cluster: Cluster, *, repair_after: float) -> lis
         nodes = [c.node for c in rec.chunks]
         shared = len(set(nodes)) != len(nodes)
         missing = any(
-            cluster.nodes[c.node].available and c.chunk_id not in present[(c.node, c.disk)]
+            (c.node, c.disk) in present and c.chunk_id not in present[(c.node, c.disk)]
             for c in rec.chunks
         )
         # A block committed after the listing may look as if it missed chunks: repair_block
@@ -85,7 +89,12 @@ async def repair_loop(
         except OSError as e:  # a node died mid-pass: the next pass goes on from there
             log.warning("repair pass stopped: %s", e)
             continue
-        if report.blocks_repaired or report.unrecoverable or report.garbage_chunks_deleted:
+        if (
+            report.blocks_repaired
+            or report.unrecoverable
+            or report.not_enough_nodes
+            or report.garbage_chunks_deleted
+        ):
             log.info("repair: %s", report.to_dict())
 
 
