@@ -45,6 +45,17 @@ def bench() -> None:
     help="Where the cluster and the raw file go (same disk for both) [default: the temp dir].",
 )
 @click.option("--no-sync", is_flag=True, help="Page-cache mode for the store (raw still fsyncs).")
+@click.option(
+    "--served",
+    is_flag=True,
+    help="Also measure the served path (node processes over TCP) in the same rounds.",
+)
+@click.option(
+    "--write-ack",
+    type=click.Choice(["all", "quorum"]),
+    default=None,
+    help="Force one ack policy on both paths [default: all embedded, quorum served].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def store(
     size: str,
@@ -53,6 +64,8 @@ def store(
     runs: int,
     directory: Path | None,
     no_sync: bool,
+    served: bool,
+    write_ack: str | None,
     as_json: bool,
 ) -> None:
     """Store goodput per encoding beside raw pwrite+fdatasync to the same disk.
@@ -60,6 +73,7 @@ def store(
     \b
     Example:
       tectonic-emu bench store --size 512MiB --encodings r3,rs-6-3 --json
+      tectonic-emu bench store --size 512MiB --encodings r3,rs-6-3 --served
     """
     from bench.store import run_store_bench
 
@@ -73,6 +87,8 @@ def store(
                 block_size=parse_size(block_size),
                 runs=runs,
                 sync=not no_sync,
+                served=served,
+                write_ack=write_ack,
                 step=lambda s: status.update(f"bench store: {s}"),
             )
         )
@@ -98,3 +114,17 @@ def store(
             f"{f.read_vs_raw:.2f}",
         )
     Console().print(table)
+    if result.served:
+        t = Table(title="served (node processes over TCP) vs embedded, same rounds")
+        for col in ("encoding", "write MB/s", "read MB/s", "write vs embedded", "read vs embedded"):
+            t.add_column(col, justify="right")
+        for f in result.encodings:
+            t.add_row(
+                f.encoding,
+                f"{f.served_write_mb_s:.0f}",
+                f"{f.served_read_mb_s:.0f}",
+                f"{f.served_vs_embedded_write:.2f}",
+                f"{f.served_vs_embedded_read:.2f}",
+            )
+        Console().print(t)
+        Console().print(f"write acknowledgment: {result.write_ack}")

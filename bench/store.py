@@ -9,11 +9,16 @@ each encoding. Reads are cold (page cache dropped) when the process may write
 The ratios the issue asks for are ``goodput / (raw rate / storage overhead)``: what fraction of
 the disk's bandwidth, after paying for redundancy, the store delivers. For reads, where only
 the data chunks are read, ``read_vs_raw`` (goodput / raw read rate) is the stricter figure.
+
+``served=True`` adds the served path: a second cluster in the same directory, served by
+``tectonic-emu serve`` (one process per node, chunks over loopback TCP), measured in the same
+rounds right after the embedded path, and reported as ``served_vs_embedded`` ratios.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import mmap
 import os
 import shutil
@@ -27,6 +32,7 @@ from typing import Any
 
 from tectonic_emu import Cluster
 from tectonic_emu.coding import Encoding
+from tectonic_emu.served import Serving
 
 PIECE = 8 << 20
 
@@ -86,6 +92,13 @@ class EncodingFigures:
     read_vs_raw: float  # goodput / raw read
     write_runs_mb_s: list[float] = field(default_factory=list)
     read_runs_mb_s: list[float] = field(default_factory=list)
+    # The served path (None unless measured): goodput, and served / embedded in the same run.
+    served_write_mb_s: float | None = None
+    served_read_mb_s: float | None = None
+    served_vs_embedded_write: float | None = None
+    served_vs_embedded_read: float | None = None
+    served_write_runs_mb_s: list[float] = field(default_factory=list)
+    served_read_runs_mb_s: list[float] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -102,6 +115,8 @@ class StoreBench:
     raw_write_runs_mb_s: list[float]
     raw_read_runs_mb_s: list[float]
     encodings: list[EncodingFigures]
+    served: bool = False
+    write_ack: dict[str, str] = field(default_factory=dict)  # path -> "all" or "quorum"
     cpu_count: int = field(default_factory=lambda: os.cpu_count() or 0)
 
     def to_dict(self) -> dict[str, Any]:
@@ -112,6 +127,23 @@ def _mb_s(nbytes: int, seconds: float) -> float:
     return round(nbytes / seconds / 1e6, 1)
 
 
+async def _measure(
+    client: Any, enc: str, payload: bytes, data: memoryview, buf: memoryview
+) -> tuple[float, float]:
+    """(write seconds, read seconds) of one file of ``payload``, checked and deleted."""
+    t0 = time.perf_counter()
+    await client.write_file(f"/bench-{enc}", payload, encoding=enc)
+    w = time.perf_counter() - t0
+    drop_caches()
+    t0 = time.perf_counter()
+    n = await client.read_into(f"/bench-{enc}", 0, buf)
+    r = time.perf_counter() - t0
+    if n != len(data) or buf != data:
+        raise AssertionError(f"{enc}: read-back differs")
+    await client.delete(f"/bench-{enc}")
+    return w, r
+
+
 async def run_store_bench(
     *,
     size: int,
@@ -120,31 +152,51 @@ async def run_store_bench(
     block_size: int,
     runs: int = 3,
     sync: bool = True,
+    served: bool = False,
+    write_ack: str | None = None,
     step: Callable[[str], None] = lambda _: None,
 ) -> StoreBench:
-    """Warm-up, then ``runs`` measured rounds; figures are medians of the rounds."""
+    """Warm-up, then ``runs`` measured rounds; figures are medians of the rounds.
+
+    ``write_ack`` forces one acknowledgment policy on both paths (default: each path's own,
+    ``all`` embedded and ``quorum`` served)."""
     work = Path(tempfile.mkdtemp(prefix="tectonic-bench-", dir=directory))
+    serving: Serving | None = None
     try:
         data = aligned_buffer(size)
         data[:] = os.urandom(size)  # random: nothing to compress, as with trained weights
         payload = bytes(data)  # write_file's zero-copy path wants immutable bytes
         buf = aligned_buffer(size)
         widest = max(Encoding.parse(e).width for e in encodings)
-        root = work / "cluster"
-        Cluster.create(
-            root,
-            nodes=widest,
-            disks_per_node=2,
-            encoding=encodings[0],
-            block_size=block_size,
-            sync=sync,
-        )
+        roots = {"embedded": work / "cluster"}
+        if served:
+            roots["served"] = work / "cluster-served"
+        for root in roots.values():
+            Cluster.create(
+                root,
+                nodes=widest,
+                disks_per_node=2,
+                encoding=encodings[0],
+                block_size=block_size,
+                sync=sync,
+            )
+        if served:
+            step("starting the node processes")
+            serving = Serving(roots["served"], repair_interval=0, log=work / "serve.log")
+            await asyncio.to_thread(serving.start)
         raw_w: list[float] = []
         raw_r: list[float] = []
-        per: dict[str, tuple[list[float], list[float]]] = {e: ([], []) for e in encodings}
+        per: dict[tuple[str, str], tuple[list[float], list[float]]] = {
+            (path, e): ([], []) for path in roots for e in encodings
+        }
         cold = False
-        async with Cluster.open(root) as cluster:
-            client = cluster.client()
+        acks: dict[str, str] = {}
+        async with contextlib.AsyncExitStack() as stack:
+            clients = {}
+            for path, root in roots.items():
+                cluster = await stack.enter_async_context(Cluster.open(root, write_ack=write_ack))
+                acks[path] = cluster.datapath.write_ack
+                clients[path] = cluster.client()
             for rnd in range(runs + 1):  # round 0 warms up and is not counted
                 label = "warm-up" if rnd == 0 else f"run {rnd}/{runs}"
                 step(f"{label}: raw disk")
@@ -158,38 +210,37 @@ async def run_store_bench(
                     raw_w.append(_mb_s(size, w))
                     raw_r.append(_mb_s(size, r))
                 for enc in encodings:
-                    step(f"{label}: {enc}")
-                    t0 = time.perf_counter()
-                    await client.write_file(f"/bench-{enc}", payload, encoding=enc)
-                    w = time.perf_counter() - t0
-                    drop_caches()
-                    t0 = time.perf_counter()
-                    n = await client.read_into(f"/bench-{enc}", 0, buf)
-                    r = time.perf_counter() - t0
-                    if n != size or buf != data:
-                        raise AssertionError(f"{enc}: read-back differs")
-                    await client.delete(f"/bench-{enc}")
-                    if rnd:
-                        per[enc][0].append(_mb_s(size, w))
-                        per[enc][1].append(_mb_s(size, r))
+                    for path, client in clients.items():
+                        step(f"{label}: {enc} {path}")
+                        w, r = await _measure(client, enc, payload, data, buf)
+                        if rnd:
+                            per[(path, enc)][0].append(_mb_s(size, w))
+                            per[(path, enc)][1].append(_mb_s(size, r))
         raw_wm, raw_rm = statistics.median(raw_w), statistics.median(raw_r)
         figures = []
         for enc in encodings:
             ov = Encoding.parse(enc).overhead
-            wm, rm = statistics.median(per[enc][0]), statistics.median(per[enc][1])
-            figures.append(
-                EncodingFigures(
-                    enc,
-                    round(ov, 3),
-                    wm,
-                    rm,
-                    round(wm / (raw_wm / ov), 3),
-                    round(rm / (raw_rm / ov), 3),
-                    round(rm / raw_rm, 3),
-                    per[enc][0],
-                    per[enc][1],
-                )
+            ws, rs = per[("embedded", enc)]
+            wm, rm = statistics.median(ws), statistics.median(rs)
+            fig = EncodingFigures(
+                enc,
+                round(ov, 3),
+                wm,
+                rm,
+                round(wm / (raw_wm / ov), 3),
+                round(rm / (raw_rm / ov), 3),
+                round(rm / raw_rm, 3),
+                ws,
+                rs,
             )
+            if served:
+                sw, sr = per[("served", enc)]
+                fig.served_write_mb_s = statistics.median(sw)
+                fig.served_read_mb_s = statistics.median(sr)
+                fig.served_vs_embedded_write = round(fig.served_write_mb_s / wm, 3)
+                fig.served_vs_embedded_read = round(fig.served_read_mb_s / rm, 3)
+                fig.served_write_runs_mb_s, fig.served_read_runs_mb_s = sw, sr
+            figures.append(fig)
         return StoreBench(
             size,
             block_size,
@@ -203,8 +254,12 @@ async def run_store_bench(
             raw_w,
             raw_r,
             figures,
+            served,
+            acks,
         )
     finally:
+        if serving is not None:
+            await asyncio.to_thread(serving.stop)
         shutil.rmtree(work, ignore_errors=True)
 
 

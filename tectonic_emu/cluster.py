@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tectonic_emu._malloc import keep_freed_memory
 from tectonic_emu.chunkstore import LocalNode, StorageNode
 from tectonic_emu.chunkstore.remote import HealthMonitor, RemoteNode
 from tectonic_emu.client import Client
@@ -178,6 +179,7 @@ class Cluster:
         """
         root = Path(path)
         config = ClusterConfig.load(root)
+        keep_freed_memory()
         io_pool = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="tectonic-io")
         cpu_pool = ThreadPoolExecutor(
             max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="tectonic-cpu"
