@@ -54,6 +54,8 @@ MAX_STRAGGLERS = 32
 # Latency samples kept per chunk-size class, and how many before reads start hedging.
 _LATENCY_SAMPLES = 256
 _MIN_SAMPLES = 20
+# Before that, a chunk read this slow is raced anyway (a cold client meeting a stuck node).
+DEFAULT_HEDGE_AFTER = 1.0
 
 # Below this many bytes a checksum or copy is cheaper than a hop to a worker thread.
 _INLINE_CPU_BYTES = 256 << 10
@@ -371,9 +373,7 @@ class DataPath:
         return sum(results)
 
     # -- read ------------------------------------------------------------------------------
-    def _verify(self, c: ChunkPlacement, stored: BytesLike) -> BytesLike:
-        if len(stored) != c.stored_len or crc32c(stored) != c.crc32c:
-            raise ChunkCorruptError(f"chunk {c.chunk_id} fails its checksum", f"node {c.node}")
+    def _decode(self, c: ChunkPlacement, stored: BytesLike) -> BytesLike:
         if c.flags:
             return decompress(stored, c.flags, c.raw_len)
         return stored
@@ -381,9 +381,16 @@ class DataPath:
     async def fetch_chunk(self, c: ChunkPlacement) -> BytesLike:
         """One chunk's raw (decompressed) bytes, checked end to end against the Block layer."""
         t0 = time.monotonic()
-        stored, _info = await self.nodes[c.node].read_chunk(c.disk, c.chunk_id)
+        stored, info = await self.nodes[c.node].read_chunk(c.disk, c.chunk_id)
         self._record_latency(c.stored_len, time.monotonic() - t0)
-        return await self._cpu_call(len(stored), self._verify, c, stored)
+        # Every node checks the payload against the checksum stored with it (a served node's
+        # client does so after the wire); that checksum must be the one the Block layer
+        # recorded when the block was written. One pass over the bytes, end to end.
+        if len(stored) != c.stored_len or info.crc32c != c.crc32c:
+            raise ChunkCorruptError(f"chunk {c.chunk_id} fails its checksum", f"node {c.node}")
+        if not c.flags:
+            return stored
+        return await self._cpu_call(c.raw_len, self._decode, c, stored)
 
     # -- hedged reads ----------------------------------------------------------------------
     def _record_latency(self, size: int, seconds: float) -> None:
@@ -392,13 +399,13 @@ class DataPath:
             samples = self._latency[size.bit_length()] = collections.deque(maxlen=_LATENCY_SAMPLES)
         samples.append(seconds)
 
-    def hedge_after(self, size: int) -> float | None:
+    def hedge_after(self, size: int) -> float:
         """Seconds after which a read of a chunk of ``size`` bytes is slow: the
-        ``hedge_percentile`` of recent reads of chunks of that size class (None until there
-        are enough of them)."""
+        ``hedge_percentile`` of recent reads of chunks of that size class, or
+        ``DEFAULT_HEDGE_AFTER`` until there are enough of them)."""
         samples = self._latency.get(size.bit_length())
         if samples is None or len(samples) < _MIN_SAMPLES:
-            return None
+            return DEFAULT_HEDGE_AFTER
         ordered = sorted(samples)
         return ordered[min(len(ordered) - 1, int(len(ordered) * self.hedge_percentile / 100))]
 
@@ -426,7 +433,7 @@ class DataPath:
         wanted = {c.index for c in primary}
         good: dict[int, BytesLike] = {}
         failed: set[int] = set()
-        delay = self.hedge_after(max(c.stored_len for c in primary))
+        delay: float | None = self.hedge_after(max(c.stored_len for c in primary))
         hedged = False
         try:
             while tasks and not wanted <= good.keys():
@@ -534,13 +541,12 @@ class DataPath:
         order = self._read_order(rec.chunks, enc.min_chunks if enc.kind == "rs" else 1)
         good: dict[int, BytesLike] = dict(have or {})
         failed = set(failed)
-        if enc.kind == "replication" and not good:
+        if not good:  # a plain read: race the chunks it needs against slow nodes
             self._count_read()
             live = [c for c in order if self.nodes[c.node].available]
-            if live:
-                good, failed = await self._race(live[:1], live[1:], enough=1)
-                if good:
-                    return next(iter(good.values()))
+            need = enc.min_chunks
+            if len(live) >= need:
+                good, failed = await self._race(live[:need], live[need:], enough=need)
         skip = set(good) | failed
         errors: list[BaseException] = []
         pending = [c for c in order if c.index not in skip]

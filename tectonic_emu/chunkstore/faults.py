@@ -87,6 +87,10 @@ class FaultyNode(StorageNode):
             raise ChunkCorruptError(f"node {self.node_id}: injected corruption", chunk_id)
         return await self.inner.read_chunk(disk, chunk_id)
 
+    async def reserve(self, nbytes: int) -> None:
+        await self._enter("reserve")
+        await self.inner.reserve(nbytes)
+
     async def delete_chunk(self, disk: int, chunk_id: str) -> None:
         await self._enter("delete_chunk")
         await self.inner.delete_chunk(disk, chunk_id)

@@ -32,7 +32,8 @@ from tectonic_emu.chunkstore.base import (
     check_chunk_id,
 )
 from tectonic_emu.chunkstore.wire import HEADER_SIZE, FrameError, Header, Op
-from tectonic_emu.errors import InvalidArgumentError, NodeUnavailableError
+from tectonic_emu.coding import crc32c
+from tectonic_emu.errors import ChunkCorruptError, InvalidArgumentError, NodeUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ Resolver = Callable[[], Address | None]
 # make us allocate.
 MAX_REPLY_PAYLOAD = 1 << 30
 _DISCARD = memoryview(bytearray(1 << 16))
+# Below this many bytes a checksum runs on the event loop rather than in a worker thread.
+_INLINE_CRC_BYTES = 256 << 10
 
 
 def aligned_buffer(n: int) -> memoryview:
@@ -90,8 +93,7 @@ class _ClientConnection(asyncio.BufferedProtocol):
         self._h: Header | None = None
         self._meta = b""
         self._dest: memoryview | None = None  # None: discarding a cancelled call's payload
-        self._writable = asyncio.Event()
-        self._writable.set()
+        self.writer = wire.FrameWriter()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -101,14 +103,14 @@ class _ClientConnection(asyncio.BufferedProtocol):
         self._fail(NodeUnavailableError(f"{self.name}: connection lost ({exc or 'closed'})"))
 
     def pause_writing(self) -> None:
-        self._writable.clear()
+        self.writer.pause()
 
     def resume_writing(self) -> None:
-        self._writable.set()
+        self.writer.resume()
 
     def _fail(self, error: Exception) -> None:
         self.closed = True
-        self._writable.set()
+        self.writer.resume()
         calls, self.pending = self.pending, {}
         for call in calls.values():
             if not call.future.done():
@@ -120,13 +122,12 @@ class _ClientConnection(asyncio.BufferedProtocol):
             self.transport.abort()
 
     async def send(self, head: bytes, payload: memoryview | None) -> None:
-        while not self._writable.is_set():
-            await self._writable.wait()
         if self.closed or self.transport is None:
             raise NodeUnavailableError(f"{self.name}: connection closed")
-        self.transport.write(head)
-        if payload is not None and payload.nbytes:
-            self.transport.write(payload)
+        try:
+            await self.writer.write(self.transport, head, payload)
+        except ConnectionResetError:
+            raise NodeUnavailableError(f"{self.name}: connection closed") from None
 
     # -- receiving replies -------------------------------------------------------------------
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -374,9 +375,21 @@ class RemoteNode(StorageNode):
         await self.call(Op.WRITE, meta, view, crc32c)
 
     async def read_chunk(self, disk: int, chunk_id: str) -> tuple[memoryview, ChunkInfo]:
+        """The chunk, checked here against the checksum stored with it: the node sends it
+        unchecked, so one pass covers the disk and the wire."""
         self._check(disk, chunk_id)
-        _, meta, payload = await self.call(Op.READ, wire.pack_chunk_ref(disk, chunk_id))
-        return payload.toreadonly(), wire.unpack_info(chunk_id, meta)
+        h, meta, payload = await self.call(Op.READ, wire.pack_chunk_ref(disk, chunk_id))
+        info = wire.unpack_info(chunk_id, meta)
+        if payload.nbytes < _INLINE_CRC_BYTES:
+            got = crc32c(payload)
+        else:
+            got = await asyncio.to_thread(crc32c, payload)
+        if payload.nbytes != info.stored_len or got != info.crc32c or got != h.payload_crc32c:
+            raise ChunkCorruptError(
+                "chunk fails its checksum (on the node's disk or in transit)",
+                f"node {self.node_id}: {chunk_id}",
+            )
+        return payload.toreadonly(), info
 
     async def delete_chunk(self, disk: int, chunk_id: str) -> None:
         self._check(disk, chunk_id)

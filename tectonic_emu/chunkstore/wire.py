@@ -21,6 +21,7 @@ that fails its checksum is answered with an error reply (EBADMSG) and never stor
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import errno
 import struct
@@ -181,6 +182,47 @@ def pack_usage(usage: list[DiskUsage]) -> bytes:
 
 def unpack_usage(payload: bytes | memoryview) -> list[DiskUsage]:
     return [DiskUsage(*fields) for fields in USAGE_ENTRY.iter_unpack(payload)]
+
+
+# -- sending -----------------------------------------------------------------------------------
+# Payloads go out in slices of this size: asyncio copies whatever the socket does not take at
+# once into its own buffer, so whole 8 MiB chunks would be copied half; slices keep that small.
+SEND_SLICE = 512 << 10
+
+
+class FrameWriter:
+    """Writes whole frames to one transport, one frame at a time (replies and pipelined
+    requests never interleave), payloads in ``SEND_SLICE`` pieces, waiting between pieces
+    while the transport is above its high-water mark. The protocol forwards its
+    ``pause_writing``/``resume_writing`` callbacks to ``pause``/``resume``."""
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+        self._writable = asyncio.Event()
+        self._writable.set()
+
+    def pause(self) -> None:
+        self._writable.clear()
+
+    def resume(self) -> None:
+        self._writable.set()
+
+    async def write(
+        self, transport: asyncio.WriteTransport, head: bytes, payload: memoryview | None
+    ) -> None:
+        """Raises ConnectionResetError when the transport closes before the frame is out."""
+        async with self._lock:
+            await self._writable.wait()
+            if transport.is_closing():
+                raise ConnectionResetError("connection closed")
+            transport.write(head)
+            if payload is None:
+                return
+            for start in range(0, payload.nbytes, SEND_SLICE):
+                await self._writable.wait()
+                if transport.is_closing():
+                    raise ConnectionResetError("connection closed")
+                transport.write(payload[start : start + SEND_SLICE])
 
 
 # -- errors ----------------------------------------------------------------------------------
