@@ -128,3 +128,69 @@ def store(
             )
         Console().print(t)
         Console().print(f"write acknowledgment: {result.write_ack}")
+
+
+@bench.command("hedge")
+@click.option("--size", default="256MiB", show_default=True, help="Bytes per file.")
+@click.option("--encodings", default="r3,rs-6-3", show_default=True, help="Comma-separated.")
+@click.option("--delay", default="200ms", show_default=True, help="Reply delay of node 0.")
+@click.option("--block-size", default=f"{DEFAULT_BLOCK_SIZE >> 20}MiB", show_default=True)
+@click.option("--runs", default=2, show_default=True, help="Measured runs after one warm-up.")
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the clusters go [default: the temp dir].",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def hedge(
+    size: str,
+    encodings: str,
+    delay: str,
+    block_size: str,
+    runs: int,
+    directory: Path | None,
+    as_json: bool,
+) -> None:
+    """One slow node, with and without hedged writes and reads (served clusters).
+
+    \b
+    Example:
+      tectonic-emu bench hedge --size 256MiB --delay 200ms --json
+    """
+    from bench.hedge import run_hedge_bench
+    from tectonic_emu.cli import parse_duration
+
+    encs = [Encoding.parse(e.strip()).name for e in encodings.split(",") if e.strip()]
+    with err_console.status("bench hedge") as status:
+        result = asyncio.run(
+            run_hedge_bench(
+                size=parse_size(size),
+                encodings=encs,
+                delay=parse_duration(delay),
+                directory=directory or Path(tempfile.gettempdir()),
+                block_size=parse_size(block_size),
+                runs=runs,
+                step=lambda s: status.update(f"bench hedge: {s}"),
+            )
+        )
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    for enc, cases in result.encodings.items():
+        t = Table(
+            title=f"bench hedge: {enc} on {result.nodes[enc]} nodes, node 0 slowed by "
+            f"{result.delay_s * 1000:.0f} ms, {size} files, {result.runs} runs (median)"
+        )
+        for col in ("case", "write MB/s", "read MB/s", "write vs base", "read vs base"):
+            t.add_column(col, justify="right")
+        for c in cases:
+            t.add_row(
+                c.case,
+                f"{c.write_mb_s:.0f}",
+                f"{c.read_mb_s:.0f}",
+                f"{c.write_vs_baseline:.2f}",
+                f"{c.read_vs_baseline:.2f}",
+            )
+        Console().print(t)

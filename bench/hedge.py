@@ -1,0 +1,188 @@
+"""``tectonic-emu bench hedge``: what one slow node costs, with and without hedging.
+
+For each encoding, a served cluster with two nodes more than the encoding is wide (so hedged
+writes have somewhere else to go) runs three cases in the same rounds:
+
+- ``baseline``: no slow node, hedging on (the served defaults);
+- ``slow, hedged``: node 0 adds ``delay`` to every reply (``SET_DELAY``), hedging on;
+- ``slow, unhedged``: the same slow node, with hedging off: every chunk acknowledged
+  (``write_ack="all"``), no spare reservations, no hedged reads.
+
+Goodput is a file of ``size`` random bytes written with ``write_file`` and read back with
+``read_into`` (page cache dropped when root). The figures that matter are the ratios to the
+baseline: hedging works when ``slow, hedged`` stays near 1 while ``slow, unhedged`` falls to
+the slow node's pace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.store import aligned_buffer, drop_caches
+from tectonic_emu import Cluster
+from tectonic_emu.coding import Encoding
+from tectonic_emu.served import Serving
+
+CASES = ("baseline", "slow, hedged", "slow, unhedged")
+
+
+@dataclass(slots=True)
+class CaseFigures:
+    case: str
+    write_mb_s: float
+    read_mb_s: float
+    write_vs_baseline: float
+    read_vs_baseline: float
+    hedged_writes: int
+    hedged_reads: int
+    stragglers: int
+    write_runs_mb_s: list[float] = field(default_factory=list)
+    read_runs_mb_s: list[float] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class HedgeBench:
+    size: int
+    delay_s: float
+    runs: int
+    block_size: int
+    encodings: dict[str, list[CaseFigures]]
+    nodes: dict[str, int]
+    cpu_count: int = field(default_factory=lambda: os.cpu_count() or 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _mb_s(nbytes: int, seconds: float) -> float:
+    return round(nbytes / seconds / 1e6, 1)
+
+
+def _set_hedging(cluster: Cluster, on: bool) -> None:
+    dp = cluster.datapath
+    dp.write_ack = "quorum" if on else "all"
+    dp.hedge_extra = 2 if on else 0
+    dp.hedge_share = 0.05 if on else 0.0
+
+
+async def _one_encoding(
+    enc: str,
+    *,
+    size: int,
+    delay: float,
+    runs: int,
+    block_size: int,
+    work: Path,
+    data: memoryview,
+    payload: bytes,
+    buf: memoryview,
+    step: Callable[[str], None],
+) -> tuple[int, list[CaseFigures]]:
+    nodes = Encoding.parse(enc).width + 2
+    root = work / f"cluster-{enc}"
+    Cluster.create(root, nodes=nodes, encoding=enc, block_size=block_size)
+    serving = Serving(root, repair_interval=0, log=work / f"serve-{enc}.log")
+    await asyncio.to_thread(serving.start)
+    per: dict[str, tuple[list[float], list[float]]] = {c: ([], []) for c in CASES}
+    counts: dict[str, tuple[int, int, int]] = {}
+    try:
+        async with Cluster.open(root) as cluster:
+            client = cluster.client()
+            for rnd in range(runs + 1):  # round 0 warms up (and fills the latency samples)
+                for case in CASES:
+                    step(f"{enc}: {'warm-up' if rnd == 0 else f'run {rnd}/{runs}'}: {case}")
+                    await cluster.set_node_delay(0, 0.0 if case == "baseline" else delay)
+                    _set_hedging(cluster, case != "slow, unhedged")
+                    stats = cluster.datapath.stats
+                    before = (stats.hedged_writes, stats.hedged_reads, stats.stragglers)
+                    t0 = time.perf_counter()
+                    await client.write_file("/hedge", payload, encoding=enc)
+                    w = time.perf_counter() - t0
+                    await cluster.datapath.drain()
+                    drop_caches()
+                    t0 = time.perf_counter()
+                    n = await client.read_into("/hedge", 0, buf)
+                    r = time.perf_counter() - t0
+                    if n != size or buf != data:
+                        raise AssertionError(f"{enc} {case}: read-back differs")
+                    await client.delete("/hedge")
+                    if rnd:
+                        per[case][0].append(_mb_s(size, w))
+                        per[case][1].append(_mb_s(size, r))
+                        after = (stats.hedged_writes, stats.hedged_reads, stats.stragglers)
+                        prev = counts.get(case, (0, 0, 0))
+                        counts[case] = tuple(  # type: ignore[assignment]
+                            p + a - b for p, a, b in zip(prev, after, before, strict=True)
+                        )
+            await cluster.set_node_delay(0, 0.0)
+    finally:
+        await asyncio.to_thread(serving.stop)
+    base_w = statistics.median(per["baseline"][0])
+    base_r = statistics.median(per["baseline"][1])
+    figures = []
+    for case in CASES:
+        wm, rm = statistics.median(per[case][0]), statistics.median(per[case][1])
+        hw, hr, sg = counts[case]
+        figures.append(
+            CaseFigures(
+                case,
+                wm,
+                rm,
+                round(wm / base_w, 3),
+                round(rm / base_r, 3),
+                hw,
+                hr,
+                sg,
+                per[case][0],
+                per[case][1],
+            )
+        )
+    return nodes, figures
+
+
+async def run_hedge_bench(
+    *,
+    size: int,
+    encodings: list[str],
+    delay: float,
+    directory: Path,
+    block_size: int,
+    runs: int = 2,
+    step: Callable[[str], None] = lambda _: None,
+) -> HedgeBench:
+    work = Path(tempfile.mkdtemp(prefix="tectonic-hedge-", dir=directory))
+    try:
+        data = aligned_buffer(size)
+        data[:] = os.urandom(size)
+        payload = bytes(data)
+        buf = aligned_buffer(size)
+        results: dict[str, list[CaseFigures]] = {}
+        widths: dict[str, int] = {}
+        for enc in encodings:
+            widths[enc], results[enc] = await _one_encoding(
+                enc,
+                size=size,
+                delay=delay,
+                runs=runs,
+                block_size=block_size,
+                work=work,
+                data=data,
+                payload=payload,
+                buf=buf,
+                step=step,
+            )
+        return HedgeBench(size, delay, runs, block_size, results, widths)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+__all__ = ["HedgeBench", "run_hedge_bench"]
