@@ -220,6 +220,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.writer.resume()  # replies waiting for the socket to drain now fail and end
         self.server.connections.discard(self)
         if self._payload is not None:
             self.server.pool.release(self._payload)
