@@ -56,6 +56,10 @@ _LATENCY_SAMPLES = 256
 _MIN_SAMPLES = 20
 # Before that, a chunk read this slow is raced anyway (a cold client meeting a stuck node).
 DEFAULT_HEDGE_AFTER = 1.0
+# Over the hedge share, a read still hedges once it is this many times the hedge delay late.
+STUCK_FACTOR = 10.0
+# A node whose read had to be hedged is read last (as if degraded) for this many seconds.
+SLOW_NODE_PENALTY = 10.0
 
 # Below this many bytes a checksum or copy is cheaper than a hop to a worker thread.
 _INLINE_CPU_BYTES = 256 << 10
@@ -114,7 +118,10 @@ class DataPath:
         self.stats = HedgeStats()
         self._cpu = cpu
         self._rng = random.Random()
-        self._stragglers: set[asyncio.Task[None]] = set()
+        # Insertion-ordered (a dict), so the oldest straggler is the first key.
+        self._stragglers: dict[asyncio.Future[None], None] = {}
+        # Nodes whose chunk reads had to be hedged: read last until this time.monotonic().
+        self._slow_until: dict[int, float] = {}
         self._latency: dict[int, collections.deque[float]] = {}
 
     # -- helpers ---------------------------------------------------------------------------
@@ -255,10 +262,14 @@ class DataPath:
         state.acked = True
         for task in pending:
             self.stats.stragglers += 1
-            self._stragglers.add(task)
+            self._stragglers[task] = None
             task.add_done_callback(self._straggler_done)
-        if len(self._stragglers) > MAX_STRAGGLERS:
-            await asyncio.wait(set(self._stragglers), return_when=asyncio.FIRST_COMPLETED)
+        while len(self._stragglers) > MAX_STRAGGLERS:
+            # A node that slow would hold every writer back: give up on its oldest chunk
+            # write (the record names it; repair rebuilds it) rather than wait.
+            oldest = next(iter(self._stragglers))
+            self._stragglers.pop(oldest)
+            oldest.cancel()
         chunks = sorted(state.current.values(), key=lambda c: c.index)
         return BlockRecord(block_id, file_id, len(block), enc.name, tuple(chunks))
 
@@ -266,9 +277,11 @@ class DataPath:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.delete_chunks(state.written)
 
-    def _straggler_done(self, task: asyncio.Task[None]) -> None:
-        self._stragglers.discard(task)
-        if not task.cancelled() and task.exception() is not None:
+    def _straggler_done(self, task: asyncio.Future[None]) -> None:
+        self._stragglers.pop(task, None)
+        if task.cancelled():
+            self.stats.straggler_failures += 1
+        elif task.exception() is not None:
             self.stats.straggler_failures += 1
             log.info("a straggling chunk write failed (repair rebuilds it): %s", task.exception())
 
@@ -409,6 +422,10 @@ class DataPath:
         ordered = sorted(samples)
         return ordered[min(len(ordered) - 1, int(len(ordered) * self.hedge_percentile / 100))]
 
+    def _healthy(self, node: int) -> bool:
+        """Up, and not recently caught slow (a slow node's chunks are decoded around)."""
+        return self.nodes[node].available and self._slow_until.get(node, 0.0) <= time.monotonic()
+
     def _may_hedge(self) -> bool:
         return self.stats.hedged_reads < self.hedge_share * self.stats.reads
 
@@ -434,7 +451,7 @@ class DataPath:
         good: dict[int, BytesLike] = {}
         failed: set[int] = set()
         delay: float | None = self.hedge_after(max(c.stored_len for c in primary))
-        hedged = False
+        hedged = stuck = False
         try:
             while tasks and not wanted <= good.keys():
                 if hedged and len(good) >= enough:
@@ -446,14 +463,22 @@ class DataPath:
                     tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
                 )
                 if not done:
+                    if not stuck and not self._may_hedge():
+                        # Over the hedge share: wait longer. A read this late is a stuck
+                        # node, not tail latency, and is raced whatever the share.
+                        stuck = True
+                        delay = max(STUCK_FACTOR * (delay or 0.0), DEFAULT_HEDGE_AFTER)
+                        continue
                     delay = None  # hedge once per read
-                    if self._may_hedge():
-                        hedged = True
-                        self.stats.hedged_reads += 1
-                        late = len(wanted - good.keys())
-                        for c in spare[:late]:
-                            tasks[asyncio.ensure_future(self.fetch_chunk(c))] = c
-                        spare = spare[late:]
+                    hedged = True
+                    self.stats.hedged_reads += 1
+                    now = time.monotonic()
+                    for c in tasks.values():
+                        self._slow_until[c.node] = now + SLOW_NODE_PENALTY
+                    late = len(wanted - good.keys())
+                    for c in spare[:late]:
+                        tasks[asyncio.ensure_future(self.fetch_chunk(c))] = c
+                    spare = spare[late:]
                     continue
                 for task in done:
                     c = tasks.pop(task)
@@ -474,10 +499,12 @@ class DataPath:
     def _read_order(self, chunks: Iterable[ChunkPlacement], data: int) -> list[ChunkPlacement]:
         """Live nodes first; for RS, data chunks before parity (no decoding needed)."""
         spread = self._rng.random()
+        now = time.monotonic()
         return sorted(
             chunks,
             key=lambda c: (
                 not self.nodes[c.node].available,
+                self._slow_until.get(c.node, 0.0) > now,
                 c.index >= data,
                 (c.index + spread * 1000) % 1000 if data == 1 else c.index,
             ),
@@ -502,7 +529,7 @@ class DataPath:
                 for i in range(enc.data)
                 if sizes[i] and starts[i] < hi and starts[i] + sizes[i] > lo
             ]
-            if all(i in by_index and self.nodes[by_index[i].node].available for i in wanted):
+            if all(i in by_index and self._healthy(by_index[i].node) for i in wanted):
                 self._count_read()
                 spare = [
                     c

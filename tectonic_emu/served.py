@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tectonic_emu._malloc import keep_freed_memory
 from tectonic_emu.config import ClusterConfig
 from tectonic_emu.errors import (
     AlreadyExistsError,
@@ -95,11 +96,26 @@ def read_serve_file(root: Path) -> dict[str, Any] | None:
 
 
 def is_served(root: Path, nodes: int) -> bool:
-    """Whether a supervisor or any node process serves (or served, until it was killed)
-    this cluster."""
-    if (root / SERVE_FILE).exists():
+    """Whether a supervisor or any node process serves this cluster.
+
+    Files left by processes that died are ignored when those processes ran on this host and
+    are gone: a SIGKILLed supervisor takes its nodes with it, and the cluster is embedded
+    again. (A killed node under a live supervisor still counts as served, and down.)
+    Processes on other hosts cannot be checked from here and count as alive."""
+    serve = read_serve_file(root)
+    if serve is not None and _recorded_alive(str(serve.get("hostname", "")), serve.get("pid")):
         return True
-    return any((node_dir(root, n) / ADDRESS_FILE).exists() for n in range(nodes))
+    for n in range(nodes):
+        addr = read_address(root, n)
+        if addr is not None and _recorded_alive(addr.hostname, addr.pid):
+            return True
+    return False
+
+
+def _recorded_alive(hostname: str, pid: object) -> bool:
+    if not _local(hostname):
+        return True
+    return isinstance(pid, int) and pid_alive(pid)
 
 
 def pid_alive(pid: int) -> bool:
@@ -110,6 +126,21 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def pid_exited(pid: int) -> bool:
+    """Whether ``pid`` has exited: gone, or a zombie its parent has not reaped yet (which
+    ``pid_alive`` still counts as alive)."""
+    if not pid_alive(pid):
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return not os.path.isdir("/proc/self")  # gone meanwhile, or no /proc to tell
+    except (OSError, IndexError):
+        return False
+    return state in ("Z", "X")
 
 
 def _local(hostname: str) -> bool:
@@ -133,6 +164,7 @@ async def run_node(
     from tectonic_emu.chunkstore.server import NodeServer
 
     config = ClusterConfig.load(root)
+    keep_freed_memory()
     if not 0 <= n < config.nodes:
         raise InvalidArgumentError(f"no node {n}; nodes are 0..{config.nodes - 1}")
     current = read_address(root, n)
@@ -168,8 +200,12 @@ async def run_node(
 
 
 # -- signals to node processes -----------------------------------------------------------------
-def signal_node(root: Path, n: int, sig: int) -> int:
-    """Send ``sig`` to the process serving node ``n`` on this host; returns its pid."""
+def signal_node(root: Path, n: int, sig: int, *, wait: float = 10.0) -> int:
+    """Send ``sig`` to the process serving node ``n`` on this host; returns its pid.
+
+    After SIGKILL, returns once the process has exited; after SIGTERM, once it has exited or
+    given up its address (it then only finishes the requests it had). So a ``start`` that
+    follows never finds the old process still answering. Waits at most ``wait`` seconds."""
     addr = read_address(root, n)
     if addr is None:
         raise NodeUnavailableError(f"node {n} is not served")
@@ -177,10 +213,25 @@ def signal_node(root: Path, n: int, sig: int) -> int:
         raise InvalidArgumentError(
             f"node {n} runs on {addr.hostname}; signal it from there", str(root)
         )
+    if pid_exited(addr.pid):
+        raise NodeUnavailableError(f"node {n} (pid {addr.pid}) is not running")
     try:
         os.kill(addr.pid, sig)
     except ProcessLookupError:
         raise NodeUnavailableError(f"node {n} (pid {addr.pid}) is not running") from None
+
+    def stopped() -> bool:
+        if pid_exited(addr.pid):
+            return True
+        if sig != signal.SIGTERM:
+            return False
+        current = read_address(root, n)
+        return current is None or current.pid != addr.pid
+
+    if sig in (signal.SIGKILL, signal.SIGTERM):
+        deadline = time.monotonic() + wait
+        while not stopped() and time.monotonic() < deadline:
+            time.sleep(0.005)
     return addr.pid
 
 
@@ -232,6 +283,8 @@ class Supervisor:
         self.config = ClusterConfig.load(root)
         self.procs: dict[int, asyncio.subprocess.Process] = {}
         self.exits: dict[int, int] = {}  # node -> exit status of its last process
+        # One start at a time per node: concurrent starts would race to serve it twice.
+        self._starting: dict[int, asyncio.Lock] = {}
         self._stopping = False
 
     def _node_command(self, n: int) -> list[str]:
@@ -243,14 +296,28 @@ class Supervisor:
         return cmd
 
     async def start_node(self, n: int, *, wait: float = 30.0) -> NodeAddress:
-        """Start (or restart) node ``n``'s process and wait until it listens."""
+        """Start (or restart) node ``n``'s process and wait until it listens. A running
+        process that serves the node is kept; one that is exiting (killed, or stopping) is
+        waited for first."""
         if not 0 <= n < self.config.nodes:
             raise InvalidArgumentError(f"no node {n}; nodes are 0..{self.config.nodes - 1}")
+        async with self._starting.setdefault(n, asyncio.Lock()):
+            return await self._start_node(n, wait)
+
+    async def _start_node(self, n: int, wait: float) -> NodeAddress:
         proc = self.procs.get(n)
         if proc is not None and proc.returncode is None:
             addr = read_address(self.root, n)
-            if addr is not None and addr.pid == proc.pid:
+            if addr is not None and addr.pid == proc.pid and not pid_exited(proc.pid):
                 return addr
+            # Killed but not reaped yet, or stopping (it gives up its address first): a new
+            # process must not share the node's directories with it.
+            try:
+                await asyncio.wait_for(proc.wait(), wait)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
         with contextlib.suppress(FileNotFoundError):
             stale = read_address(self.root, n)
             if stale is not None and not pid_alive(stale.pid):
@@ -392,9 +459,17 @@ class Serving:
             ...  # Cluster.open(root) now talks to node processes over TCP
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, wait: float = 60.0, **options: Any):
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        wait: float = 60.0,
+        log: str | os.PathLike[str] | None = None,
+        **options: Any,
+    ):
         self.root = Path(root)
         self.wait = wait
+        self.log = log  # where the supervisor's and nodes' log lines go (default: stderr)
         self.options = options
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -410,7 +485,14 @@ class Serving:
 
     def start(self) -> Serving:
         config = ClusterConfig.load(self.root)
-        self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL)
+        log = open(self.log, "ab") if self.log is not None else None  # noqa: SIM115
+        try:
+            self.proc = subprocess.Popen(
+                self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=log
+            )
+        finally:
+            if log is not None:
+                log.close()
         deadline = time.monotonic() + self.wait
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -457,6 +539,8 @@ __all__ = [
     "Supervisor",
     "control",
     "is_served",
+    "pid_alive",
+    "pid_exited",
     "read_address",
     "run_node",
     "run_supervisor",

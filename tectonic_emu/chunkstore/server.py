@@ -105,14 +105,22 @@ class NodeServer:
         sockname = self._server.sockets[0].getsockname()
         return str(sockname[0]), int(sockname[1])
 
-    async def close(self) -> None:
-        """Stop listening, drop every connection, wait for running requests, close the node."""
+    async def close(self, grace: float = 2.0) -> None:
+        """Stop listening, give running requests ``grace`` seconds to finish and reply (with
+        no injected delay), then drop every connection, cancel what is left (a cancelled
+        chunk write leaves no chunk) and close the node."""
         if self._server is not None:
             self._server.close()
+        self.delay = 0.0
+        running = [t for conn in self.connections for t in conn.tasks]
+        if running:
+            await asyncio.wait(running, timeout=grace)
         tasks: list[asyncio.Task[None]] = []
         for conn in list(self.connections):
             conn.abort()
             tasks.extend(conn.tasks)
+        for task in tasks:
+            task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         if self._server is not None:
@@ -339,7 +347,7 @@ class _Connection(asyncio.BufferedProtocol):
             log.exception("node %d: %s failed", server.node.node_id, Op(h.op).name)
             status, reply_meta = errno.EIO, f"internal error: {e!r}".encode()[:MAX_META]
             reply_payload, reply_crc = b"", 0
-        if server.delay and h.op != Op.PING:
+        if server.delay and h.op not in (Op.PING, Op.SET_DELAY):
             await asyncio.sleep(server.delay)
         if self.closed or self._transport is None:
             return

@@ -98,22 +98,34 @@ async def repair_loop(
             log.info("repair: %s", report.to_dict())
 
 
+async def scrub_pass(cluster: Cluster, *, rate: float) -> RepairReport:
+    """Check every block at most ``rate`` bytes per second; repair those with a bad chunk on
+    a live node (chunks on nodes that are down are repair_loop's business)."""
+    report = RepairReport()
+    t0 = time.monotonic()
+    checked = 0
+    async for rec in cluster.meta.iter_blocks():
+        good, bad = await check_block(cluster, rec)
+        report.blocks_checked += 1
+        checked += sum(c.stored_len for c, _ in good.values())
+        if any(cluster.nodes[c.node].available for c, _ in bad):
+            await repair_block(cluster, rec, report)
+        ahead = checked / rate - (time.monotonic() - t0)
+        if ahead > 0:
+            await asyncio.sleep(ahead)
+    return report
+
+
 async def scrub_loop(cluster: Cluster, *, interval: float, rate: float) -> None:
     while True:
-        report = RepairReport()
-        t0 = time.monotonic()
-        checked = 0
-        async for rec in cluster.meta.iter_blocks():
-            good, bad = await check_block(cluster, rec)
-            checked += sum(c.stored_len for c, _ in good.values())
-            if any(cluster.nodes[c.node].available for c, _ in bad):
-                await repair_block(cluster, rec, report)
-            ahead = checked / rate - (time.monotonic() - t0)
-            if ahead > 0:
-                await asyncio.sleep(ahead)
-        if report.blocks_repaired:
-            log.info("scrub repaired %d blocks", report.blocks_repaired)
+        try:
+            report = await scrub_pass(cluster, rate=rate)
+        except OSError as e:  # as in repair_loop: one failed pass must not end scrubbing
+            log.warning("scrub pass stopped: %s", e)
+        else:
+            if report.blocks_repaired:
+                log.info("scrub repaired %d blocks", report.blocks_repaired)
         await asyncio.sleep(interval)
 
 
-__all__ = ["blocks_needing_repair", "repair_loop", "repair_pass", "scrub_loop"]
+__all__ = ["blocks_needing_repair", "repair_loop", "repair_pass", "scrub_loop", "scrub_pass"]
