@@ -58,7 +58,8 @@ _MIN_SAMPLES = 20
 DEFAULT_HEDGE_AFTER = 1.0
 # Over the hedge share, a read still hedges once it is this many times the hedge delay late.
 STUCK_FACTOR = 10.0
-# A node whose read had to be hedged is read last (as if degraded) for this many seconds.
+# A node caught stuck (a read STUCK_FACTOR times late) is read last, and raced from the start,
+# for this many seconds.
 SLOW_NODE_PENALTY = 10.0
 
 # Below this many bytes a checksum or copy is cheaper than a hop to a worker thread.
@@ -422,10 +423,6 @@ class DataPath:
         ordered = sorted(samples)
         return ordered[min(len(ordered) - 1, int(len(ordered) * self.hedge_percentile / 100))]
 
-    def _healthy(self, node: int) -> bool:
-        """Up, and not recently caught slow (a slow node's chunks are decoded around)."""
-        return self.nodes[node].available and self._slow_until.get(node, 0.0) <= time.monotonic()
-
     def _may_hedge(self) -> bool:
         return self.stats.hedged_reads < self.hedge_share * self.stats.reads
 
@@ -452,6 +449,15 @@ class DataPath:
         failed: set[int] = set()
         delay: float | None = self.hedge_after(max(c.stored_len for c in primary))
         hedged = stuck = False
+        now = time.monotonic()
+        known_slow = sum(self._slow_until.get(c.node, 0.0) > now for c in primary)
+        if known_slow and spare:
+            # Caught slow lately: race it from the start (not counted against the share, as
+            # reading around a down node is not), but still take its answer if it is first.
+            hedged = True
+            for c in spare[:known_slow]:
+                tasks[asyncio.ensure_future(self.fetch_chunk(c))] = c
+            spare = spare[known_slow:]
         try:
             while tasks and not wanted <= good.keys():
                 if hedged and len(good) >= enough:
@@ -472,9 +478,10 @@ class DataPath:
                     delay = None  # hedge once per read
                     hedged = True
                     self.stats.hedged_reads += 1
-                    now = time.monotonic()
-                    for c in tasks.values():
-                        self._slow_until[c.node] = now + SLOW_NODE_PENALTY
+                    if stuck:  # tail latency is normal; a node this late is not
+                        until = time.monotonic() + SLOW_NODE_PENALTY
+                        for c in tasks.values():
+                            self._slow_until[c.node] = until
                     late = len(wanted - good.keys())
                     for c in spare[:late]:
                         tasks[asyncio.ensure_future(self.fetch_chunk(c))] = c
@@ -529,7 +536,7 @@ class DataPath:
                 for i in range(enc.data)
                 if sizes[i] and starts[i] < hi and starts[i] + sizes[i] > lo
             ]
-            if all(i in by_index and self._healthy(by_index[i].node) for i in wanted):
+            if all(i in by_index and self.nodes[by_index[i].node].available for i in wanted):
                 self._count_read()
                 spare = [
                     c
