@@ -422,7 +422,7 @@ class Client:
         def place(at: int, piece: BytesLike) -> None:
             out[at - offset : at - offset + len(piece)] = piece
 
-        await self._read_blocks(blocks, recs, offset, end, place)
+        await self._read_blocks(blocks, recs, offset, end, place, into=out)
         return end - offset
 
     async def _read_blocks(
@@ -432,8 +432,11 @@ class Client:
         start: int,
         end: int,
         sink: Callable[[int, BytesLike], None],
+        *,
+        into: memoryview | None = None,
     ) -> None:
-        """Read file bytes [start, end), handing ``sink(file offset, piece)`` each piece."""
+        """Read file bytes [start, end), handing ``sink(file offset, piece)`` each piece, or
+        with ``into`` (the destination of [start, end)) receiving them straight there."""
         wanted = [
             (b, r) for b, r in zip(blocks, recs, strict=True) if b.end > start and b.offset < end
         ]
@@ -441,8 +444,11 @@ class Client:
 
         async def one(b: BlockEntry, rec: BlockRecord) -> None:
             lo, hi = max(0, start - b.offset), min(b.length, end - b.offset)
+            dest = None
+            if into is not None:
+                dest = into[b.offset + lo - start : b.offset + hi - start]
             async with sem:
-                pieces = await self.datapath.read_range(rec, lo, hi)
+                pieces = await self.datapath.read_range(rec, lo, hi, into=dest)
             for at, piece in pieces:
                 sink(b.offset + at, piece)
 

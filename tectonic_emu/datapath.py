@@ -406,6 +406,16 @@ class DataPath:
             return stored
         return await self._cpu_call(c.raw_len, self._decode, c, stored)
 
+    async def fetch_chunk_into(self, c: ChunkPlacement, dest: memoryview) -> memoryview:
+        """``fetch_chunk`` for an uncompressed chunk, received straight into ``dest`` (exactly
+        its length); returns ``dest``."""
+        t0 = time.monotonic()
+        info = await self.nodes[c.node].read_chunk_into(c.disk, c.chunk_id, dest)
+        self._record_latency(c.stored_len, time.monotonic() - t0)
+        if dest.nbytes != c.stored_len or info.crc32c != c.crc32c:
+            raise ChunkCorruptError(f"chunk {c.chunk_id} fails its checksum", f"node {c.node}")
+        return dest
+
     # -- hedged reads ----------------------------------------------------------------------
     def _record_latency(self, size: int, seconds: float) -> None:
         samples = self._latency.get(size.bit_length())
@@ -438,12 +448,24 @@ class DataPath:
         spare: list[ChunkPlacement],
         *,
         enough: int,
+        direct: dict[int, memoryview] | None = None,
     ) -> tuple[dict[int, BytesLike], set[int]]:
         """Fetch ``primary``; if they are not all in after the hedge delay (and the hedge
         share allows), also fetch as many ``spare`` chunks as primaries are late. Stops when
         every primary is in, or (once hedged) when ``enough`` chunks are in, or when a primary
-        failed and nothing was hedged. Returns (good chunks by index, failed indexes)."""
-        tasks = {asyncio.ensure_future(self.fetch_chunk(c)): c for c in primary}
+        failed and nothing was hedged. Returns (good chunks by index, failed indexes).
+
+        ``direct``: primaries received straight into these buffers (their result is the
+        buffer itself); spares never are, so two reads never write one buffer."""
+        direct = direct or {}
+        tasks = {
+            asyncio.ensure_future(
+                self.fetch_chunk_into(c, direct[c.index])
+                if c.index in direct
+                else self.fetch_chunk(c)
+            ): c
+            for c in primary
+        }
         wanted = {c.index for c in primary}
         good: dict[int, BytesLike] = {}
         failed: set[int] = set()
@@ -517,14 +539,18 @@ class DataPath:
             ),
         )
 
-    async def read_range(self, rec: BlockRecord, lo: int, hi: int) -> list[tuple[int, BytesLike]]:
-        """Pieces ``(offset in the block, bytes)`` that together cover [lo, hi) of a block.
+    async def read_range(
+        self, rec: BlockRecord, lo: int, hi: int, *, into: memoryview | None = None
+    ) -> list[tuple[int, BytesLike]]:
+        """Pieces ``(offset in the block, bytes)`` that together cover [lo, hi) of a block;
+        with ``into`` (``hi - lo`` bytes), the bytes land there instead and the list is empty.
 
         For Reed-Solomon only the data chunks overlapping the range are fetched, and no block
         is assembled: its bytes go straight from the chunk buffers to the caller (a fresh
-        48 MiB block per read would cost more than the read on this VM). When one of them is
-        missing, corrupt, on a node that is down, or slow (hedged), the block is decoded from
-        any D chunks.
+        48 MiB block per read would cost more than the read on this VM); chunks the range
+        covers whole are received straight into ``into``. When one of them is missing,
+        corrupt, on a node that is down, or slow (hedged), the block is decoded from any D
+        chunks.
         """
         enc = Encoding.parse(rec.encoding)
         if enc.kind == "rs" and hi > lo:
@@ -538,25 +564,55 @@ class DataPath:
             ]
             if all(i in by_index and self.nodes[by_index[i].node].available for i in wanted):
                 self._count_read()
+                direct: dict[int, memoryview] = {}
+                if into is not None:
+                    for i in wanted:
+                        a, b = starts[i], starts[i] + sizes[i]
+                        if not by_index[i].flags and lo <= a and b <= hi:
+                            direct[i] = into[a - lo : b - lo]
                 spare = [
                     c
                     for c in self._read_order(rec.chunks, enc.data)
                     if c.index not in wanted and self.nodes[c.node].available
                 ]
                 have, failed = await self._race(
-                    [by_index[i] for i in wanted], spare, enough=enc.data
+                    [by_index[i] for i in wanted], spare, enough=enc.data, direct=direct
                 )
                 if all(i in have for i in wanted):
                     pieces: list[tuple[int, BytesLike]] = []
                     for i in wanted:
                         a, b = max(lo, starts[i]), min(hi, starts[i] + sizes[i])
-                        pieces.append((a, memoryview(have[i])[a - starts[i] : b - starts[i]]))
+                        piece = memoryview(have[i])[a - starts[i] : b - starts[i]]
+                        if into is None:
+                            pieces.append((a, piece))
+                        elif have[i] is not direct.get(i):
+                            into[a - lo : b - lo] = piece
                     return pieces
                 # Decode, reusing the chunks already fetched and skipping the ones that failed.
                 data = await self.read_block(rec, have=have, failed=failed)
-                return [(lo, memoryview(data)[lo:hi])]
+                return _deliver(data, lo, hi, into)
+        if (
+            enc.kind == "replication"
+            and into is not None
+            and (lo, hi) == (0, rec.length)
+            and rec.chunks
+            and not any(c.flags for c in rec.chunks)
+        ):
+            self._count_read()
+            live = [c for c in self._read_order(rec.chunks, 1) if self.nodes[c.node].available]
+            if live:
+                good, failed = await self._race(
+                    live[:1], live[1:], enough=1, direct={live[0].index: into}
+                )
+                if good:
+                    got = next(iter(good.values()))
+                    if got is not into:
+                        into[:] = got
+                    return []
+                data = await self.read_block(rec, failed=failed)
+                return _deliver(data, lo, hi, into)
         data = await self.read_block(rec)
-        return [(lo, memoryview(data)[lo:hi])]
+        return _deliver(data, lo, hi, into)
 
     async def read_block(
         self,
@@ -606,6 +662,15 @@ class DataPath:
             return next(iter(good.values()))
         codec = codec_for(enc)
         return await self._cpu_call(rec.length, codec.decode, good, rec.length)
+
+
+def _deliver(
+    data: BytesLike, lo: int, hi: int, into: memoryview | None
+) -> list[tuple[int, BytesLike]]:
+    if into is None:
+        return [(lo, memoryview(data)[lo:hi])]
+    into[:] = memoryview(data)[lo:hi]
+    return []
 
 
 __all__ = ["DataPath", "new_chunk_id"]

@@ -623,3 +623,24 @@ def test_added_latency() -> None:
         return time.perf_counter() - t
 
     assert 0.05 <= run(go()) < 0.5
+
+
+def test_read_chunk_into(node: StorageNode) -> None:
+    data = os.urandom(300_000)
+
+    async def go() -> None:
+        await write(node, 1, "into", data)
+        dest = memoryview(bytearray(len(data)))
+        info = await node.read_chunk_into(1, "into", dest)
+        assert bytes(dest) == data and info.crc32c == crc(data)
+        for size in (len(data) - 1, len(data) + 1):
+            other = memoryview(bytearray(b"\x07" * size))
+            with pytest.raises(ChunkCorruptError):
+                await node.read_chunk_into(1, "into", other)
+            assert bytes(other) == b"\x07" * size  # untouched
+        with pytest.raises(ChunkNotFoundError):
+            await node.read_chunk_into(1, "absent", dest)
+        # the connection (if any) still works after the refusals
+        assert bytes((await node.read_chunk(1, "into"))[0]) == data
+
+    run(go())

@@ -13,7 +13,7 @@ import abc
 import re
 from dataclasses import dataclass
 
-from tectonic_emu.errors import InvalidArgumentError, NodeUnavailableError
+from tectonic_emu.errors import ChunkCorruptError, InvalidArgumentError, NodeUnavailableError
 
 # What chunk payloads may be passed as (``collections.abc.Buffer`` needs Python 3.12).
 BytesLike = bytes | bytearray | memoryview
@@ -73,6 +73,19 @@ class StorageNode(abc.ABC):
     @abc.abstractmethod
     async def read_chunk(self, disk: int, chunk_id: str) -> tuple[memoryview, ChunkInfo]:
         """The chunk's stored payload, checked against its checksum."""
+
+    async def read_chunk_into(self, disk: int, chunk_id: str, dest: memoryview) -> ChunkInfo:
+        """Read a chunk into ``dest``, which must be exactly its stored length (else
+        ChunkCorruptError and ``dest`` untouched). Checked as ``read_chunk``. If the call is
+        cancelled, ``dest`` may hold part of the chunk but nothing more lands in it after.
+        Served nodes receive straight into ``dest``; this default copies."""
+        data, info = await self.read_chunk(disk, chunk_id)
+        if len(data) != dest.nbytes:
+            raise ChunkCorruptError(
+                f"chunk is {len(data)} bytes where {dest.nbytes} were expected", chunk_id
+            )
+        dest[:] = data
+        return info
 
     @abc.abstractmethod
     async def delete_chunk(self, disk: int, chunk_id: str) -> None:

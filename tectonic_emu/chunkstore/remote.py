@@ -70,11 +70,17 @@ class PingReply:
 
 
 class _Call:
-    __slots__ = ("future", "op")
+    __slots__ = ("dest", "future", "op")
 
-    def __init__(self, op: int, future: asyncio.Future[tuple[Header, bytes, memoryview]]) -> None:
+    def __init__(
+        self,
+        op: int,
+        future: asyncio.Future[tuple[Header, bytes, memoryview]],
+        dest: memoryview | None = None,
+    ) -> None:
         self.op = op
         self.future = future
+        self.dest = dest  # receive the reply payload here (it must be exactly this size)
 
 
 _HEAD, _META, _PAYLOAD = range(3)
@@ -93,6 +99,7 @@ class _ClientConnection(asyncio.BufferedProtocol):
         self._h: Header | None = None
         self._meta = b""
         self._dest: memoryview | None = None  # None: discarding a cancelled call's payload
+        self._call: _Call | None = None  # the call whose reply is being received
         self.writer = wire.FrameWriter()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -137,6 +144,10 @@ class _ClientConnection(asyncio.BufferedProtocol):
         if self._state == _META:
             return memoryview(self._meta_buf)[self._got : self._h.meta_len]
         remaining = self._h.payload_len - self._got
+        if self._dest is not None and self._call is not None and self._call.future.done():
+            # Cancelled mid-reply (a hedged read lost the race): from now on not one byte
+            # more may land in the caller's buffer, which it may already be reusing.
+            self._dest = None
         if self._dest is None:
             return _DISCARD[: min(remaining, _DISCARD.nbytes)]
         return self._dest[self._got :]
@@ -160,11 +171,26 @@ class _ClientConnection(asyncio.BufferedProtocol):
             if call is not None and call.op != self._h.op:
                 raise FrameError(f"reply op {self._h.op} to a request of op {call.op}")
             wanted = call is not None and not call.future.done()
-            self._dest = aligned_buffer(self._h.payload_len) if wanted else None
+            self._call = call
+            if not wanted or call is None:
+                self._dest = None
+            elif call.dest is None or self._h.status:  # (an error reply has no payload)
+                self._dest = aligned_buffer(self._h.payload_len)
+            elif call.dest.nbytes == self._h.payload_len:
+                self._dest = call.dest
+            else:  # not the size the caller expects: do not write it, fail the call
+                self._dest = None
+                call.future.set_exception(
+                    ChunkCorruptError(
+                        f"{self._h.payload_len} bytes where {call.dest.nbytes} were expected",
+                        self.name,
+                    )
+                )
             self._state, self._got = _PAYLOAD, 0
         if self._state == _PAYLOAD and self._h is not None and self._got == self._h.payload_len:
             h, meta, dest = self._h, self._meta, self._dest
             self._state, self._got, self._h, self._dest = _HEAD, 0, None, None
+            self._call = None
             call = self.pending.pop(h.request_id, None)
             if call is not None and not call.future.done():
                 call.future.set_result((h, meta, dest if dest is not None else memoryview(b"")))
@@ -266,8 +292,10 @@ class RemoteNode(StorageNode):
         *,
         kind: str = "data",
         wait: float | None = None,
+        into: memoryview | None = None,
     ) -> tuple[Header, bytes, memoryview]:
-        """Send one request and wait for its reply; raises the reply's typed error."""
+        """Send one request and wait for its reply; raises the reply's typed error.
+        ``into``: receive the reply's payload there (it must be exactly that long)."""
         if self._closed:
             raise NodeUnavailableError(f"node {self.node_id} is closed")
         if not self.available:
@@ -282,7 +310,7 @@ class RemoteNode(StorageNode):
         future: asyncio.Future[tuple[Header, bytes, memoryview]] = (
             asyncio.get_running_loop().create_future()
         )
-        conn.pending[request_id] = _Call(op, future)
+        conn.pending[request_id] = _Call(op, future, into)
         size = payload.nbytes if payload is not None else 0
         try:
             await conn.send(
@@ -380,6 +408,19 @@ class RemoteNode(StorageNode):
         self._check(disk, chunk_id)
         h, meta, payload = await self.call(Op.READ, wire.pack_chunk_ref(disk, chunk_id))
         info = wire.unpack_info(chunk_id, meta)
+        await self._check_payload(h, info, payload)
+        return payload.toreadonly(), info
+
+    async def read_chunk_into(self, disk: int, chunk_id: str, dest: memoryview) -> ChunkInfo:
+        """Receive the chunk straight into ``dest`` (no buffer of our own, no copy), then
+        check it as ``read_chunk`` does. If cancelled, nothing more lands in ``dest``."""
+        self._check(disk, chunk_id)
+        h, meta, _ = await self.call(Op.READ, wire.pack_chunk_ref(disk, chunk_id), into=dest)
+        info = wire.unpack_info(chunk_id, meta)
+        await self._check_payload(h, info, dest)
+        return info
+
+    async def _check_payload(self, h: Header, info: ChunkInfo, payload: memoryview) -> None:
         if payload.nbytes < _INLINE_CRC_BYTES:
             got = crc32c(payload)
         else:
@@ -387,9 +428,8 @@ class RemoteNode(StorageNode):
         if payload.nbytes != info.stored_len or got != info.crc32c or got != h.payload_crc32c:
             raise ChunkCorruptError(
                 "chunk fails its checksum (on the node's disk or in transit)",
-                f"node {self.node_id}: {chunk_id}",
+                f"node {self.node_id}: {info.chunk_id}",
             )
-        return payload.toreadonly(), info
 
     async def delete_chunk(self, disk: int, chunk_id: str) -> None:
         self._check(disk, chunk_id)
