@@ -44,6 +44,7 @@ class CaseFigures:
     read_vs_baseline: float
     hedged_writes: int
     hedged_reads: int
+    slow_node_reads: int
     stragglers: int
     write_runs_mb_s: list[float] = field(default_factory=list)
     read_runs_mb_s: list[float] = field(default_factory=list)
@@ -93,7 +94,7 @@ async def _one_encoding(
     serving = Serving(root, repair_interval=0, log=work / f"serve-{enc}.log")
     await asyncio.to_thread(serving.start)
     per: dict[str, tuple[list[float], list[float]]] = {c: ([], []) for c in CASES}
-    counts: dict[str, tuple[int, int, int]] = {}
+    counts: dict[str, tuple[int, int, int, int]] = {}
     try:
         async with Cluster.open(root) as cluster:
             client = cluster.client()
@@ -103,7 +104,12 @@ async def _one_encoding(
                     await cluster.set_node_delay(0, 0.0 if case == "baseline" else delay)
                     _set_hedging(cluster, case != "slow, unhedged")
                     stats = cluster.datapath.stats
-                    before = (stats.hedged_writes, stats.hedged_reads, stats.stragglers)
+                    before = (
+                        stats.hedged_writes,
+                        stats.hedged_reads,
+                        stats.slow_node_reads,
+                        stats.stragglers,
+                    )
                     t0 = time.perf_counter()
                     await client.write_file("/hedge", payload, encoding=enc)
                     w = time.perf_counter() - t0
@@ -118,8 +124,13 @@ async def _one_encoding(
                     if rnd:
                         per[case][0].append(_mb_s(size, w))
                         per[case][1].append(_mb_s(size, r))
-                        after = (stats.hedged_writes, stats.hedged_reads, stats.stragglers)
-                        prev = counts.get(case, (0, 0, 0))
+                        after = (
+                            stats.hedged_writes,
+                            stats.hedged_reads,
+                            stats.slow_node_reads,
+                            stats.stragglers,
+                        )
+                        prev = counts.get(case, (0, 0, 0, 0))
                         counts[case] = tuple(  # type: ignore[assignment]
                             p + a - b for p, a, b in zip(prev, after, before, strict=True)
                         )
@@ -131,7 +142,7 @@ async def _one_encoding(
     figures = []
     for case in CASES:
         wm, rm = statistics.median(per[case][0]), statistics.median(per[case][1])
-        hw, hr, sg = counts[case]
+        hw, hr, sr, sg = counts[case]
         figures.append(
             CaseFigures(
                 case,
@@ -141,6 +152,7 @@ async def _one_encoding(
                 round(rm / base_r, 3),
                 hw,
                 hr,
+                sr,
                 sg,
                 per[case][0],
                 per[case][1],

@@ -80,7 +80,8 @@ class _BlockWrite:
 @dataclass(slots=True)
 class HedgeStats:
     reads: int = 0  # chunk-read operations (a block or range read)
-    hedged_reads: int = 0  # of which raced a second replica or a decode
+    hedged_reads: int = 0  # of which raced a second replica or a decode, on tail latency
+    slow_node_reads: int = 0  # raced from the start: they need a node caught stuck
     writes: int = 0
     hedged_writes: int = 0  # reserved on more nodes than needed
     stragglers: int = 0  # chunk writes left running after the block was acknowledged
@@ -477,6 +478,7 @@ class DataPath:
             # Caught slow lately: race it from the start (not counted against the share, as
             # reading around a down node is not), but still take its answer if it is first.
             hedged = True
+            self.stats.slow_node_reads += 1
             for c in spare[:known_slow]:
                 tasks[asyncio.ensure_future(self.fetch_chunk(c))] = c
             spare = spare[known_slow:]
