@@ -8,10 +8,11 @@ writes have somewhere else to go) runs three cases in the same rounds:
 - ``slow, unhedged``: the same slow node, with hedging off: every chunk acknowledged
   (``write_ack="all"``), no spare reservations, no hedged reads.
 
-Goodput is a file of ``size`` random bytes written with ``write_file`` and read back with
-``read_into`` (page cache dropped when root). The figures that matter are the ratios to the
-baseline: hedging works when ``slow, hedged`` stays near 1 while ``slow, unhedged`` falls to
-the slow node's pace.
+Write goodput is a file of ``size`` random bytes written with ``write_file`` in the case's
+conditions; read goodput is ``read_into`` of a file of the same size written while every node
+was fast (so that its chunks are on the slow node too), page cache dropped when root. The
+figures that matter are the ratios to the baseline: hedging works when ``slow, hedged`` stays
+near 1 while ``slow, unhedged`` falls to the slow node's pace.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def _set_hedging(cluster: Cluster, on: bool) -> None:
     dp.write_ack = "quorum" if on else "all"
     dp.hedge_extra = 2 if on else 0
     dp.hedge_share = 0.05 if on else 0.0
+    dp.hedge_reads = on
 
 
 async def _one_encoding(
@@ -99,6 +101,13 @@ async def _one_encoding(
         async with Cluster.open(root) as cluster:
             client = cluster.client()
             for rnd in range(runs + 1):  # round 0 warms up (and fills the latency samples)
+                # The file read back is written while every node is fast, so its chunks sit
+                # on the slow node as on any other (a hedged write would have kept them off
+                # it, and the read would then not meet the slow node at all).
+                await cluster.set_node_delay(0, 0.0)
+                _set_hedging(cluster, True)
+                await client.write_file("/hedge-read", payload, encoding=enc)
+                await cluster.datapath.drain()
                 for case in CASES:
                     step(f"{enc}: {'warm-up' if rnd == 0 else f'run {rnd}/{runs}'}: {case}")
                     await cluster.set_node_delay(0, 0.0 if case == "baseline" else delay)
@@ -114,13 +123,13 @@ async def _one_encoding(
                     await client.write_file("/hedge", payload, encoding=enc)
                     w = time.perf_counter() - t0
                     await cluster.datapath.drain()
+                    await client.delete("/hedge")
                     drop_caches()
                     t0 = time.perf_counter()
-                    n = await client.read_into("/hedge", 0, buf)
+                    n = await client.read_into("/hedge-read", 0, buf)
                     r = time.perf_counter() - t0
                     if n != size or buf != data:
                         raise AssertionError(f"{enc} {case}: read-back differs")
-                    await client.delete("/hedge")
                     if rnd:
                         per[case][0].append(_mb_s(size, w))
                         per[case][1].append(_mb_s(size, r))
@@ -134,6 +143,7 @@ async def _one_encoding(
                         counts[case] = tuple(  # type: ignore[assignment]
                             p + a - b for p, a, b in zip(prev, after, before, strict=True)
                         )
+                await client.delete("/hedge-read")
             await cluster.set_node_delay(0, 0.0)
     finally:
         await asyncio.to_thread(serving.stop)

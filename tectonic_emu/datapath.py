@@ -54,12 +54,17 @@ MAX_STRAGGLERS = 32
 # Latency samples kept per chunk-size class, and how many before reads start hedging.
 _LATENCY_SAMPLES = 256
 _MIN_SAMPLES = 20
+_NODE_SAMPLES = 8  # per node and size class, for slow-node detection
 # Before that, a chunk read this slow is raced anyway (a cold client meeting a stuck node).
 DEFAULT_HEDGE_AFTER = 1.0
 # Over the hedge share, a read still hedges once it is this many times the hedge delay late.
 STUCK_FACTOR = 10.0
-# A node caught stuck (a read STUCK_FACTOR times late) is read last, and raced from the start,
-# for this many seconds.
+# A node whose recent reads of a size class take over SLOW_FACTOR times the class's median plus
+# SLOW_MIN seconds, or caught stuck (a read STUCK_FACTOR times late), is read last and raced
+# from the start for SLOW_NODE_PENALTY seconds. (Chunk reads queue behind each other, so a
+# node 200 ms slow on reads that take 100 ms elsewhere shows as 2-3x, not 10x.)
+SLOW_FACTOR = 1.5
+SLOW_MIN = 0.02
 SLOW_NODE_PENALTY = 10.0
 
 # Below this many bytes a checksum or copy is cheaper than a hop to a worker thread.
@@ -81,7 +86,8 @@ class _BlockWrite:
 class HedgeStats:
     reads: int = 0  # chunk-read operations (a block or range read)
     hedged_reads: int = 0  # of which raced a second replica or a decode, on tail latency
-    slow_node_reads: int = 0  # raced from the start: they need a node caught stuck
+    slow_node_reads: int = 0  # raced from the start: they need a node marked slow
+    slow_nodes_marked: int = 0  # times a node was found slow (stuck, or slow for a while)
     writes: int = 0
     hedged_writes: int = 0  # reserved on more nodes than needed
     stragglers: int = 0  # chunk writes left running after the block was acknowledged
@@ -107,6 +113,7 @@ class DataPath:
         hedge_extra: int = 2,
         hedge_percentile: float = 95.0,
         hedge_share: float = 0.05,
+        hedge_reads: bool = True,
     ) -> None:
         if write_ack not in ("all", "quorum"):
             raise ValueError(f"write_ack must be 'all' or 'quorum', not {write_ack!r}")
@@ -117,6 +124,8 @@ class DataPath:
         self.hedge_extra = hedge_extra
         self.hedge_percentile = hedge_percentile
         self.hedge_share = hedge_share
+        # False: reads never race (no tail hedges, no stuck or slow nodes): for comparisons.
+        self.hedge_reads = hedge_reads
         self.stats = HedgeStats()
         self._cpu = cpu
         self._rng = random.Random()
@@ -124,6 +133,7 @@ class DataPath:
         self._stragglers: dict[asyncio.Future[None], None] = {}
         # Nodes whose chunk reads had to be hedged: read last until this time.monotonic().
         self._slow_until: dict[int, float] = {}
+        self._node_latency: dict[tuple[int, int], collections.deque[float]] = {}
         self._latency: dict[int, collections.deque[float]] = {}
 
     # -- helpers ---------------------------------------------------------------------------
@@ -202,9 +212,7 @@ class DataPath:
             return self.place(enc, enc.width)
         self.stats.hedged_writes += 1
         candidates = self.place(enc, enc.width + extra)
-        asks = {
-            asyncio.ensure_future(self.nodes[n].reserve(nbytes)): (n, d) for n, d in candidates
-        }
+        asks = {asyncio.ensure_future(self.nodes[n].reserve(nbytes)): (n, d) for n, d in candidates}
         accepted: list[tuple[int, int]] = []
         failed: set[int] = set()
         pending = set(asks)
@@ -397,7 +405,7 @@ class DataPath:
         """One chunk's raw (decompressed) bytes, checked end to end against the Block layer."""
         t0 = time.monotonic()
         stored, info = await self.nodes[c.node].read_chunk(c.disk, c.chunk_id)
-        self._record_latency(c.stored_len, time.monotonic() - t0)
+        self._record_latency(c.node, c.stored_len, time.monotonic() - t0)
         # Every node checks the payload against the checksum stored with it (a served node's
         # client does so after the wire); that checksum must be the one the Block layer
         # recorded when the block was written. One pass over the bytes, end to end.
@@ -412,17 +420,48 @@ class DataPath:
         its length); returns ``dest``."""
         t0 = time.monotonic()
         info = await self.nodes[c.node].read_chunk_into(c.disk, c.chunk_id, dest)
-        self._record_latency(c.stored_len, time.monotonic() - t0)
+        self._record_latency(c.node, c.stored_len, time.monotonic() - t0)
         if dest.nbytes != c.stored_len or info.crc32c != c.crc32c:
             raise ChunkCorruptError(f"chunk {c.chunk_id} fails its checksum", f"node {c.node}")
         return dest
 
     # -- hedged reads ----------------------------------------------------------------------
-    def _record_latency(self, size: int, seconds: float) -> None:
-        samples = self._latency.get(size.bit_length())
+    def _record_latency(self, node: int, size: int, seconds: float) -> None:
+        """One chunk read's latency, for the hedge delay of its size class and for the
+        node's own record: a node whose recent reads take well over the class's median
+        (``SLOW_FACTOR`` times it plus ``SLOW_MIN``) is marked slow (a persistently slow
+        node fills the tail percentile itself, so the percentile alone stops flagging it)."""
+        size_class = size.bit_length()
+        samples = self._latency.get(size_class)
         if samples is None:
-            samples = self._latency[size.bit_length()] = collections.deque(maxlen=_LATENCY_SAMPLES)
+            samples = self._latency[size_class] = collections.deque(maxlen=_LATENCY_SAMPLES)
         samples.append(seconds)
+        mine = self._node_latency.get((node, size_class))
+        if mine is None:
+            mine = self._node_latency[(node, size_class)] = collections.deque(maxlen=_NODE_SAMPLES)
+        mine.append(seconds)
+        if len(mine) < _NODE_SAMPLES or len(samples) < _MIN_SAMPLES:
+            return  # judge a node on a full window only: first reads include connecting
+        node_median = sorted(mine)[len(mine) // 2]
+        if node_median > SLOW_FACTOR * sorted(samples)[len(samples) // 2] + SLOW_MIN:
+            self._mark_slow(node)
+
+    def is_slow(self, node: int, now: float | None = None) -> bool:
+        """Marked slow lately (and read hedging is on)."""
+        if not self.hedge_reads:
+            return False
+        return self._slow_until.get(node, 0.0) > (time.monotonic() if now is None else now)
+
+    def _mark_slow(self, node: int) -> None:
+        if not self.hedge_reads:
+            return
+        now = time.monotonic()
+        if self._slow_until.get(node, 0.0) <= now:
+            self.stats.slow_nodes_marked += 1
+            log.info(
+                "node %d reads slowly: its chunks are raced for %.0f s", node, SLOW_NODE_PENALTY
+            )
+        self._slow_until[node] = now + SLOW_NODE_PENALTY
 
     def hedge_after(self, size: int) -> float:
         """Seconds after which a read of a chunk of ``size`` bytes is slow: the
@@ -473,7 +512,7 @@ class DataPath:
         delay: float | None = self.hedge_after(max(c.stored_len for c in primary))
         hedged = stuck = False
         now = time.monotonic()
-        known_slow = sum(self._slow_until.get(c.node, 0.0) > now for c in primary)
+        known_slow = sum(self.is_slow(c.node, now) for c in primary)
         if known_slow and spare:
             # Caught slow lately: race it from the start (not counted against the share, as
             # reading around a down node is not), but still take its answer if it is first.
@@ -493,6 +532,9 @@ class DataPath:
                     tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
                 )
                 if not done:
+                    if not self.hedge_reads:
+                        delay = None
+                        continue
                     if not stuck and not self._may_hedge():
                         # Over the hedge share: wait longer. A read this late is a stuck
                         # node, not tail latency, and is raced whatever the share.
@@ -503,9 +545,8 @@ class DataPath:
                     hedged = True
                     self.stats.hedged_reads += 1
                     if stuck:  # tail latency is normal; a node this late is not
-                        until = time.monotonic() + SLOW_NODE_PENALTY
                         for c in tasks.values():
-                            self._slow_until[c.node] = until
+                            self._mark_slow(c.node)
                     late = len(wanted - good.keys())
                     for c in spare[:late]:
                         tasks[asyncio.ensure_future(self.fetch_chunk(c))] = c
@@ -535,7 +576,7 @@ class DataPath:
             chunks,
             key=lambda c: (
                 not self.nodes[c.node].available,
-                self._slow_until.get(c.node, 0.0) > now,
+                self.is_slow(c.node, now),
                 c.index >= data,
                 (c.index + spread * 1000) % 1000 if data == 1 else c.index,
             ),
@@ -580,19 +621,31 @@ class DataPath:
                 have, failed = await self._race(
                     [by_index[i] for i in wanted], spare, enough=enc.data, direct=direct
                 )
-                if all(i in have for i in wanted):
-                    pieces: list[tuple[int, BytesLike]] = []
-                    for i in wanted:
-                        a, b = max(lo, starts[i]), min(hi, starts[i] + sizes[i])
-                        piece = memoryview(have[i])[a - starts[i] : b - starts[i]]
-                        if into is None:
-                            pieces.append((a, piece))
-                        elif have[i] is not direct.get(i):
-                            into[a - lo : b - lo] = piece
-                    return pieces
-                # Decode, reusing the chunks already fetched and skipping the ones that failed.
-                data = await self.read_block(rec, have=have, failed=failed)
-                return _deliver(data, lo, hi, into)
+                missing = [i for i in wanted if i not in have]
+                if missing:
+                    # Rebuild just the data chunks the range lacks, from any D good chunks
+                    # (fetching more if needed): no 48 MiB block is assembled.
+                    good = await self._collect(rec, enc, have, failed)
+                    missing = [i for i in wanted if i not in good]  # (may have come in now)
+                    rebuilt: dict[int, BytesLike] = {}
+                    if missing:
+                        rebuilt = await self._cpu_call(
+                            sum(sizes[i] for i in missing),
+                            codec_for(enc).reconstruct,
+                            good,
+                            missing,
+                            rec.length,
+                        )
+                    have = {**good, **rebuilt}
+                pieces: list[tuple[int, BytesLike]] = []
+                for i in wanted:
+                    a, b = max(lo, starts[i]), min(hi, starts[i] + sizes[i])
+                    piece = memoryview(have[i])[a - starts[i] : b - starts[i]]
+                    if into is None:
+                        pieces.append((a, piece))
+                    elif have[i] is not direct.get(i):
+                        into[a - lo : b - lo] = piece
+                return pieces
         if (
             enc.kind == "replication"
             and into is not None
@@ -616,29 +669,26 @@ class DataPath:
         data = await self.read_block(rec)
         return _deliver(data, lo, hi, into)
 
-    async def read_block(
+    async def _collect(
         self,
         rec: BlockRecord,
-        *,
-        have: dict[int, BytesLike] | None = None,
-        failed: Iterable[int] = (),
-    ) -> BytesLike:
-        """The block's exact bytes, or DataUnavailableError. Never wrong bytes.
-
-        ``have``: chunks already fetched and checked; ``failed``: indexes not to try again.
-        """
-        if rec.length == 0:
-            return b""
-        enc = Encoding.parse(rec.encoding)
+        enc: Encoding,
+        have: dict[int, BytesLike],
+        failed: set[int],
+    ) -> dict[int, BytesLike]:
+        """At least ``enc.min_chunks`` good chunks of a block (``have`` and more), or
+        DataUnavailableError."""
         order = self._read_order(rec.chunks, enc.min_chunks if enc.kind == "rs" else 1)
-        good: dict[int, BytesLike] = dict(have or {})
-        failed = set(failed)
+        good: dict[int, BytesLike] = dict(have)
         if not good:  # a plain read: race the chunks it needs against slow nodes
             self._count_read()
-            live = [c for c in order if self.nodes[c.node].available]
+            live = [
+                c for c in order if self.nodes[c.node].available and c.index not in failed
+            ]
             need = enc.min_chunks
             if len(live) >= need:
-                good, failed = await self._race(live[:need], live[need:], enough=need)
+                good, raced_failed = await self._race(live[:need], live[need:], enough=need)
+                failed |= raced_failed
         skip = set(good) | failed
         errors: list[BaseException] = []
         pending = [c for c in order if c.index not in skip]
@@ -660,6 +710,23 @@ class DataPath:
                     errors.append(r)
                 else:
                     good[c.index] = r
+        return good
+
+    async def read_block(
+        self,
+        rec: BlockRecord,
+        *,
+        have: dict[int, BytesLike] | None = None,
+        failed: Iterable[int] = (),
+    ) -> BytesLike:
+        """The block's exact bytes, or DataUnavailableError. Never wrong bytes.
+
+        ``have``: chunks already fetched and checked; ``failed``: indexes not to try again.
+        """
+        if rec.length == 0:
+            return b""
+        enc = Encoding.parse(rec.encoding)
+        good = await self._collect(rec, enc, have or {}, set(failed))
         if enc.kind == "replication":
             return next(iter(good.values()))
         codec = codec_for(enc)

@@ -233,3 +233,32 @@ def test_quorum_writes_always_read_back(slow: set[int], failing: set[int], size:
         assert bytes(await dp.read_block(rec)) == data
 
     run(go)
+
+
+def test_a_persistently_slow_node_is_marked_and_read_around() -> None:
+    """A node whose reads take far longer than the others' is marked slow once it has a full
+    window of samples; reads needing it then race it from the start. Uniformly slow nodes are
+    not marked."""
+    e = Encoding.parse("rs-6-3")
+    dp, nodes = make_path(9, write_ack="all", hedge_share=0.0)
+    data = os.urandom(60_000)
+
+    async def go() -> None:
+        rec = await dp.write_block(e, data, block_id=11, file_id=1)
+        for n in nodes:
+            n.latency = 0.002  # uniform: nobody stands out
+        await _warm(dp, rec, times=12)
+        assert dp.stats.slow_nodes_marked == 0
+        slow = next(c.node for c in rec.chunks if c.index == 0)
+        nodes[slow].latency = 0.1
+        for _ in range(12):
+            pieces = await dp.read_range(rec, 0, len(data))
+            got = b"".join(bytes(p) for _, p in sorted(pieces, key=lambda p: p[0]))
+            assert got == data
+        assert dp.is_slow(slow)
+        assert dp.stats.slow_nodes_marked == 1
+        assert dp.stats.slow_node_reads >= 1
+        dp.hedge_reads = False  # the switch turns all of it off
+        assert not dp.is_slow(slow)
+
+    run(go)
