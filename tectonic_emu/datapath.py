@@ -59,11 +59,14 @@ _NODE_SAMPLES = 8  # per node and size class, for slow-node detection
 DEFAULT_HEDGE_AFTER = 1.0
 # Over the hedge share, a read still hedges once it is this many times the hedge delay late.
 STUCK_FACTOR = 10.0
-# A node whose recent reads of a size class take over SLOW_FACTOR times the class's median plus
-# SLOW_MIN seconds, or caught stuck (a read STUCK_FACTOR times late), is read last and raced
-# from the start for SLOW_NODE_PENALTY seconds. (Chunk reads queue behind each other, so a
-# node 200 ms slow on reads that take 100 ms elsewhere shows as 2-3x, not 10x.)
-SLOW_FACTOR = 1.5
+# A node whose fastest read of its last _NODE_SAMPLES (of a size class) took over SLOW_FACTOR
+# times the class's 10th percentile plus SLOW_MIN seconds, or caught stuck (a read
+# STUCK_FACTOR times late), is read around for SLOW_NODE_PENALTY seconds: replicas elsewhere
+# first, parity in place of its chunks in whole-block reads (as many reads, one rebuild), so a
+# wrong guess costs a little CPU, never extra I/O. The minimum, not the median: queueing and
+# cold reads make any node's median swing 2-3x, but leave some of its reads fast, while a node
+# that delays everything has no fast read left.
+SLOW_FACTOR = 2.0
 SLOW_MIN = 0.02
 SLOW_NODE_PENALTY = 10.0
 
@@ -86,7 +89,7 @@ class _BlockWrite:
 class HedgeStats:
     reads: int = 0  # chunk-read operations (a block or range read)
     hedged_reads: int = 0  # of which raced a second replica or a decode, on tail latency
-    slow_node_reads: int = 0  # raced from the start: they need a node marked slow
+    slow_node_reads: int = 0  # whole-block reads that read parity around a node marked slow
     slow_nodes_marked: int = 0  # times a node was found slow (stuck, or slow for a while)
     writes: int = 0
     hedged_writes: int = 0  # reserved on more nodes than needed
@@ -428,9 +431,9 @@ class DataPath:
     # -- hedged reads ----------------------------------------------------------------------
     def _record_latency(self, node: int, size: int, seconds: float) -> None:
         """One chunk read's latency, for the hedge delay of its size class and for the
-        node's own record: a node whose recent reads take well over the class's median
-        (``SLOW_FACTOR`` times it plus ``SLOW_MIN``) is marked slow (a persistently slow
-        node fills the tail percentile itself, so the percentile alone stops flagging it)."""
+        node's own record: a node none of whose recent reads was fast is marked slow (a
+        persistently slow node fills the tail percentile itself, so the percentile alone
+        stops flagging it)."""
         size_class = size.bit_length()
         samples = self._latency.get(size_class)
         if samples is None:
@@ -442,8 +445,10 @@ class DataPath:
         mine.append(seconds)
         if len(mine) < _NODE_SAMPLES or len(samples) < _MIN_SAMPLES:
             return  # judge a node on a full window only: first reads include connecting
-        node_median = sorted(mine)[len(mine) // 2]
-        if node_median > SLOW_FACTOR * sorted(samples)[len(samples) // 2] + SLOW_MIN:
+        # Even its fastest recent read is well over the fast reads of the cluster: a delay the
+        # node adds to everything, not queueing (which leaves some reads fast).
+        fast = sorted(samples)[len(samples) // 10]
+        if min(mine) > SLOW_FACTOR * fast + SLOW_MIN:
             self._mark_slow(node)
 
     def is_slow(self, node: int, now: float | None = None) -> bool:
@@ -459,7 +464,7 @@ class DataPath:
         if self._slow_until.get(node, 0.0) <= now:
             self.stats.slow_nodes_marked += 1
             log.info(
-                "node %d reads slowly: its chunks are raced for %.0f s", node, SLOW_NODE_PENALTY
+                "node %d reads slowly: read around for %.0f s", node, SLOW_NODE_PENALTY
             )
         self._slow_until[node] = now + SLOW_NODE_PENALTY
 
@@ -511,16 +516,6 @@ class DataPath:
         failed: set[int] = set()
         delay: float | None = self.hedge_after(max(c.stored_len for c in primary))
         hedged = stuck = False
-        now = time.monotonic()
-        known_slow = sum(self.is_slow(c.node, now) for c in primary)
-        if known_slow and spare:
-            # Caught slow lately: race it from the start (not counted against the share, as
-            # reading around a down node is not), but still take its answer if it is first.
-            hedged = True
-            self.stats.slow_node_reads += 1
-            for c in spare[:known_slow]:
-                tasks[asyncio.ensure_future(self.fetch_chunk(c))] = c
-            spare = spare[known_slow:]
         try:
             while tasks and not wanted <= good.keys():
                 if hedged and len(good) >= enough:
@@ -618,9 +613,20 @@ class DataPath:
                     for c in self._read_order(rec.chunks, enc.data)
                     if c.index not in wanted and self.nodes[c.node].available
                 ]
-                have, failed = await self._race(
-                    [by_index[i] for i in wanted], spare, enough=enc.data, direct=direct
-                )
+                primary = [by_index[i] for i in wanted]
+                now = time.monotonic()
+                slow = [c for c in primary if self.is_slow(c.node, now)]
+                fast_spare = [c for c in spare if not self.is_slow(c.node, now)]
+                if slow and len(wanted) == enc.data and len(fast_spare) >= len(slow):
+                    # A whole-block range with a chunk on a node marked slow: read a parity
+                    # chunk in its place (as many reads as before) and rebuild it. A smaller
+                    # range would need D reads to rebuild one chunk: it reads the slow one.
+                    self.stats.slow_node_reads += 1
+                    primary = [c for c in primary if c not in slow] + fast_spare[: len(slow)]
+                    spare = [c for c in spare if c not in primary] + slow
+                    for c in slow:
+                        direct.pop(c.index, None)
+                have, failed = await self._race(primary, spare, enough=enc.data, direct=direct)
                 missing = [i for i in wanted if i not in have]
                 if missing:
                     # Rebuild just the data chunks the range lacks, from any D good chunks

@@ -776,14 +776,14 @@ def test_replies_come_back_in_any_order(node: Node) -> None:
     """A READ held on the node does not hold back the replies of requests sent after it."""
     local = node.srv.local
     gate = node.on_loop(_new_event())
-    real_read = local.read_chunk
+    real_open = local.open_chunk  # what the node's READ uses
 
-    async def held_read(disk: int, chunk_id: str, **kw: Any) -> Any:
+    async def held_open(disk: int, chunk_id: str) -> Any:
         if chunk_id == "held":
             await gate.wait()
-        return await real_read(disk, chunk_id, **kw)
+        return await real_open(disk, chunk_id)
 
-    local.read_chunk = held_read  # type: ignore[method-assign]
+    local.open_chunk = held_open  # type: ignore[method-assign]
     try:
         with node.connect() as sock:
             sock.sendall(
@@ -797,7 +797,7 @@ def test_replies_come_back_in_any_order(node: Node) -> None:
             assert reply is not None and (reply.request_id, reply.status) == (1, errno.ENOENT)
     finally:
         node.srv.loop.call_soon_threadsafe(gate.set)
-        del local.read_chunk
+        del local.open_chunk
     check_node(node)
 
 
@@ -866,7 +866,10 @@ def pipeline_unread(n: Node, request: bytes, count: int) -> tuple[socket.socket,
             return False
         seen.append(state)
         done = state.tasks == 0 and state.unread == 0
-        blocked = not state.reading and state.buffered > state.high_water
+        # Stopped reading with requests left unread: its replies fill the transport's buffer,
+        # or (chunk replies go out with sendfile, which buffers nothing) the socket, and a
+        # reply waiting for the socket holds the connection's reading.
+        blocked = not state.reading and state.unread > 0 and state.tasks > 0
         return done or blocked
 
     wait_until(settled, "the node to answer everything or stop reading")
@@ -901,7 +904,7 @@ async def _cancel_all() -> None:
 @contextlib.contextmanager
 def blocked_replies(root: Path) -> Iterator[tuple[Node, socket.socket]]:
     """A node of its own (these tests may leave it stuck) with one connection whose replies
-    are blocked: MAX_INFLIGHT READs waiting to write to a client that reads nothing."""
+    are blocked: READs waiting to write to a client that reads nothing."""
     srv = ThreadedNodeServer(
         root, node_id=NODE_ID, disks=DISKS, max_payload=MAX_PAYLOAD, buffers=1, sync=False
     )
@@ -911,7 +914,7 @@ def blocked_replies(root: Path) -> Iterator[tuple[Node, socket.socket]]:
         chunk = random.Random(4).randbytes(256 << 10)
         n.on_loop(srv.local.write_chunk(0, "blocked", chunk, crc32c=crc(chunk)))
         sock, seen = pipeline_unread(n, frame(Op.READ, 1, ref(0, "blocked")), 2 * MAX_INFLIGHT)
-        assert seen[-1].tasks == MAX_INFLIGHT and not seen[-1].reading
+        assert seen[-1].tasks >= 1 and not seen[-1].reading
         yield n, sock
     finally:
         if sock is not None:

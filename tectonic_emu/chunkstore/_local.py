@@ -238,6 +238,27 @@ class LocalNode(StorageNode):
         )
         return payload, info
 
+    async def open_chunk(self, disk: int, chunk_id: str) -> tuple[int, ChunkInfo]:
+        """An open file descriptor of the chunk (the caller closes it) and its header
+        information, checked against the file size; the payload, at offset ``HEADER_SIZE``,
+        is not read or checked (the node server sends it with ``sendfile``, and its client
+        checks it). Raises as ``stat_chunk``."""
+        self._check_up()
+        return await self._run(self._open_checked, disk, chunk_id, self.chunk_path(disk, chunk_id))
+
+    def _open_checked(self, disk: int, chunk_id: str, path: str) -> tuple[int, ChunkInfo]:
+        fd = _open_chunk(path, chunk_id)
+        try:
+            st = os.fstat(fd)
+            header = unpack_header(os.pread(fd, HEADER_SIZE, 0), chunk_id, st.st_size)
+        except BaseException:
+            os.close(fd)
+            raise
+        info = ChunkInfo(
+            chunk_id, disk, header.payload_len, header.payload_crc32c, header.flags, st.st_mtime
+        )
+        return fd, info
+
     async def delete_chunk(self, disk: int, chunk_id: str) -> None:
         """Unlink the chunk file; no error if absent. Not fsynced: a delete lost in a crash
         leaves an orphan chunk for garbage collection, never wrong data."""

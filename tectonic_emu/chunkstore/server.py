@@ -24,9 +24,11 @@ import logging
 import mmap
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from tectonic_emu.chunkstore import wire
+from tectonic_emu.chunkstore._format import HEADER_SIZE as CHUNK_HEADER_SIZE
 from tectonic_emu.chunkstore._local import LocalNode
 from tectonic_emu.chunkstore.base import BytesLike
 from tectonic_emu.chunkstore.wire import HEADER_SIZE, MAX_META, FrameError, Header, Op
@@ -138,7 +140,7 @@ class NodeServer:
 
     async def handle(
         self, h: Header, meta: bytes, payload: memoryview | None
-    ) -> tuple[bytes, BytesLike, int]:
+    ) -> tuple[bytes, BytesLike | FilePayload, int]:
         """Run one request: (reply meta, reply payload, reply payload CRC)."""
         node = self.node
         if h.op == Op.PING:
@@ -160,10 +162,15 @@ class NodeServer:
         if h.op in (Op.READ, Op.STAT, Op.DELETE):
             (disk,), chunk_id = wire.unpack_chunk_ref(meta)
             if h.op == Op.READ:
-                # Unchecked here: the client checks the payload against this checksum, which
-                # covers the disk and the wire in one pass.
-                data, info = await node.read_chunk(disk, chunk_id, verify=False)
-                return wire.pack_info(info), data, info.crc32c
+                # The payload goes from the page cache to the socket (sendfile), unchecked
+                # here: the client checks it against this checksum, which covers the disk and
+                # the wire in one pass.
+                fd, info = await node.open_chunk(disk, chunk_id)
+                return (
+                    wire.pack_info(info),
+                    FilePayload(fd, CHUNK_HEADER_SIZE, info.stored_len),
+                    info.crc32c,
+                )
             if h.op == Op.STAT:
                 return wire.pack_info(await node.stat_chunk(disk, chunk_id)), b"", 0
             await node.delete_chunk(disk, chunk_id)
@@ -187,6 +194,16 @@ class NodeServer:
             self.delay = delay
             return b"", b"", 0
         raise InvalidArgumentError(f"op {h.op} not served")  # unreachable: checked in header
+
+
+@dataclass(frozen=True, slots=True)
+class FilePayload:
+    """A reply payload still in a file: ``count`` bytes of ``fd`` from ``offset``. The
+    connection sends it with ``sendfile`` and closes ``fd``."""
+
+    fd: int
+    offset: int
+    count: int
 
 
 class _BadPayload(ChunkCorruptError):
@@ -329,7 +346,7 @@ class _Connection(asyncio.BufferedProtocol):
     async def _run(self, h: Header, meta: bytes, payload: mmap.mmap | None) -> None:
         server = self.server
         status, reply_meta, reply_crc = 0, b"", 0
-        reply_payload: BytesLike = b""
+        reply_payload: BytesLike | FilePayload = b""
         try:
             view = memoryview(payload)[: h.payload_len] if payload is not None else None
             try:
@@ -347,21 +364,42 @@ class _Connection(asyncio.BufferedProtocol):
             log.exception("node %d: %s failed", server.node.node_id, Op(h.op).name)
             status, reply_meta = errno.EIO, f"internal error: {e!r}".encode()[:MAX_META]
             reply_payload, reply_crc = b"", 0
-        if server.delay and h.op not in (Op.PING, Op.SET_DELAY):
-            await asyncio.sleep(server.delay)
-        if self.closed or self._transport is None:
-            return
-        body = memoryview(reply_payload)
+        try:
+            if server.delay and h.op not in (Op.PING, Op.SET_DELAY):
+                await asyncio.sleep(server.delay)
+            if self.closed or self._transport is None:
+                return
+            await self._reply(h, status, reply_meta, reply_payload, reply_crc)
+        finally:
+            if isinstance(reply_payload, FilePayload):
+                os.close(reply_payload.fd)
+
+    async def _reply(
+        self,
+        h: Header,
+        status: int,
+        meta: bytes,
+        payload: BytesLike | FilePayload,
+        crc: int,
+    ) -> None:
+        assert self._transport is not None
+        size = payload.count if isinstance(payload, FilePayload) else memoryview(payload).nbytes
         head = wire.pack_header(
-            h.op,
-            h.request_id,
-            reply_meta,
-            payload_len=body.nbytes,
-            payload_crc32c=reply_crc,
-            status=status,
+            h.op, h.request_id, meta, payload_len=size, payload_crc32c=crc, status=status
         )
-        with contextlib.suppress(ConnectionResetError):  # the client went away
-            await self.writer.write(self._transport, head, body if body.nbytes else None)
+        # The client went away (reset, broken pipe): nothing to answer.
+        with contextlib.suppress(ConnectionError):
+            if isinstance(payload, FilePayload):
+                try:
+                    await self.writer.write_file(
+                        self._transport, head, payload.fd, payload.offset, payload.count
+                    )
+                finally:
+                    if self._paused and not self.closed:  # sendfile resumed reading
+                        self._transport.pause_reading()
+            else:
+                body = memoryview(payload)
+                await self.writer.write(self._transport, head, body if body.nbytes else None)
 
 
 def error_of(exc: OSError) -> int:

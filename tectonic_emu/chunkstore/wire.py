@@ -224,6 +224,23 @@ class FrameWriter:
                     raise ConnectionResetError("connection closed")
                 transport.write(payload[start : start + SEND_SLICE])
 
+    async def write_file(
+        self, transport: asyncio.WriteTransport, head: bytes, fd: int, offset: int, count: int
+    ) -> None:
+        """A frame whose payload is ``count`` bytes of the open file ``fd`` from ``offset``,
+        sent with ``sendfile`` (from the page cache to the socket, with no copy through
+        user space). asyncio pauses reading on the connection meanwhile and resumes it
+        after: a protocol that paused reading itself must pause it again."""
+        async with self._lock:
+            await self._writable.wait()
+            if transport.is_closing():
+                raise ConnectionResetError("connection closed")
+            transport.write(head)
+            if count:
+                # A file object around the open descriptor (no path is opened: nothing blocks).
+                with open(fd, "rb", buffering=0, closefd=False) as f:  # noqa: ASYNC230
+                    await asyncio.get_running_loop().sendfile(transport, f, offset, count)
+
 
 # -- errors ----------------------------------------------------------------------------------
 _ERROR_TYPES: dict[int, type[TectonicError]] = {
