@@ -83,6 +83,7 @@ class Client:
     # Blocks in flight per writer and per read. Two cores: more only adds memory.
     write_depth = 4
     read_depth = 4
+    read_ahead_bytes = 192 << 20  # 4 rs-6-3 blocks of 48 MiB
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
@@ -440,7 +441,12 @@ class Client:
         wanted = [
             (b, r) for b, r in zip(blocks, recs, strict=True) if b.end > start and b.offset < end
         ]
-        sem = asyncio.Semaphore(self.read_depth)
+        # In flight: read_depth blocks, or more small ones up to the bytes of that many
+        # rs-6-3 blocks (an r3 block is one 8 MiB chunk; one at a time per node leaves a
+        # served cluster's nodes idle between round trips).
+        largest = max((b.length for b, _ in wanted), default=1)
+        depth = max(self.read_depth, self.read_ahead_bytes // max(largest, 1))
+        sem = asyncio.Semaphore(depth)
 
         async def one(b: BlockEntry, rec: BlockRecord) -> None:
             lo, hi = max(0, start - b.offset), min(b.length, end - b.offset)
