@@ -54,18 +54,18 @@ MAX_STRAGGLERS = 32
 # Latency samples kept per chunk-size class, and how many before reads start hedging.
 _LATENCY_SAMPLES = 256
 _MIN_SAMPLES = 20
-_NODE_SAMPLES = 8  # per node and size class, for slow-node detection
+_NODE_SAMPLES = 4  # per node and size class, for slow-node detection
 # Before that, a chunk read this slow is raced anyway (a cold client meeting a stuck node).
 DEFAULT_HEDGE_AFTER = 1.0
 # Over the hedge share, a read still hedges once it is this many times the hedge delay late.
 STUCK_FACTOR = 10.0
 # A node whose fastest read of its last _NODE_SAMPLES (of a size class) took over SLOW_FACTOR
-# times the class's 10th percentile plus SLOW_MIN seconds, or caught stuck (a read
-# STUCK_FACTOR times late), is read around for SLOW_NODE_PENALTY seconds: replicas elsewhere
+# times the median of the other nodes' fastest reads plus SLOW_MIN seconds, or caught stuck
+# (a read STUCK_FACTOR times late), is read around for SLOW_NODE_PENALTY seconds: replicas elsewhere
 # first, parity in place of its chunks in whole-block reads (as many reads, one rebuild), so a
-# wrong guess costs a little CPU, never extra I/O. The minimum, not the median: queueing and
-# cold reads make any node's median swing 2-3x, but leave some of its reads fast, while a node
-# that delays everything has no fast read left.
+# wrong guess costs a little CPU, never extra I/O. Minimums, not medians: queueing and cold
+# reads make any node's median swing 2-3x, but leave some of its reads fast, while a node that
+# delays everything has no fast read left.
 SLOW_FACTOR = 2.0
 SLOW_MIN = 0.02
 SLOW_NODE_PENALTY = 10.0
@@ -443,12 +443,20 @@ class DataPath:
         if mine is None:
             mine = self._node_latency[(node, size_class)] = collections.deque(maxlen=_NODE_SAMPLES)
         mine.append(seconds)
-        if len(mine) < _NODE_SAMPLES or len(samples) < _MIN_SAMPLES:
+        if len(mine) < _NODE_SAMPLES:
             return  # judge a node on a full window only: first reads include connecting
-        # Even its fastest recent read is well over the fast reads of the cluster: a delay the
-        # node adds to everything, not queueing (which leaves some reads fast).
-        fast = sorted(samples)[len(samples) // 10]
-        if min(mine) > SLOW_FACTOR * fast + SLOW_MIN:
+        # Even its fastest recent read is well over what the other nodes' fastest reads take:
+        # a delay the node adds to everything. Queueing (in the client, the network, the
+        # disks) raises every node's fastest read alike and leaves the comparison alone.
+        others = [
+            min(window)
+            for (n, c), window in self._node_latency.items()
+            if c == size_class and n != node and len(window) == _NODE_SAMPLES
+        ]
+        if len(others) < 3:
+            return
+        others.sort()
+        if min(mine) > SLOW_FACTOR * others[len(others) // 2] + SLOW_MIN:
             self._mark_slow(node)
 
     def is_slow(self, node: int, now: float | None = None) -> bool:
