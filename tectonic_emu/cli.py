@@ -626,7 +626,8 @@ def node_serve(cluster_dir: Path, node: int, host: str, port: int, slow: str, bu
 @node_group.command("kill")
 @cluster_option
 @click.argument("node", type=int)
-def node_kill(cluster_dir: Path, node: int) -> None:
+@json_option
+def node_kill(cluster_dir: Path, node: int, as_json: bool) -> None:
     """SIGKILL node N's process (served clusters): it stays down until `node start`.
 
     \b
@@ -638,7 +639,10 @@ def node_kill(cluster_dir: Path, node: int) -> None:
         return c.kill_node(node)
 
     pid = run(with_cluster(cluster_dir, go))
-    click.echo(f"node {node}: killed pid {pid}")
+    if as_json:
+        print_json({"node": node, "pid": pid, "signal": "SIGKILL"})
+    else:
+        click.echo(f"node {node}: killed pid {pid}")
 
 
 @node_group.command("slow")
