@@ -30,7 +30,6 @@ from tectonic_emu.errors import (
     NotEnoughNodesError,
     NotFoundError,
     SealedFileError,
-    TectonicError,
     first_error,
 )
 from tectonic_emu.metadata.layers import MetaTxn, new_id
@@ -44,7 +43,7 @@ from tectonic_emu.metadata.records import (
     FileRecord,
 )
 from tectonic_emu.paths import join_path, split_path
-from tectonic_emu.writer import BlockPipeline, FileWriter, WriterOpener
+from tectonic_emu.writer import FileWriter, VersionWriter, WriterOpener
 
 if TYPE_CHECKING:
     from tectonic_emu.cluster import Cluster
@@ -250,10 +249,25 @@ class Client:
         at ``path`` changes. Raises NotFoundError (missing parent), IsADirectoryError_,
         UnknownEncodingError, NotEnoughNodesError and data-path errors.
         """
+        writer = await self.new_version(path, encoding=encoding)
+        try:
+            await writer.append(data)
+            await writer.close()
+        except BaseException:
+            await asyncio.shield(writer.abort())
+            raise
+
+    async def new_version(self, path: str, *, encoding: str | None = None) -> VersionWriter:
+        """A writer of a new version of ``path``: a nameless file until ``close`` swaps it in
+        atomically (replacing the file there, if any; readers that opened the old one keep
+        reading it). ``abort`` (or an error) deletes it and leaves ``path`` as it was. This is
+        how POSIX overwrites (the FUSE mount's O_TRUNC, patched headers) meet Tectonic's
+        append-only, sealed files. Raises NotFoundError (missing parent), IsADirectoryError_,
+        UnknownEncodingError.
+        """
         parts = split_path(path)
         if not parts:
             raise IsADirectoryError_("is a directory", "/")
-        mv = memoryview(data).cast("B")
         token = secrets.token_hex(8)
         now = time.time()
         async with self.meta.transaction() as m:
@@ -263,40 +277,31 @@ class Client:
                 raise IsADirectoryError_("is a directory", join_path(parts))
             enc = self._encoding(encoding or inherited)
             file_id = new_id()
-            # Nameless until the swap below: a crash before it leaves only garbage.
+            # Nameless until close: a crash before it leaves only garbage (collected later).
             await m.files.put(
                 FileRecord(file_id, enc.name, 0, 0, False, token, None, None, now, now)
             )
-        try:
-            pipeline = BlockPipeline(self, file_id, token, enc, self.write_depth)
-            bs = self.config.block_size_for(enc)
-            try:
-                for off in range(0, len(mv), bs):
-                    await pipeline.submit(mv[off : off + bs])
-                await pipeline.drain()
-            except BaseException:
-                await asyncio.shield(pipeline.abort())
-                raise
-            async with self.meta.transaction() as m:
-                parent, _ = await self._walk(m, parts[:-1], path=path)
-                e = await m.names.lookup(parent, parts[-1])
-                if e is not None and e.kind == "dir":
-                    raise IsADirectoryError_("is a directory", join_path(parts))
-                f = await m.files.get(file_id)
-                if f is None or f.token != token:
-                    raise FencedWriterError("file vanished while being written", join_path(parts))
-                await m.files.put(
-                    replace(
-                        f, sealed=True, token=None, parent=parent, name=parts[-1], mtime=time.time()
-                    )
+        return VersionWriter(self, join_path(parts), file_id, token, enc, 0)
+
+    async def publish(self, file_id: int, token: str, path: str) -> None:
+        """Seal the nameless file ``file_id`` and link it at ``path``, replacing what is there
+        (``VersionWriter.close``)."""
+        parts = split_path(path)
+        async with self.meta.transaction() as m:
+            parent, _ = await self._walk(m, parts[:-1], path=path)
+            e = await m.names.lookup(parent, parts[-1])
+            if e is not None and e.kind == "dir":
+                raise IsADirectoryError_("is a directory", join_path(parts))
+            f = await m.files.get(file_id)
+            if f is None or f.token != token:
+                raise FencedWriterError("file vanished while being written", join_path(parts))
+            await m.files.put(
+                replace(
+                    f, sealed=True, token=None, parent=parent, name=parts[-1], mtime=time.time()
                 )
-                await m.names.link(parent, Entry(parts[-1], "file", file_id))
-                garbage = await m.drop_file(e.id) if e is not None else []
-        except BaseException as exc:
-            await asyncio.shield(self._purge(file_id))
-            if isinstance(exc, TectonicError) and exc.path is None:
-                exc.path = join_path(parts)
-            raise
+            )
+            await m.names.link(parent, Entry(parts[-1], "file", file_id))
+            garbage = await m.drop_file(e.id) if e is not None and e.id != file_id else []
         await self.datapath.delete_chunks(garbage)
 
     # -- append-only writers -----------------------------------------------------------------

@@ -183,6 +183,30 @@ class FileWriter:
             await self.abort()
 
 
+class VersionWriter(FileWriter):
+    """A ``FileWriter`` of a new, nameless version of a file (``Client.new_version``):
+    ``close`` seals it and swaps it in at its path atomically; ``abort`` deletes it."""
+
+    def __init__(
+        self, client: Client, path: str, file_id: int, token: str, enc: Encoding, size: int
+    ) -> None:
+        super().__init__(client, path, file_id, token, enc, size)
+        self.published = False
+
+    async def _close(self) -> None:
+        await self._flush()
+        await self._client.publish(self.file_id, self._token, self.path)
+        self.published = True
+        self._closed = True
+
+    async def abort(self) -> None:
+        """Drop the new version; the path keeps what it had. No-op once published."""
+        if self.published:
+            return
+        await super().abort()
+        await self._client._purge(self.file_id)
+
+
 class WriterOpener:
     """What ``Client.open_writer`` returns: ``await`` it, or use it with ``async with``."""
 
@@ -207,4 +231,4 @@ class WriterOpener:
         await self._writer.__aexit__(exc_type, exc, tb)
 
 
-__all__ = ["BlockPipeline", "FileWriter", "WriterOpener"]
+__all__ = ["BlockPipeline", "FileWriter", "VersionWriter", "WriterOpener"]

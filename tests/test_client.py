@@ -293,3 +293,25 @@ def test_degraded_write_and_read_with_nodes_down(tmp_path: Path) -> None:
         assert await client.read_file("/f") == data
 
     run_with(root, go)
+
+
+def test_new_version_swaps_in_at_close_and_abort_leaves_the_old(cluster_dir: Path) -> None:
+    async def go(c: Cluster) -> None:
+        client = c.client()
+        await client.write_file("/v", b"old bytes")
+        w = await client.new_version("/v")
+        await w.append(b"new ")
+        await w.flush()
+        assert await client.read_file("/v") == b"old bytes"  # not visible before close
+        await w.append(b"bytes, longer")
+        await w.close()
+        assert await client.read_file("/v") == b"new bytes, longer"
+        assert (await client.stat("/v")).sealed
+        w = await client.new_version("/v")
+        await w.append(b"never")
+        await w.abort()
+        assert await client.read_file("/v") == b"new bytes, longer"
+        assert sorted(await client.listdir("/")) == ["v"]
+        assert [f async for f in c.meta.iter_files() if f.parent is None] == []  # no leftovers
+
+    run_with(cluster_dir, go)
