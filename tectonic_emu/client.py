@@ -398,6 +398,30 @@ class Client:
                 recs.append(rec)
         return f, blocks, recs
 
+    async def read_id_into(self, file_id: int, offset: int, buf: BytesLike) -> int:
+        """``read_into`` by file id: also reaches a nameless file (a new version being
+        written) and the committed bytes of an unsealed one."""
+        out = memoryview(buf).cast("B")
+        async with self.meta.transaction() as m:
+            f = await m.files.get(file_id)
+            if f is None:
+                raise NotFoundError(f"no file {file_id:016x}")
+            blocks = await m.files.blocks(file_id)
+            recs = []
+            for b in blocks:
+                rec = await m.blocks.get(b.block_id)
+                assert rec is not None, "a committed block has a block record"
+                recs.append(rec)
+        end = min(f.size, offset + len(out))
+        if end <= offset:
+            return 0
+
+        def place(at: int, piece: BytesLike) -> None:
+            out[at - offset : at - offset + len(piece)] = piece
+
+        await self._read_blocks(blocks, recs, offset, end, place, into=out[: end - offset])
+        return end - offset
+
     async def read_file(self, path: str) -> bytes:
         """The whole file (its committed bytes, for a file still being written)."""
         return await self.read(path)

@@ -1,0 +1,66 @@
+"""``tectonic-emu mount`` and ``tectonic-emu umount`` (registered through the
+``tectonic_emu.commands`` entry point, as the mount sits above the core)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command("mount")
+@click.option(
+    "--cluster",
+    "cluster_dir",
+    envvar="TECTONIC_EMU_CLUSTER",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Cluster directory (default: $TECTONIC_EMU_CLUSTER).",
+)
+@click.argument("mountpoint", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--foreground", is_flag=True, help="Serve in this process until unmounted.")
+@click.option("--encoding", default=None, help="Encoding of new files (default: inherited).")
+@click.option("--log", type=click.Path(dir_okay=False, path_type=Path), help="Log file.")
+@click.option("--debug", is_flag=True, help="libfuse debug output (foreground only).")
+def mount(
+    cluster_dir: Path,
+    mountpoint: Path,
+    foreground: bool,
+    encoding: str | None,
+    log: Path | None,
+    debug: bool,
+) -> None:
+    """Mount the cluster as a file system (embedded or served, whichever it is).
+
+    Without --foreground the mount runs in the background and this returns once it is live.
+    Unmount with `tectonic-emu umount MOUNTPOINT`.
+
+    \b
+    Example:
+      tectonic-emu mount --cluster /tmp/c1 /mnt/tectonic
+      cp model.bin /mnt/tectonic/ckpt/ && sha256sum /mnt/tectonic/ckpt/model.bin
+      tectonic-emu umount /mnt/tectonic
+    """
+    from fuse_mount.mount import mount as run_mount
+    from fuse_mount.mount import start_mount
+
+    if foreground:
+        run_mount(cluster_dir, mountpoint, encoding=encoding, debug=debug)
+        return
+    proc = start_mount(cluster_dir, mountpoint, encoding=encoding, log=log)
+    click.echo(f"mounted {cluster_dir} at {mountpoint} (pid {proc.pid})")
+
+
+@click.command("umount")
+@click.argument("mountpoint", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--lazy", is_flag=True, help="Detach now even if busy or dead.")
+def umount(mountpoint: Path, lazy: bool) -> None:
+    """Unmount a tectonic-emu mount (also one whose process was killed).
+
+    \b
+    Example:
+      tectonic-emu umount /mnt/tectonic
+    """
+    from fuse_mount.mount import unmount
+
+    unmount(mountpoint, lazy=lazy)

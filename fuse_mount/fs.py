@@ -1,0 +1,499 @@
+"""``TectonicFS``: the store as a POSIX file system, through mfusepy on libfuse3.
+
+Tectonic files are append-only and sealed on close; POSIX programs seek and patch. The mount
+meets them as follows (``docs/fuse.md`` has the full table):
+
+- A **new file** is created at its path at once, unsealed, and written as an append-only
+  file while the program writes sequentially: blocks stream into the store as they fill, and
+  ``flush`` (every ``close``) makes the bytes so far durable and visible. ``release`` seals it.
+- **O_TRUNC over an existing file** writes a new, nameless version
+  (``Client.new_version``), swapped in atomically at ``flush``; until then readers see the
+  old file.
+- A write **anywhere but the end** (a header patched at close, a random write, a write to an
+  existing file without O_TRUNC) moves the handle to a *staging file*: a sparse local file
+  holding the whole new content (filled from the store once), published as a new version at
+  every ``flush``/``fsync``. Sequential writers never pay for it.
+- Reads go through a per-handle cache of chunk-sized segments with readahead, so 1 MiB
+  kernel reads of an 8 MiB chunk fetch the chunk once.
+
+Every error is an ``OSError`` with an errno (the store's ``TectonicError``s carry theirs), which
+mfusepy returns to the kernel; nothing stored changes on an error.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import errno
+import json
+import logging
+import os
+import stat as stat_mod
+import tempfile
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from mfusepy import FuseOSError, Operations
+
+from fuse_mount.bridge import Bridge
+from tectonic_emu.errors import NotFoundError, TectonicError
+from tectonic_emu.writer import FileWriter
+
+log = logging.getLogger(__name__)
+
+# How much of a file a read handle fetches ahead of the reader, in segments (chunks).
+READAHEAD_SEGMENTS = 3
+# Bytes copied per step between a staging file and the store.
+COPY_STEP = 8 << 20
+MAX_IO = 1 << 20  # reads, writes and readahead negotiated with the kernel
+XATTR_LAYOUT = "user.tectonic.layout"
+XATTR_ENCODING = "user.tectonic.encoding"
+
+
+class ReadHandle:
+    """A file opened for reading: segments of ``segment`` bytes fetched ahead."""
+
+    def __init__(self, fs: TectonicFS, path: str, size: int) -> None:
+        self.fs = fs
+        self.path = path
+        self.size = size
+        self.segment = fs.segment
+        self._lock = threading.Lock()
+        self._segments: dict[int, concurrent.futures.Future[bytes]] = {}
+
+    def _want(self, index: int) -> concurrent.futures.Future[bytes]:
+        fut = self._segments.get(index)
+        if fut is None:
+            start = index * self.segment
+            length = min(self.segment, self.size - start)
+            fut = self.fs.bridge.submit(self.fs.bridge.client.read(self.path, start, length))
+            self._segments[index] = fut
+        return fut
+
+    def read(self, size: int, offset: int) -> bytes:
+        if offset >= self.size or size <= 0:
+            return b""
+        end = min(self.size, offset + size)
+        first, last = offset // self.segment, (end - 1) // self.segment
+        with self._lock:
+            futs = [self._want(i) for i in range(first, last + 1)]
+            for i in range(last + 1, last + 1 + READAHEAD_SEGMENTS):
+                if i * self.segment < self.size:
+                    self._want(i)
+            for i in [i for i in self._segments if i < first - 1]:
+                self._segments.pop(i)  # behind the reader: drop (a cancelled fetch is fine)
+        parts = []
+        for i, fut in zip(range(first, last + 1), futs, strict=True):
+            data = fut.result()
+            lo = max(offset, i * self.segment) - i * self.segment
+            hi = min(end, (i + 1) * self.segment) - i * self.segment
+            parts.append(data[lo:hi])
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def close(self) -> None:
+        with self._lock:
+            for fut in self._segments.values():
+                fut.cancel()
+            self._segments.clear()
+
+
+class WriteHandle:
+    """A file opened for writing (see the module docstring for the three ways it writes)."""
+
+    def __init__(
+        self,
+        fs: TectonicFS,
+        path: str,
+        *,
+        writer: FileWriter | None,
+        size: int,
+        base_exists: bool,
+    ) -> None:
+        self.fs = fs
+        self.path = path
+        self.writer = writer  # streaming (append-only) while not None
+        self.size = size  # the file's size as this handle's writer sees it
+        self.base_exists = base_exists  # staging must start from the stored file
+        self.staging: Any = None  # a temporary file once random writes happened
+        self.dirty = False  # staging content not yet published
+        self.lock = threading.Lock()
+
+    # -- streaming ---------------------------------------------------------------------------
+    def _to_staging(self) -> None:
+        """Move to a staging file holding the whole current content."""
+        if self.staging is not None:
+            return
+        b = self.fs.bridge
+        # Lives as long as the handle (closed in release), so no ``with``.
+        staging = tempfile.TemporaryFile(dir=self.fs.staging_dir)  # noqa: SIM115
+        try:
+            if self.writer is not None:
+                b.call(self.writer.flush())
+                b.call(self._copy_out(self.path, self.size, staging, file_id=self.writer.file_id))
+                b.call(self.writer.abort())
+                self.writer = None
+            elif self.base_exists:
+                st = b.call(b.client.stat(self.path))
+                b.call(self._copy_out(self.path, st.size, staging))
+                self.size = st.size
+            self.staging = staging
+        except BaseException:
+            staging.close()
+            raise
+
+    async def _copy_out(
+        self, path: str, size: int, staging: Any, *, file_id: int | None = None
+    ) -> None:
+        client = self.fs.bridge.client
+        buf = bytearray(min(COPY_STEP, max(size, 1)))
+        for off in range(0, size, COPY_STEP):
+            n = min(COPY_STEP, size - off)
+            view = memoryview(buf)[:n]
+            if file_id is not None:
+                got = await client.read_id_into(file_id, off, view)
+            else:
+                got = await client.read_into(path, off, view)
+            os.pwrite(staging.fileno(), view[:got], off)
+
+    def write(self, data: bytes, offset: int) -> int:
+        with self.lock:
+            if self.staging is None and self.writer is not None and offset == self.size:
+                self.fs.bridge.call(self.writer.append(data))
+                self.size += len(data)
+                return len(data)
+            self._to_staging()
+            os.pwrite(self.staging.fileno(), data, offset)
+            self.size = max(self.size, offset + len(data))
+            self.dirty = True
+            return len(data)
+
+    def truncate(self, length: int) -> None:
+        with self.lock:
+            if self.staging is None and self.writer is not None and length == self.size:
+                return
+            self._to_staging()
+            os.ftruncate(self.staging.fileno(), length)
+            self.size = length
+            self.dirty = True
+
+    def read(self, size: int, offset: int) -> bytes:
+        with self.lock:
+            if self.staging is not None:
+                return os.pread(self.staging.fileno(), size, offset)
+            if self.writer is not None:  # read back what this handle streamed so far
+                self.fs.bridge.call(self.writer.flush())
+                end = min(self.size, offset + size)
+                if end <= offset:
+                    return b""
+                buf = bytearray(end - offset)
+                n = self.fs.bridge.call(
+                    self.fs.bridge.client.read_id_into(self.writer.file_id, offset, buf)
+                )
+                return bytes(buf[:n])
+            return self.fs.bridge.call(self.fs.bridge.client.read(self.path, offset, size))
+
+    # -- making it visible ---------------------------------------------------------------------
+    def flush(self) -> None:
+        """Every ``close``: what was written is durable and visible at the path."""
+        with self.lock:
+            b = self.fs.bridge
+            if self.staging is not None:
+                if self.dirty:
+                    b.call(self._publish_staging())
+                    self.dirty = False
+                return
+            if self.writer is None:
+                return
+            if getattr(self.writer, "published", None) is not None:  # a new version
+                b.call(self.writer.close())
+                self.writer = None
+                self.base_exists = True  # later writes (rare) restage from the stored file
+            else:
+                b.call(self.writer.flush())
+
+    async def _publish_staging(self) -> None:
+        client = self.fs.bridge.client
+        writer = await client.new_version(self.path)
+        try:
+            fd = self.staging.fileno()
+            for off in range(0, self.size, COPY_STEP):
+                await writer.append(os.pread(fd, min(COPY_STEP, self.size - off), off))
+            await writer.close()
+        except BaseException:
+            await writer.abort()
+            raise
+
+    def release(self) -> None:
+        try:
+            self.flush()
+            with self.lock:
+                if self.writer is not None:  # a new file streamed in place: seal it
+                    self.fs.bridge.call(self.writer.close())
+                    self.writer = None
+        finally:
+            if self.staging is not None:
+                self.staging.close()
+                self.staging = None
+
+
+class TectonicFS(Operations):  # type: ignore[misc]
+    """mfusepy operations over one cluster (see the module docstring)."""
+
+    use_ns = True
+
+    def __init__(self, bridge: Bridge, *, encoding: str | None = None) -> None:
+        self.bridge = bridge
+        self.encoding = encoding
+        config = bridge.client.config
+        self.segment = config.block_size
+        self.staging_dir = tempfile.mkdtemp(prefix="tectonic-fuse-")
+        self._handles: dict[int, ReadHandle | WriteHandle] = {}
+        self._writing: dict[str, WriteHandle] = {}
+        self._next = 1
+        self._lock = threading.Lock()
+        self._uid, self._gid = os.getuid(), os.getgid()
+
+    def init_with_config(self, conn: Any, config: Any) -> None:
+        """Negotiate 1 MiB reads, writes and readahead (libfuse3 needs max_read here and as
+        a mount option alike)."""
+        if conn is not None:
+            conn.max_write = MAX_IO
+            if hasattr(conn, "max_read"):
+                conn.max_read = MAX_IO
+            conn.max_readahead = MAX_IO
+            conn.max_background = 64
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _call(self, coro: Any) -> Any:
+        return self.bridge.call(coro)
+
+    def _add(self, handle: ReadHandle | WriteHandle) -> int:
+        with self._lock:
+            fh = self._next
+            self._next += 1
+            self._handles[fh] = handle
+            if isinstance(handle, WriteHandle):
+                self._writing[handle.path] = handle
+            return fh
+
+    def _handle(self, fh: int) -> ReadHandle | WriteHandle:
+        try:
+            return self._handles[fh]
+        except KeyError:
+            raise FuseOSError(errno.EBADF) from None
+
+    def _stat(self, path: str) -> Any:
+        return self._call(self.bridge.client.stat(path))
+
+    # -- attributes and directories ----------------------------------------------------------
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+        st = self._stat(path)
+        ns = {k: int(v * 1e9) for k, v in (("st_mtime", st.mtime), ("st_ctime", st.ctime))}
+        base = {
+            "st_uid": self._uid,
+            "st_gid": self._gid,
+            "st_atime": ns["st_mtime"],
+            **ns,
+            "st_ino": st.id & 0x7FFF_FFFF_FFFF_FFFF,
+        }
+        if st.kind == "dir":
+            return {**base, "st_mode": stat_mod.S_IFDIR | 0o755, "st_nlink": 2, "st_size": 0}
+        size = st.size
+        with self._lock:
+            writing = self._writing.get(path)
+        if writing is not None:
+            size = max(size, writing.size) if writing.staging is None else writing.size
+        return {
+            **base,
+            "st_mode": stat_mod.S_IFREG | 0o644,
+            "st_nlink": 1,
+            "st_size": size,
+            "st_blocks": (size + 511) // 512,
+            "st_blksize": 1 << 20,
+        }
+
+    def readdir(self, path: str, fh: int) -> Iterator[str]:
+        names = self._call(self.bridge.client.listdir(path))
+        yield "."
+        yield ".."
+        yield from names
+
+    def mkdir(self, path: str, mode: int) -> int:
+        self._call(self.bridge.client.mkdir(path))
+        return 0
+
+    def rmdir(self, path: str) -> int:
+        if self._stat(path).kind != "dir":
+            raise FuseOSError(errno.ENOTDIR)
+        self._call(self.bridge.client.delete(path))
+        return 0
+
+    def unlink(self, path: str) -> int:
+        if self._stat(path).kind == "dir":
+            raise FuseOSError(errno.EISDIR)
+        self._call(self.bridge.client.delete(path))
+        return 0
+
+    def rename(self, old: str, new: str) -> int:
+        self._call(self.bridge.client.rename(old, new))
+        return 0
+
+    def chmod(self, path: str, mode: int) -> int:
+        self._stat(path)  # accepted and not kept: modes are fixed (docs/fuse.md)
+        return 0
+
+    def chown(self, path: str, uid: int, gid: int) -> int:
+        self._stat(path)
+        return 0
+
+    def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
+        self._stat(path)  # times come from the store; accepted so cp -p and tar work
+        return 0
+
+    def symlink(self, target: str, source: str) -> int:
+        raise FuseOSError(errno.EPERM)
+
+    def link(self, target: str, source: str) -> int:
+        raise FuseOSError(errno.EPERM)
+
+    def statfs(self, path: str) -> dict[str, int]:
+        vfs = os.statvfs(self.bridge.cluster_dir)
+        return {
+            "f_bsize": vfs.f_bsize,
+            "f_frsize": vfs.f_frsize,
+            "f_blocks": vfs.f_blocks,
+            "f_bfree": vfs.f_bfree,
+            "f_bavail": vfs.f_bavail,
+            "f_files": vfs.f_files,
+            "f_ffree": vfs.f_ffree,
+            "f_namemax": 255,
+        }
+
+    # -- extended attributes -----------------------------------------------------------------
+    def listxattr(self, path: str) -> list[str]:
+        st = self._stat(path)
+        return [XATTR_LAYOUT, XATTR_ENCODING] if st.kind == "file" else [XATTR_ENCODING]
+
+    def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
+        st = self._stat(path)
+        if name == XATTR_ENCODING:
+            return (st.encoding or "").encode()
+        if name == XATTR_LAYOUT and st.kind == "file":
+            layout = self._call(self.bridge.client.layout(path))
+            return json.dumps([_layout_dict(b) for b in layout]).encode()
+        raise FuseOSError(errno.ENODATA)
+
+    def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int:
+        self._stat(path)
+        if name in (XATTR_LAYOUT, XATTR_ENCODING):
+            raise FuseOSError(errno.EPERM)  # the layout is the store's; encodings: mkdir
+        raise FuseOSError(errno.ENOTSUP)
+
+    def removexattr(self, path: str, name: str) -> int:
+        raise FuseOSError(errno.ENOTSUP)
+
+    # -- files -------------------------------------------------------------------------------
+    def create(self, path: str, mode: int, fi: Any = None) -> int:
+        flags = fi if isinstance(fi, int) else os.O_WRONLY
+        return self._open_for_write(path, flags | os.O_CREAT | os.O_TRUNC, created=True)
+
+    def open(self, path: str, flags: int) -> int:
+        if flags & os.O_ACCMODE == os.O_RDONLY:
+            st = self._stat(path)
+            if st.kind == "dir":
+                raise FuseOSError(errno.EISDIR)
+            return self._add(ReadHandle(self, path, st.size))
+        return self._open_for_write(path, flags, created=False)
+
+    def _open_for_write(self, path: str, flags: int, *, created: bool) -> int:
+        client = self.bridge.client
+        try:
+            st = self._stat(path)
+        except NotFoundError:
+            st = None
+        if st is not None and st.kind == "dir":
+            raise FuseOSError(errno.EISDIR)
+        if st is None:
+            writer = self._call(client.open_writer(path, encoding=self.encoding).__aenter__())
+            return self._add(WriteHandle(self, path, writer=writer, size=0, base_exists=False))
+        if flags & os.O_TRUNC:
+            writer = self._call(client.new_version(path, encoding=self.encoding))
+            return self._add(WriteHandle(self, path, writer=writer, size=0, base_exists=False))
+        # An existing file, kept: the first write stages it (copy-on-write).
+        return self._add(WriteHandle(self, path, writer=None, size=st.size, base_exists=True))
+
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        return self._handle(fh).read(size, offset)
+
+    def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+        handle = self._handle(fh)
+        if not isinstance(handle, WriteHandle):
+            raise FuseOSError(errno.EBADF)
+        return handle.write(data, offset)
+
+    def truncate(self, path: str, length: int, fh: int | None = None) -> int:
+        if fh is not None and isinstance(self._handles.get(fh), WriteHandle):
+            handle = self._handles[fh]
+            assert isinstance(handle, WriteHandle)
+            handle.truncate(length)
+            return 0
+        with self._lock:
+            writing = self._writing.get(path)
+        if writing is not None:
+            writing.truncate(length)
+            return 0
+        # No handle: a new version with the first ``length`` bytes (zeros past the end).
+        st = self._stat(path)
+        if st.kind == "dir":
+            raise FuseOSError(errno.EISDIR)
+        handle = WriteHandle(self, path, writer=None, size=st.size, base_exists=True)
+        try:
+            handle.truncate(length)
+            handle.flush()
+        finally:
+            if handle.staging is not None:
+                handle.staging.close()
+        return 0
+
+    def flush(self, path: str, fh: int) -> int:
+        handle = self._handle(fh)
+        if isinstance(handle, WriteHandle):
+            handle.flush()
+        return 0
+
+    def fsync(self, path: str, datasync: int, fh: int) -> int:
+        return self.flush(path, fh)
+
+    def release(self, path: str, fh: int) -> int:
+        with self._lock:
+            handle = self._handles.pop(fh, None)
+            if isinstance(handle, WriteHandle) and self._writing.get(handle.path) is handle:
+                del self._writing[handle.path]
+        if handle is None:
+            return 0
+        if isinstance(handle, WriteHandle):
+            handle.release()
+        else:
+            handle.close()
+        return 0
+
+    def destroy(self, path: str) -> None:
+        for fh in list(self._handles):
+            try:
+                self.release("", fh)
+            except (OSError, TectonicError) as e:
+                log.warning("a file open at unmount could not be completed: %s", e)
+        with contextlib.suppress(OSError):
+            os.rmdir(self.staging_dir)
+
+
+def _layout_dict(block: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    d = asdict(block)
+    d["block_id"] = f"{block.block_id:016x}"
+    return d
+
+
+__all__ = ["ReadHandle", "TectonicFS", "WriteHandle"]

@@ -1,0 +1,121 @@
+"""Mount and unmount: ``tectonic-emu mount`` / ``tectonic-emu umount``.
+
+``mount(..., foreground=True)`` serves the file system in this process until it is unmounted
+(``umount``, ``fusermount3 -u``) or gets SIGINT/SIGTERM, which unmount it: a clean exit never
+leaves a stale mount behind. ``start_mount`` runs that in a child process and returns once the
+mount is live (the command line's default). A SIGKILLed mount process leaves a dead mount
+point ("Transport endpoint is not connected"); ``umount`` clears it (lazily if it must).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tectonic_emu.errors import InvalidArgumentError, TectonicError
+
+
+def is_mounted(mountpoint: str | os.PathLike[str]) -> bool:
+    target = os.path.realpath(mountpoint)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == target for line in f if len(line.split()) > 1)
+
+
+def mount(
+    cluster_dir: str | os.PathLike[str],
+    mountpoint: str | os.PathLike[str],
+    *,
+    encoding: str | None = None,
+    debug: bool = False,
+) -> None:
+    """Serve the cluster at ``mountpoint`` in this process until unmounted."""
+    from mfusepy import FUSE
+
+    from fuse_mount.bridge import Bridge
+    from fuse_mount.fs import MAX_IO, TectonicFS
+
+    mp = Path(mountpoint)
+    if not mp.is_dir():
+        raise InvalidArgumentError("mount point is not a directory", str(mp))
+    bridge = Bridge(cluster_dir)
+    fs = TectonicFS(bridge, encoding=encoding)
+    try:
+        FUSE(
+            fs,
+            str(mp),
+            foreground=True,
+            nothreads=False,
+            debug=debug,
+            fsname="tectonic",
+            subtype="tectonic",
+            max_read=MAX_IO,
+            max_threads=16,
+            attr_timeout=1.0,
+            entry_timeout=1.0,
+        )
+    finally:
+        bridge.close()
+
+
+def start_mount(
+    cluster_dir: str | os.PathLike[str],
+    mountpoint: str | os.PathLike[str],
+    *,
+    encoding: str | None = None,
+    log: str | os.PathLike[str] | None = None,
+    wait: float = 30.0,
+) -> subprocess.Popen[bytes]:
+    """Run ``tectonic-emu mount --foreground`` in a child process; return once mounted."""
+    cmd = [sys.executable, "-m", "tectonic_emu", "mount", "--cluster", str(cluster_dir)]
+    cmd += ["--foreground", str(mountpoint)]
+    if encoding:
+        cmd += ["--encoding", encoding]
+    out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+        )
+    finally:
+        if log is not None:
+            out.close()  # type: ignore[union-attr]
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if is_mounted(mountpoint):
+            return proc
+        if proc.poll() is not None:
+            raise TectonicError(f"mount exited with status {proc.returncode}", str(mountpoint))
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    raise TectonicError(f"not mounted after {wait:.0f} s", str(mountpoint))
+
+
+def unmount(mountpoint: str | os.PathLike[str], *, lazy: bool = False) -> None:
+    """Unmount (``fusermount3 -u``, or ``umount`` as root); ``lazy`` detaches a dead or
+    busy mount at once."""
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    if tool is not None:
+        cmd = [tool, "-u"] + (["-z"] if lazy else []) + [str(mountpoint)]
+    else:
+        cmd = ["umount"] + (["-l"] if lazy else []) + [str(mountpoint)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        if not lazy and "not connected" in (r.stderr or "") + str(_probe(mountpoint)):
+            unmount(mountpoint, lazy=True)  # the mount process died: detach
+            return
+        raise TectonicError(f"cannot unmount: {(r.stderr or '').strip()}", str(mountpoint))
+
+
+def _probe(mountpoint: str | os.PathLike[str]) -> str:
+    try:
+        os.stat(mountpoint)
+    except OSError as e:
+        return str(e)
+    return ""
+
+
+__all__ = ["is_mounted", "mount", "start_mount", "unmount"]

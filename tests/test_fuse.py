@@ -1,0 +1,184 @@
+"""The FUSE mount, mounted for real (CI runs as root; /dev/fuse exists).
+
+One cluster and one mount process per module; each test works in a directory of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tarfile
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fuse_mount.mount import is_mounted, start_mount, unmount
+from tectonic_emu import Cluster
+
+pytestmark = pytest.mark.skipif(
+    not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
+    reason="needs /dev/fuse and fusermount3",
+)
+
+
+@pytest.fixture(scope="module")
+def mounted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    base = tmp_path_factory.mktemp("fuse")
+    cluster, mnt = base / "cluster", base / "mnt"
+    Cluster.create(cluster, nodes=9, encoding="rs-6-3", block_size=64 << 10)
+    mnt.mkdir()
+    proc = start_mount(cluster, mnt, log=base / "mount.log")
+    try:
+        yield cluster, mnt
+    finally:
+        if is_mounted(mnt):
+            unmount(mnt)
+        proc.wait(30)
+
+
+@pytest.fixture
+def d(mounted: tuple[Path, Path], request: pytest.FixtureRequest) -> Path:
+    path = mounted[1] / request.node.name.replace("[", "-").replace("]", "")
+    path.mkdir()
+    return path
+
+
+def test_copy_round_trip_and_listing(d: Path, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    data = os.urandom(3 * (384 << 10) + 12345)  # several rs-6-3 blocks and a partial one
+    src.write_bytes(data)
+    shutil.copyfile(src, d / "copy")
+    assert (d / "copy").read_bytes() == data
+    assert (d / "copy").stat().st_size == len(data)
+    assert sorted(os.listdir(d)) == ["copy"]
+
+
+def test_errnos(d: Path) -> None:
+    (d / "f").write_bytes(b"x")
+    (d / "sub").mkdir()
+    (d / "sub" / "inner").write_bytes(b"y")
+    cases = [
+        (lambda: os.mkdir(d / "sub"), errno.EEXIST),
+        (lambda: os.rmdir(d / "sub"), errno.ENOTEMPTY),
+        (lambda: os.rmdir(d / "f"), errno.ENOTDIR),
+        (lambda: os.unlink(d / "sub"), errno.EISDIR),
+        (lambda: os.stat(d / "nope"), errno.ENOENT),
+        (lambda: (d / "f" / "x").write_bytes(b""), errno.ENOTDIR),
+        (lambda: os.mkdir(d / ("n" * 256)), errno.ENAMETOOLONG),
+        (lambda: os.symlink("f", d / "link"), errno.EPERM),
+        (lambda: os.link(d / "f", d / "hard"), errno.EPERM),
+    ]
+    for fn, code in cases:
+        with pytest.raises(OSError) as info:
+            fn()
+        assert info.value.errno == code, (fn, info.value)
+    assert (d / "f").read_bytes() == b"x" and (d / "sub" / "inner").read_bytes() == b"y"
+
+
+def test_rename_replaces_atomically(d: Path) -> None:
+    (d / "a").write_bytes(b"new")
+    (d / "b").write_bytes(b"old")
+    os.rename(d / "a", d / "b")
+    assert (d / "b").read_bytes() == b"new" and not (d / "a").exists()
+
+
+def test_writes_back_inside_the_file(d: Path) -> None:
+    with open(d / "p", "wb") as f:
+        f.write(b"x" * 100_000)
+        f.seek(10)
+        f.write(b"HEAD")
+        f.seek(0, os.SEEK_END)
+        f.write(b"tail")
+    want = bytearray(b"x" * 100_000 + b"tail")
+    want[10:14] = b"HEAD"
+    assert (d / "p").read_bytes() == bytes(want)
+    with open(d / "p", "r+b") as f:  # an existing file, kept: copy-on-write
+        f.seek(5)
+        f.write(b"!")
+    want[5:6] = b"!"
+    assert (d / "p").read_bytes() == bytes(want)
+    os.truncate(d / "p", 7)
+    assert (d / "p").read_bytes() == bytes(want[:7])
+
+
+def test_o_trunc_replaces_the_old_version(d: Path) -> None:
+    (d / "v").write_bytes(b"first version, long")
+    with open(d / "v", "wb") as f:
+        f.write(b"second")
+    assert (d / "v").read_bytes() == b"second"
+
+
+def test_real_programs(d: Path, tmp_path: Path) -> None:
+    payload = tmp_path / "payload"
+    payload.write_bytes(os.urandom(1 << 20))
+    with zipfile.ZipFile(d / "z.zip", "w") as z:  # patches each member's header after it
+        z.write(payload, "payload")
+        z.writestr("small.txt", "hello" * 1000)
+    with zipfile.ZipFile(d / "z.zip") as z:
+        assert z.testzip() is None and z.read("payload") == payload.read_bytes()
+    with tarfile.open(d / "t.tar", "w") as t:
+        t.add(payload, "payload")
+    with tarfile.open(d / "t.tar") as t:
+        member = t.extractfile("payload")
+        assert member is not None and member.read() == payload.read_bytes()
+    np = pytest.importorskip("numpy")
+    a = np.arange(300_000, dtype=np.float32)
+    np.save(d / "a.npy", a)
+    assert (np.load(d / "a.npy") == a).all()
+    subprocess.run(
+        ["dd", f"if={payload}", f"of={d / 'dd'}", "bs=1M", "status=none"], check=True
+    )
+    assert (d / "dd").read_bytes() == payload.read_bytes()
+
+
+def test_xattrs(d: Path) -> None:
+    (d / "f").write_bytes(os.urandom(200_000))
+    layout = json.loads(os.getxattr(d / "f", "user.tectonic.layout"))
+    assert sum(b["length"] for b in layout) == 200_000
+    assert os.getxattr(d / "f", "user.tectonic.encoding") == b"rs-6-3"
+    assert "user.tectonic.layout" in os.listxattr(d / "f")
+    with pytest.raises(OSError) as info:
+        os.setxattr(d / "f", "user.tectonic.layout", b"{}")
+    assert info.value.errno == errno.EPERM
+
+
+def test_statfs_reports_real_capacity(mounted: tuple[Path, Path]) -> None:
+    cluster, mnt = mounted
+    mine, local = os.statvfs(mnt), os.statvfs(cluster)
+    assert mine.f_blocks * mine.f_frsize == local.f_blocks * local.f_frsize
+
+
+def test_remount_keeps_closed_files_and_a_killed_mount_is_cleared(tmp_path: Path) -> None:
+    cluster, mnt = tmp_path / "c", tmp_path / "m"
+    Cluster.create(cluster, nodes=5, encoding="r3", block_size=64 << 10)
+    mnt.mkdir()
+    proc = start_mount(cluster, mnt, log=tmp_path / "mount.log")
+    data = os.urandom(500_000)
+    (mnt / "kept").write_bytes(data)
+    fd = os.open(mnt / "synced", os.O_WRONLY | os.O_CREAT)
+    os.write(fd, data[:1000])
+    os.fsync(fd)
+    os.write(fd, data[1000:2000])  # not synced: may or may not survive
+    os.kill(proc.pid, signal.SIGKILL)  # mid-stream, with the file still open
+    proc.wait(10)
+    with contextlib.suppress(OSError):  # closing on a dead mount fails: ENOTCONN
+        os.close(fd)
+    with pytest.raises(OSError):
+        os.listdir(mnt)  # a dead mount: "Transport endpoint is not connected"
+    unmount(mnt)
+    assert not is_mounted(mnt)
+    proc = start_mount(cluster, mnt)
+    try:
+        assert (mnt / "kept").read_bytes() == data
+        synced = (mnt / "synced").read_bytes()
+        assert synced in (data[:1000], data[:2000])  # the fsync'd prefix, never less
+    finally:
+        unmount(mnt)
+        proc.wait(30)
