@@ -199,3 +199,52 @@ def hedge(
                 f"{c.read_vs_baseline:.2f}",
             )
         Console().print(t)
+
+
+@bench.command("fuse")
+@click.option("--size", default="1GiB", show_default=True, help="Bytes per file.")
+@click.option("--encoding", default="rs-6-3", show_default=True, help="Encoding of the files.")
+@click.option("--runs", default=3, show_default=True, help="Measured runs after one warm-up.")
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the cluster, the mount point and the local file go [default: temp dir].",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def fuse(size: str, encoding: str, runs: int, directory: Path | None, as_json: bool) -> None:
+    """The FUSE mount beside the native client and the local disk (1 MiB I/O).
+
+    \b
+    Example:
+      tectonic-emu bench fuse --size 1GiB --json
+    """
+    from bench.fuse import run_fuse_bench
+
+    enc = Encoding.parse(encoding).name
+    with err_console.status("bench fuse") as status:
+        result = asyncio.run(
+            run_fuse_bench(
+                size=parse_size(size),
+                encoding=enc,
+                directory=directory or Path(tempfile.gettempdir()),
+                runs=runs,
+                step=lambda s: status.update(f"bench fuse: {s}"),
+            )
+        )
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    t = Table(title=f"bench fuse: {size} of {enc}, 1 MiB I/O, {runs} runs (median)")
+    for col in ("path", "write MB/s", "read MB/s"):
+        t.add_column(col, justify="right")
+    t.add_row("local disk", f"{result.local_write_mb_s:.0f}", f"{result.local_read_mb_s:.0f}")
+    t.add_row("native client", f"{result.native_write_mb_s:.0f}", f"{result.native_read_mb_s:.0f}")
+    t.add_row("mount", f"{result.mount_write_mb_s:.0f}", f"{result.mount_read_mb_s:.0f}")
+    t.add_row(
+        "mount / native",
+        f"{result.mount_vs_native_write:.2f}",
+        f"{result.mount_vs_native_read:.2f}",
+    )
+    Console().print(t)

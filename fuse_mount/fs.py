@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import ctypes
 import errno
 import json
 import logging
@@ -43,7 +44,7 @@ from tectonic_emu.writer import FileWriter
 log = logging.getLogger(__name__)
 
 # How much of a file a read handle fetches ahead of the reader, in segments (chunks).
-READAHEAD_SEGMENTS = 3
+READAHEAD_SEGMENTS = 8
 # Bytes copied per step between a staging file and the store.
 COPY_STEP = 8 << 20
 MAX_IO = 1 << 20  # reads, writes and readahead negotiated with the kernel
@@ -62,16 +63,23 @@ class ReadHandle:
         self._lock = threading.Lock()
         self._segments: dict[int, concurrent.futures.Future[bytes]] = {}
 
-    def _want(self, index: int) -> concurrent.futures.Future[bytes]:
+    def _want(self, index: int) -> concurrent.futures.Future[bytearray]:
         fut = self._segments.get(index)
         if fut is None:
             start = index * self.segment
-            length = min(self.segment, self.size - start)
-            fut = self.fs.bridge.submit(self.fs.bridge.client.read(self.path, start, length))
+            fut = self.fs.bridge.submit(self._fetch(start, min(self.segment, self.size - start)))
             self._segments[index] = fut
         return fut
 
-    def read(self, size: int, offset: int) -> bytes:
+    async def _fetch(self, start: int, length: int) -> bytearray:
+        buf = bytearray(length)
+        n = await self.fs.bridge.client.read_into(self.path, start, buf)
+        del buf[n:]  # the file may have been replaced by a shorter version meanwhile
+        return buf
+
+    def read(self, size: int, offset: int) -> Any:
+        """The bytes, as a ctypes view of the cached segment when they lie in one (mfusepy
+        copies them into the kernel's buffer at once: one copy fewer than bytes)."""
         if offset >= self.size or size <= 0:
             return b""
         end = min(self.size, offset + size)
@@ -88,8 +96,13 @@ class ReadHandle:
             data = fut.result()
             lo = max(offset, i * self.segment) - i * self.segment
             hi = min(end, (i + 1) * self.segment) - i * self.segment
-            parts.append(data[lo:hi])
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+            hi = min(hi, len(data))
+            if lo >= hi:
+                break
+            if first == last:
+                return (ctypes.c_char * (hi - lo)).from_buffer(data, lo)
+            parts.append(bytes(memoryview(data)[lo:hi]))
+        return b"".join(parts)
 
     def close(self) -> None:
         with self._lock:
@@ -116,10 +129,20 @@ class WriteHandle:
         self.size = size  # the file's size as this handle's writer sees it
         self.base_exists = base_exists  # staging must start from the stored file
         self.staging: Any = None  # a temporary file once random writes happened
+        # Streamed bytes not yet handed to the writer: one call into the event loop per
+        # block, not per 1 MiB FUSE write, and the block goes out without another copy.
+        self.pending = bytearray()
+        self.block = fs.bridge.client.config.block_size_for(writer.encoding) if writer else 0
         self.dirty = False  # staging content not yet published
         self.lock = threading.Lock()
 
     # -- streaming ---------------------------------------------------------------------------
+    def _hand_over(self) -> None:
+        """Give the pending bytes to the writer (which encodes whole blocks in place)."""
+        if self.pending and self.writer is not None:
+            pending, self.pending = self.pending, bytearray()
+            self.fs.bridge.call(self.writer.append(pending, owned=True))
+
     def _to_staging(self) -> None:
         """Move to a staging file holding the whole current content."""
         if self.staging is not None:
@@ -129,6 +152,7 @@ class WriteHandle:
         staging = tempfile.TemporaryFile(dir=self.fs.staging_dir)  # noqa: SIM115
         try:
             if self.writer is not None:
+                self._hand_over()
                 b.call(self.writer.flush())
                 b.call(self._copy_out(self.path, self.size, staging, file_id=self.writer.file_id))
                 b.call(self.writer.abort())
@@ -159,8 +183,10 @@ class WriteHandle:
     def write(self, data: bytes, offset: int) -> int:
         with self.lock:
             if self.staging is None and self.writer is not None and offset == self.size:
-                self.fs.bridge.call(self.writer.append(data))
+                self.pending += data
                 self.size += len(data)
+                if len(self.pending) >= self.block:
+                    self._hand_over()
                 return len(data)
             self._to_staging()
             os.pwrite(self.staging.fileno(), data, offset)
@@ -182,6 +208,7 @@ class WriteHandle:
             if self.staging is not None:
                 return os.pread(self.staging.fileno(), size, offset)
             if self.writer is not None:  # read back what this handle streamed so far
+                self._hand_over()
                 self.fs.bridge.call(self.writer.flush())
                 end = min(self.size, offset + size)
                 if end <= offset:
@@ -205,6 +232,7 @@ class WriteHandle:
                 return
             if self.writer is None:
                 return
+            self._hand_over()
             if getattr(self.writer, "published", None) is not None:  # a new version
                 b.call(self.writer.close())
                 self.writer = None

@@ -114,18 +114,21 @@ class FileWriter:
                 e.path = self.path  # say which file, e.g. for NotEnoughNodesError
             raise
 
-    async def append(self, data: BytesLike) -> None:
-        """Append bytes. Full blocks go out as they fill; the rest waits for ``flush``."""
+    async def append(self, data: BytesLike, *, owned: bool = False) -> None:
+        """Append bytes. Full blocks go out as they fill; the rest waits for ``flush``.
+
+        ``owned``: the caller hands ``data`` over and never changes it again, so whole
+        blocks of it are encoded in place, as for ``bytes``, instead of being copied."""
         if self._closed:
             raise WriterClosedError("writer is closed", self.path)
-        await self._guard(self._append(data))
+        await self._guard(self._append(data, owned))
 
-    async def _append(self, data: BytesLike) -> None:
+    async def _append(self, data: BytesLike, owned: bool = False) -> None:
         await self._client.check_token(self.file_id, self._token, self.path)
         mv = memoryview(data).cast("B")
         self.offset += len(mv)
         bs = self._block_size
-        if not self._buf and isinstance(data, bytes):
+        if not self._buf and (owned or isinstance(data, bytes)):
             # Immutable input: hand whole blocks to the pipeline without copying.
             while len(mv) >= bs:
                 await self._pipeline.submit(mv[:bs])

@@ -1,0 +1,176 @@
+"""``tectonic-emu bench fuse``: the FUSE mount beside the native client and the local disk.
+
+In one run, per round, with the same random bytes:
+
+- **local disk**: ``os.write`` of 1 MiB pieces to a file beside the cluster, ``fsync``, then
+  1 MiB ``readinto`` calls after dropping the page cache;
+- **native client**: an ``open_writer`` appending 1 MiB pieces, closed; ``read_into`` of the
+  whole file into a reused buffer (the client's fast path);
+- **mount**: the same 1 MiB ``write`` calls through the mount (``tectonic-emu mount`` in a
+  child process), ``fsync``, ``close``; 1 MiB ``readinto`` calls after dropping the cache.
+
+The mount process and this one open the cluster at the same time (embedded: both read and
+write the node directories; SQLite serialises the metadata), each on its own files.
+The target of issue 4 is ``mount_vs_native`` >= 0.7 for write and for read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.store import aligned_buffer, drop_caches
+from fuse_mount.mount import start_mount, unmount
+from tectonic_emu import Cluster
+
+IO = 1 << 20
+
+
+@dataclass(slots=True)
+class FuseBench:
+    size: int
+    encoding: str
+    runs: int
+    cold_reads: bool
+    local_write_mb_s: float
+    local_read_mb_s: float
+    native_write_mb_s: float
+    native_read_mb_s: float
+    mount_write_mb_s: float
+    mount_read_mb_s: float
+    mount_vs_native_write: float
+    mount_vs_native_read: float
+    runs_mb_s: dict[str, list[float]] = field(default_factory=dict)
+    cpu_count: int = field(default_factory=lambda: os.cpu_count() or 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _mb_s(nbytes: int, seconds: float) -> float:
+    return round(nbytes / seconds / 1e6, 1)
+
+
+def _write_file(path: Path, data: memoryview) -> float:
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for off in range(0, len(data), IO):
+            os.write(fd, data[off : off + IO])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return time.perf_counter() - t0
+
+
+def _read_file(path: Path, buf: memoryview) -> float:
+    t0 = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        off = 0
+        while off < len(buf):
+            n = f.readinto(buf[off : off + IO])
+            if not n:
+                break
+            off += n
+    return time.perf_counter() - t0
+
+
+async def run_fuse_bench(
+    *,
+    size: int,
+    encoding: str,
+    directory: Path,
+    runs: int = 3,
+    step: Callable[[str], None] = lambda _: None,
+) -> FuseBench:
+    work = Path(tempfile.mkdtemp(prefix="tectonic-fuse-bench-", dir=directory))
+    proc = None
+    mnt = work / "mnt"
+    try:
+        data = aligned_buffer(size)
+        data[:] = os.urandom(size)
+        buf = aligned_buffer(size)
+        root = work / "cluster"
+        Cluster.create(
+            root,
+            nodes=max(9, int(encoding.split("-")[1]) + 3) if encoding.startswith("rs") else 9,
+            encoding=encoding,
+        )
+        mnt.mkdir()
+        step("mounting")
+        proc = await asyncio.to_thread(start_mount, root, mnt, log=work / "mount.log")
+        per: dict[str, list[float]] = {
+            k: [] for k in ("local_w", "local_r", "native_w", "native_r", "mount_w", "mount_r")
+        }
+        cold = False
+        async with Cluster.open(root) as cluster:
+            client = cluster.client()
+            for rnd in range(runs + 1):
+                label = "warm-up" if rnd == 0 else f"run {rnd}/{runs}"
+                step(f"{label}: local disk")
+                w = await asyncio.to_thread(_write_file, work / "local.bin", data)
+                cold = drop_caches()
+                r = await asyncio.to_thread(_read_file, work / "local.bin", buf)
+                assert buf == data, "local read-back differs"
+                (work / "local.bin").unlink()
+                step(f"{label}: native client")
+                t0 = time.perf_counter()
+                async with client.open_writer("/native") as writer:
+                    for off in range(0, size, IO):
+                        await writer.append(data[off : off + IO])
+                await cluster.datapath.drain()
+                nw = time.perf_counter() - t0
+                drop_caches()
+                t0 = time.perf_counter()
+                await client.read_into("/native", 0, buf)
+                nr = time.perf_counter() - t0
+                assert buf == data, "native read-back differs"
+                await client.delete("/native")
+                step(f"{label}: mount")
+                mw = await asyncio.to_thread(_write_file, mnt / "mounted", data)
+                drop_caches()
+                mr = await asyncio.to_thread(_read_file, mnt / "mounted", buf)
+                assert buf == data, "mount read-back differs"
+                (mnt / "mounted").unlink()
+                if rnd:
+                    for key, secs in (
+                        ("local_w", w),
+                        ("local_r", r),
+                        ("native_w", nw),
+                        ("native_r", nr),
+                        ("mount_w", mw),
+                        ("mount_r", mr),
+                    ):
+                        per[key].append(_mb_s(size, secs))
+        med = {k: statistics.median(v) for k, v in per.items()}
+        return FuseBench(
+            size,
+            encoding,
+            runs,
+            cold,
+            med["local_w"],
+            med["local_r"],
+            med["native_w"],
+            med["native_r"],
+            med["mount_w"],
+            med["mount_r"],
+            round(med["mount_w"] / med["native_w"], 3),
+            round(med["mount_r"] / med["native_r"], 3),
+            per,
+        )
+    finally:
+        if proc is not None:
+            await asyncio.to_thread(unmount, mnt)
+            await asyncio.to_thread(proc.wait, 30)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+__all__ = ["FuseBench", "run_fuse_bench"]
