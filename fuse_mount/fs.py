@@ -55,9 +55,10 @@ XATTR_ENCODING = "user.tectonic.encoding"
 class ReadHandle:
     """A file opened for reading: segments of ``segment`` bytes fetched ahead."""
 
-    def __init__(self, fs: TectonicFS, path: str, size: int) -> None:
+    def __init__(self, fs: TectonicFS, path: str, file_id: int, size: int) -> None:
         self.fs = fs
         self.path = path
+        self.file_id = file_id  # the version opened: it stays readable if replaced
         self.size = size
         self.segment = fs.segment
         self._lock = threading.Lock()
@@ -73,7 +74,7 @@ class ReadHandle:
 
     async def _fetch(self, start: int, length: int) -> bytearray:
         buf = bytearray(length)
-        n = await self.fs.bridge.client.read_into(self.path, start, buf)
+        n = await self.fs.bridge.client.read_id_into(self.file_id, start, buf)
         del buf[n:]  # the file may have been replaced by a shorter version meanwhile
         return buf
 
@@ -227,22 +228,25 @@ class WriteHandle:
             b = self.fs.bridge
             if self.staging is not None:
                 if self.dirty:
-                    b.call(self._publish_staging())
+                    b.call(self._publish_staging(keep_replaced=self.fs.keep(self.path)))
                     self.dirty = False
                 return
             if self.writer is None:
                 return
             self._hand_over()
             if getattr(self.writer, "published", None) is not None:  # a new version
+                self.writer.keep_replaced = self.fs.keep(self.path)  # type: ignore[attr-defined]
                 b.call(self.writer.close())
                 self.writer = None
                 self.base_exists = True  # later writes (rare) restage from the stored file
             else:
                 b.call(self.writer.flush())
 
-    async def _publish_staging(self) -> None:
+    async def _publish_staging(self, *, keep_replaced: bool) -> None:
+        """Runs on the event loop: never call back into the bridge from here."""
         client = self.fs.bridge.client
         writer = await client.new_version(self.path)
+        writer.keep_replaced = keep_replaced
         try:
             fd = self.staging.fileno()
             for off in range(0, self.size, COPY_STEP):
@@ -277,6 +281,11 @@ class TectonicFS(Operations):  # type: ignore[misc]
         self.segment = config.block_size
         self.staging_dir = tempfile.mkdtemp(prefix="tectonic-fuse-")
         self._handles: dict[int, ReadHandle | WriteHandle] = {}
+        # Versions open for reading here (file id -> handles), and those of them that were
+        # replaced or unlinked meanwhile: purged when their last reader closes (POSIX keeps
+        # an unlinked file's bytes for its open descriptors).
+        self._readers: dict[int, int] = {}
+        self._retired: set[int] = set()
         self._writing: dict[str, WriteHandle] = {}
         self._next = 1
         self._lock = threading.Lock()
@@ -303,7 +312,22 @@ class TectonicFS(Operations):  # type: ignore[misc]
             self._handles[fh] = handle
             if isinstance(handle, WriteHandle):
                 self._writing[handle.path] = handle
+            else:
+                self._readers[handle.file_id] = self._readers.get(handle.file_id, 0) + 1
             return fh
+
+    def keep(self, path: str) -> bool:
+        """Whether the file now at ``path`` must outlive its name (it is open for reading
+        here); it is then purged when its last reader closes."""
+        try:
+            file_id = self._stat(path).id
+        except OSError:
+            return False
+        with self._lock:
+            if self._readers.get(file_id):
+                self._retired.add(file_id)
+                return True
+        return False
 
     def _handle(self, fh: int) -> ReadHandle | WriteHandle:
         try:
@@ -360,11 +384,11 @@ class TectonicFS(Operations):  # type: ignore[misc]
     def unlink(self, path: str) -> int:
         if self._stat(path).kind == "dir":
             raise FuseOSError(errno.EISDIR)
-        self._call(self.bridge.client.delete(path))
+        self._call(self.bridge.client.delete(path, keep=self.keep(path)))
         return 0
 
     def rename(self, old: str, new: str) -> int:
-        self._call(self.bridge.client.rename(old, new))
+        self._call(self.bridge.client.rename(old, new, keep_replaced=self.keep(new)))
         return 0
 
     def chmod(self, path: str, mode: int) -> int:
@@ -431,7 +455,7 @@ class TectonicFS(Operations):  # type: ignore[misc]
             st = self._stat(path)
             if st.kind == "dir":
                 raise FuseOSError(errno.EISDIR)
-            return self._add(ReadHandle(self, path, st.size))
+            return self._add(ReadHandle(self, path, st.id, st.size))
         return self._open_for_write(path, flags, created=False)
 
     def _open_for_write(self, path: str, flags: int, *, created: bool) -> int:
@@ -502,8 +526,18 @@ class TectonicFS(Operations):  # type: ignore[misc]
             return 0
         if isinstance(handle, WriteHandle):
             handle.release()
-        else:
-            handle.close()
+            return 0
+        handle.close()
+        with self._lock:
+            left = self._readers.get(handle.file_id, 1) - 1
+            if left:
+                self._readers[handle.file_id] = left
+                return 0
+            self._readers.pop(handle.file_id, None)
+            retired = handle.file_id in self._retired
+            self._retired.discard(handle.file_id)
+        if retired:
+            self._call(self.bridge.client.purge(handle.file_id))
         return 0
 
     def destroy(self, path: str) -> None:

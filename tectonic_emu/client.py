@@ -283,9 +283,12 @@ class Client:
             )
         return VersionWriter(self, join_path(parts), file_id, token, enc, 0)
 
-    async def publish(self, file_id: int, token: str, path: str) -> None:
+    async def publish(
+        self, file_id: int, token: str, path: str, *, keep_replaced: bool = False
+    ) -> None:
         """Seal the nameless file ``file_id`` and link it at ``path``, replacing what is there
-        (``VersionWriter.close``)."""
+        (``VersionWriter.close``). ``keep_replaced``: the replaced file stays readable by id
+        (``read_id_into``), nameless, until ``purge`` or garbage collection."""
         parts = split_path(path)
         async with self.meta.transaction() as m:
             parent, _ = await self._walk(m, parts[:-1], path=path)
@@ -301,8 +304,20 @@ class Client:
                 )
             )
             await m.names.link(parent, Entry(parts[-1], "file", file_id))
-            garbage = await m.drop_file(e.id) if e is not None and e.id != file_id else []
+            garbage: list[ChunkPlacement] = []
+            if e is not None and e.id != file_id:
+                garbage = await self._let_go(m, e.id, keep_replaced)
         await self.datapath.delete_chunks(garbage)
+
+    async def _let_go(self, m: MetaTxn, file_id: int, keep: bool) -> list[ChunkPlacement]:
+        """A file that lost its name: dropped (its chunks returned for deletion), or with
+        ``keep`` made nameless, so that whoever still reads it by id can go on."""
+        if not keep:
+            return await m.drop_file(file_id)
+        f = await m.files.get(file_id)
+        if f is not None:
+            await m.files.put(replace(f, parent=None, name=None, token=None, mtime=time.time()))
+        return []
 
     # -- append-only writers -----------------------------------------------------------------
     def open_writer(self, path: str, *, encoding: str | None = None) -> WriterOpener:
@@ -498,7 +513,7 @@ class Client:
             raise first_error(eg) from None
 
     # -- rename and delete -------------------------------------------------------------------
-    async def rename(self, src: str, dst: str) -> None:
+    async def rename(self, src: str, dst: str, *, keep_replaced: bool = False) -> None:
         """Move ``src`` to ``dst`` atomically, replacing a file (or an empty directory, when
         ``src`` is a directory) at ``dst``. Raises NotFoundError, IsADirectoryError_,
         NotADirectoryError_, DirectoryNotEmptyError, InvalidArgumentError (a directory into
@@ -525,7 +540,7 @@ class Client:
                 else:
                     if se.kind == "dir":
                         raise NotADirectoryError_("not a directory", join_path(dp))
-                    garbage = await m.drop_file(de.id)
+                    garbage = await self._let_go(m, de.id, keep_replaced)
             await m.names.unlink(s_parent, sp[-1])
             await m.names.link(d_parent, Entry(dp[-1], se.kind, se.id))
             now = time.time()
@@ -549,9 +564,11 @@ class Client:
             assert d is not None
             dir_id = d.parent
 
-    async def delete(self, path: str, *, recursive: bool = False) -> None:
+    async def delete(self, path: str, *, recursive: bool = False, keep: bool = False) -> None:
         """Remove a file, or a directory (empty unless ``recursive``). A writer of a deleted
-        file is fenced. Raises NotFoundError, DirectoryNotEmptyError, InvalidPathError (root)."""
+        file is fenced. ``keep`` (files): its bytes stay readable by id until ``purge`` or
+        garbage collection (an unlinked file still open, in POSIX terms). Raises
+        NotFoundError, DirectoryNotEmptyError, InvalidPathError (root)."""
         garbage: list[ChunkPlacement] = []
         async with self.meta.transaction() as m:
             parent, e = await self._lookup(m, path)
@@ -560,7 +577,7 @@ class Client:
                     raise DirectoryNotEmptyError("directory not empty", path)
                 garbage = await self._drop_tree(m, e.id)
             else:
-                garbage = await m.drop_file(e.id)
+                garbage = await self._let_go(m, e.id, keep)
             await m.names.unlink(parent, e.name)
         await self.datapath.delete_chunks(garbage)
 
@@ -574,6 +591,11 @@ class Client:
             await m.names.unlink(dir_id, e.name)
         await m.names.delete_dir(dir_id)
         return garbage
+
+    async def purge(self, file_id: int) -> None:
+        """Best-effort removal of a nameless file (a new version that failed, or a file kept
+        after replacement or deletion whose last reader is done)."""
+        await self._purge(file_id)
 
     async def _purge(self, file_id: int) -> None:
         """Best-effort removal of a nameless file (a ``write_file`` that failed)."""

@@ -195,10 +195,13 @@ class VersionWriter(FileWriter):
     ) -> None:
         super().__init__(client, path, file_id, token, enc, size)
         self.published = False
+        self.keep_replaced = False  # see Client.publish
 
     async def _close(self) -> None:
         await self._flush()
-        await self._client.publish(self.file_id, self._token, self.path)
+        await self._client.publish(
+            self.file_id, self._token, self.path, keep_replaced=self.keep_replaced
+        )
         self.published = True
         self._closed = True
 

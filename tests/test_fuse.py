@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import tarfile
+import threading
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,13 +29,41 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+# A deadlocked mount leaves its callers in uninterruptible sleep, out of reach of any test
+# timeout: a watchdog SIGKILLs the mount processes of a test that runs this long, which fails
+# the test (ENOTCONN) instead of hanging CI.
+WATCHDOG_SECONDS = 120
+_mounts: list[subprocess.Popen[bytes]] = []
+
+
+def _kill_mounts() -> None:
+    for proc in _mounts:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.fixture(autouse=True)
+def watchdog() -> Iterator[None]:
+    timer = threading.Timer(WATCHDOG_SECONDS, _kill_mounts)
+    timer.daemon = True
+    timer.start()
+    yield
+    timer.cancel()
+
+
+def mount_for_test(cluster: Path, mnt: Path, **kw: object) -> subprocess.Popen[bytes]:
+    proc = start_mount(cluster, mnt, **kw)  # type: ignore[arg-type]
+    _mounts.append(proc)
+    return proc
+
+
 @pytest.fixture(scope="module")
 def mounted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
     base = tmp_path_factory.mktemp("fuse")
     cluster, mnt = base / "cluster", base / "mnt"
     Cluster.create(cluster, nodes=9, encoding="rs-6-3", block_size=64 << 10)
     mnt.mkdir()
-    proc = start_mount(cluster, mnt, log=base / "mount.log")
+    proc = mount_for_test(cluster, mnt, log=base / "mount.log")
     try:
         yield cluster, mnt
     finally:
@@ -159,7 +188,7 @@ def test_remount_keeps_closed_files_and_a_killed_mount_is_cleared(tmp_path: Path
     cluster, mnt = tmp_path / "c", tmp_path / "m"
     Cluster.create(cluster, nodes=5, encoding="r3", block_size=64 << 10)
     mnt.mkdir()
-    proc = start_mount(cluster, mnt, log=tmp_path / "mount.log")
+    proc = mount_for_test(cluster, mnt, log=tmp_path / "mount.log")
     data = os.urandom(500_000)
     (mnt / "kept").write_bytes(data)
     fd = os.open(mnt / "synced", os.O_WRONLY | os.O_CREAT)
@@ -174,7 +203,7 @@ def test_remount_keeps_closed_files_and_a_killed_mount_is_cleared(tmp_path: Path
         os.listdir(mnt)  # a dead mount: "Transport endpoint is not connected"
     unmount(mnt)
     assert not is_mounted(mnt)
-    proc = start_mount(cluster, mnt)
+    proc = mount_for_test(cluster, mnt)
     try:
         assert (mnt / "kept").read_bytes() == data
         synced = (mnt / "synced").read_bytes()
@@ -182,3 +211,18 @@ def test_remount_keeps_closed_files_and_a_killed_mount_is_cleared(tmp_path: Path
     finally:
         unmount(mnt)
         proc.wait(30)
+
+
+def test_readers_keep_the_version_they_opened(d: Path, mounted: tuple[Path, Path]) -> None:
+    old, new = os.urandom(300_000), os.urandom(1000)
+    (d / "v").write_bytes(old)
+    (d / "gone").write_bytes(old)
+    with open(d / "v", "rb") as reader, open(d / "gone", "rb") as reader2:
+        assert reader.read(10) == old[:10]
+        with open(d / "v", "wb") as f:  # O_TRUNC: a new version, swapped in at close
+            f.write(new)
+        os.unlink(d / "gone")
+        assert (d / "v").read_bytes() == new  # new opens see the new version
+        assert reader.read() == old[10:]  # the open one keeps reading the old bytes
+        assert reader2.read() == old
+    assert not (d / "gone").exists()
