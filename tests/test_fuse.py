@@ -161,9 +161,7 @@ def test_real_programs(d: Path, tmp_path: Path) -> None:
     a = np.arange(300_000, dtype=np.float32)
     np.save(d / "a.npy", a)
     assert (np.load(d / "a.npy") == a).all()
-    subprocess.run(
-        ["dd", f"if={payload}", f"of={d / 'dd'}", "bs=1M", "status=none"], check=True
-    )
+    subprocess.run(["dd", f"if={payload}", f"of={d / 'dd'}", "bs=1M", "status=none"], check=True)
     assert (d / "dd").read_bytes() == payload.read_bytes()
 
 
@@ -226,3 +224,30 @@ def test_readers_keep_the_version_they_opened(d: Path, mounted: tuple[Path, Path
         assert reader.read() == old[10:]  # the open one keeps reading the old bytes
         assert reader2.read() == old
     assert not (d / "gone").exists()
+
+
+def test_a_file_over_2_gib_written_with_dd(tmp_path: Path) -> None:
+    """dd streams 2 GiB + 3 MiB through the mount; sha256 of what reads back matches."""
+    cluster, mnt = tmp_path / "c", tmp_path / "m"
+    Cluster.create(cluster, nodes=9, encoding="rs-6-3")  # real 8 MiB chunks
+    mnt.mkdir()
+    src = tmp_path / "src"
+    src.write_bytes(os.urandom(64 << 20))
+    copies = 32  # 2 GiB ...
+    tail = tmp_path / "tail"
+    tail.write_bytes(os.urandom(3 << 20))  # ... and 3 MiB more, past the 2^31 boundary
+    feed = f"cat {' '.join([str(src)] * copies)} {tail}"
+    want = subprocess.run(f"{feed} | sha256sum", shell=True, check=True, capture_output=True)
+    proc = mount_for_test(cluster, mnt)
+    try:
+        subprocess.run(
+            f"{feed} | dd of={mnt / 'big'} bs=1M iflag=fullblock status=none",
+            shell=True,
+            check=True,
+        )
+        assert (mnt / "big").stat().st_size == copies * (64 << 20) + (3 << 20)
+        got = subprocess.run(["sha256sum", str(mnt / "big")], check=True, capture_output=True)
+        assert got.stdout.split()[0] == want.stdout.split()[0]
+    finally:
+        unmount(mnt)
+        proc.wait(30)
