@@ -8,6 +8,8 @@ need_apt=()
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     # fuse3 serves the FUSE mount (issue 4); the store itself needs nothing from apt.
     command -v fusermount3 >/dev/null || need_apt+=(fuse3)
+    # fio drives the mount in its tests (sequential and random writes with verification).
+    command -v fio >/dev/null || need_apt+=(fio)
     if [ ${#need_apt[@]} -gt 0 ]; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
     fi

@@ -251,3 +251,31 @@ def test_a_file_over_2_gib_written_with_dd(tmp_path: Path) -> None:
     finally:
         unmount(mnt)
         proc.wait(30)
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="needs fio (scripts/bootstrap.sh)")
+@pytest.mark.parametrize(
+    "job",
+    [
+        ["--rw=write", "--bs=1M", "--size=48M"],  # sequential: streams into the store
+        ["--rw=randwrite", "--bs=4k", "--size=4M", "--number_ios=600"],  # through staging
+    ],
+)
+def test_fio_writes_verify(d: Path, job: list[str]) -> None:
+    r = subprocess.run(
+        [
+            "fio",
+            "--name=t",
+            f"--directory={d}",
+            "--ioengine=psync",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+            "--end_fsync=1",
+            *job,
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "verify" not in r.stderr.lower(), r.stderr
