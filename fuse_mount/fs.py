@@ -447,8 +447,10 @@ class TectonicFS(Operations):  # type: ignore[misc]
 
     # -- files -------------------------------------------------------------------------------
     def create(self, path: str, mode: int, fi: Any = None) -> int:
+        # The kernel calls create for a name it believes absent; if the store has a file
+        # there after all (created meanwhile elsewhere), honour the flags as open would.
         flags = fi if isinstance(fi, int) else os.O_WRONLY
-        return self._open_for_write(path, flags | os.O_CREAT | os.O_TRUNC, created=True)
+        return self._open_for_write(path, flags | os.O_CREAT, created=True)
 
     def open(self, path: str, flags: int) -> int:
         if flags & os.O_ACCMODE == os.O_RDONLY:
