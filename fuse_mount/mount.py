@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from tectonic_emu.errors import InvalidArgumentError, TectonicError
 
@@ -27,6 +28,27 @@ def is_mounted(mountpoint: str | os.PathLike[str]) -> bool:
         return any(line.split()[1] == target for line in f if len(line.split()) > 1)
 
 
+def _fuse_class() -> type:
+    """mfusepy's FUSE with a write callback that hands the kernel's buffer over as a
+    memoryview instead of copying it into ``bytes`` first (the mount copies it once, into
+    its pending block)."""
+    import ctypes
+
+    from mfusepy import FUSE
+
+    class ZeroCopyWriteFUSE(FUSE):  # type: ignore[misc]
+        def write(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
+            view = memoryview((ctypes.c_char * size).from_address(ctypes.addressof(buf.contents)))
+            fh = fip.contents if self.raw_fi else fip.contents.fh
+            decoded = None if path is None else path.decode(self.encoding, self.errors)
+            try:
+                return int(self.operations.write(decoded, view, offset, fh))
+            finally:
+                view.release()
+
+    return ZeroCopyWriteFUSE
+
+
 def mount(
     cluster_dir: str | os.PathLike[str],
     mountpoint: str | os.PathLike[str],
@@ -35,8 +57,6 @@ def mount(
     debug: bool = False,
 ) -> None:
     """Serve the cluster at ``mountpoint`` in this process until unmounted."""
-    from mfusepy import FUSE
-
     from fuse_mount.bridge import Bridge
     from fuse_mount.fs import MAX_IO, TectonicFS
 
@@ -46,8 +66,9 @@ def mount(
     bridge = Bridge(cluster_dir)
     fs = TectonicFS(bridge, encoding=encoding)
     threading.Thread(target=set_readahead, args=(mp, MAX_IO), daemon=True).start()
+    fuse = _fuse_class()
     try:
-        FUSE(
+        fuse(
             fs,
             str(mp),
             foreground=True,
