@@ -354,8 +354,8 @@ class TectonicFS(Operations):  # type: ignore[misc]
         size = st.size
         with self._lock:
             writing = self._writing.get(path)
-        if writing is not None:
-            size = max(size, writing.size) if writing.staging is None else writing.size
+        if writing is not None:  # its writer's view: streamed, new version or staged
+            size = writing.size
         return {
             **base,
             "st_mode": stat_mod.S_IFREG | 0o644,
