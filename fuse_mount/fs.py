@@ -428,6 +428,10 @@ class TectonicFS(Operations):  # type: ignore[misc]
         return [XATTR_LAYOUT, XATTR_ENCODING] if st.kind == "file" else [XATTR_ENCODING]
 
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
+        if name not in (XATTR_LAYOUT, XATTR_ENCODING):
+            # The kernel asks for security.capability before every write: answer at once,
+            # without a metadata lookup (it was a round trip per 1 MiB write).
+            raise FuseOSError(errno.ENODATA)
         st = self._stat(path)
         if name == XATTR_ENCODING:
             return (st.encoding or "").encode()
