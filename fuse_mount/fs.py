@@ -62,18 +62,24 @@ class ReadHandle:
         self.size = size
         self.segment = fs.segment
         self._lock = threading.Lock()
-        self._segments: dict[int, concurrent.futures.Future[bytes]] = {}
+        self._segments: dict[int, concurrent.futures.Future[bytearray]] = {}
+        self._free: list[bytearray] = []
 
     def _want(self, index: int) -> concurrent.futures.Future[bytearray]:
         fut = self._segments.get(index)
         if fut is None:
             start = index * self.segment
-            fut = self.fs.bridge.submit(self._fetch(start, min(self.segment, self.size - start)))
+            length = min(self.segment, self.size - start)
+            # Reuse the buffer of a segment the reader has passed (fresh memory is slow to
+            # touch here, and a new bytearray is zeroed first).
+            buf = self._free.pop() if self._free and length == self.segment else None
+            fut = self.fs.bridge.submit(self._fetch(start, length, buf))
             self._segments[index] = fut
         return fut
 
-    async def _fetch(self, start: int, length: int) -> bytearray:
-        buf = bytearray(length)
+    async def _fetch(self, start: int, length: int, buf: bytearray | None) -> bytearray:
+        if buf is None:
+            buf = bytearray(length)
         n = await self.fs.bridge.client.read_id_into(self.file_id, start, buf)
         del buf[n:]  # the file may have been replaced by a shorter version meanwhile
         return buf
@@ -91,7 +97,11 @@ class ReadHandle:
                 if i * self.segment < self.size:
                     self._want(i)
             for i in [i for i in self._segments if i < first - 1]:
-                self._segments.pop(i)  # behind the reader: drop (a cancelled fetch is fine)
+                done = self._segments.pop(i)  # behind the reader
+                if done.done() and not done.cancelled() and done.exception() is None:
+                    data = done.result()
+                    if len(data) == self.segment and len(self._free) < 2:
+                        self._free.append(data)
         parts = []
         for i, fut in zip(range(first, last + 1), futs, strict=True):
             data = fut.result()

@@ -38,6 +38,7 @@ from tectonic_emu.chunkstore.base import (
     StorageNode,
     check_chunk_id,
 )
+from tectonic_emu.coding.checksum import crc32c as crc32c_of
 from tectonic_emu.errors import (
     AlreadyExistsError,
     ChunkCorruptError,
@@ -237,6 +238,48 @@ class LocalNode(StorageNode):
             chunk_id, disk, header.payload_len, header.payload_crc32c, header.flags, st.st_mtime
         )
         return payload, info
+
+    async def read_chunk_into(self, disk: int, chunk_id: str, dest: memoryview) -> ChunkInfo:
+        """Read the payload straight into ``dest`` (one ``preadv``, no buffer of our own) and
+        check it. If cancelled, waits for the worker's read to end before it re-raises, so
+        nothing lands in ``dest`` afterwards."""
+        self._check_up()
+        path = self.chunk_path(disk, chunk_id)
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(
+            self._executor, self._read_file_into, disk, chunk_id, path, dest
+        )
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            await _settle(fut)
+            raise
+
+    def _read_file_into(
+        self, disk: int, chunk_id: str, path: str, dest: memoryview
+    ) -> ChunkInfo:
+        fd = _open_chunk(path, chunk_id)
+        try:
+            st = os.fstat(fd)
+            header = unpack_header(os.pread(fd, HEADER_SIZE, 0), chunk_id, st.st_size)
+            if header.payload_len != dest.nbytes:
+                raise ChunkCorruptError(
+                    f"chunk is {header.payload_len} bytes where {dest.nbytes} were expected",
+                    chunk_id,
+                )
+            got = 0
+            while got < dest.nbytes:
+                n = os.preadv(fd, [dest[got:]], HEADER_SIZE + got)
+                if n <= 0:
+                    raise ChunkCorruptError("chunk file shorter than its header says", chunk_id)
+                got += n
+        finally:
+            os.close(fd)
+        if crc32c_of(dest) != header.payload_crc32c:
+            raise ChunkCorruptError("chunk payload checksum mismatch", chunk_id)
+        return ChunkInfo(
+            chunk_id, disk, header.payload_len, header.payload_crc32c, header.flags, st.st_mtime
+        )
 
     async def open_chunk(self, disk: int, chunk_id: str) -> tuple[int, ChunkInfo]:
         """An open file descriptor of the chunk (the caller closes it) and its header
