@@ -271,11 +271,13 @@ def test_fio_writes_verify(d: Path, job: list[str]) -> None:
             "--verify=crc32c",
             "--do_verify=1",
             "--verify_fatal=1",
+            "--verify_state_save=0",  # else fio leaves a state file in the working directory
             "--end_fsync=1",
             *job,
         ],
         capture_output=True,
         text=True,
+        cwd=d,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "verify" not in r.stderr.lower(), r.stderr
