@@ -206,25 +206,18 @@ class LocalNode(StorageNode):
             job.created = False
             raise
 
-    async def read_chunk(
-        self, disk: int, chunk_id: str, *, verify: bool = True
-    ) -> tuple[memoryview, ChunkInfo]:
+    async def read_chunk(self, disk: int, chunk_id: str) -> tuple[memoryview, ChunkInfo]:
         """The payload (a read-only view the caller owns) and its header information.
 
         Raises ChunkNotFoundError, ChunkCorruptError (checksum, size or header mismatch; also
         for a chunk still being written), InvalidArgumentError, NodeUnavailableError.
-        ``verify=False`` skips the payload checksum (the node server's reads: its client
-        checks the payload against ``info.crc32c`` after the wire); header and size are
-        still checked.
         """
         self._check_up()
         path = self.chunk_path(disk, chunk_id)
-        payload, info = await self._run(self._read_file, disk, chunk_id, path, verify)
+        payload, info = await self._run(self._read_file, disk, chunk_id, path)
         return memoryview(payload), info
 
-    def _read_file(
-        self, disk: int, chunk_id: str, path: str, verify: bool = True
-    ) -> tuple[bytes, ChunkInfo]:
+    def _read_file(self, disk: int, chunk_id: str, path: str) -> tuple[bytes, ChunkInfo]:
         fd = _open_chunk(path, chunk_id)
         try:
             st = os.fstat(fd)
@@ -232,8 +225,7 @@ class LocalNode(StorageNode):
             payload = _pread_exact(fd, header.payload_len, HEADER_SIZE, chunk_id)
         finally:
             os.close(fd)
-        if verify:
-            check_payload(payload, header, chunk_id)
+        check_payload(payload, header, chunk_id)
         info = ChunkInfo(
             chunk_id, disk, header.payload_len, header.payload_crc32c, header.flags, st.st_mtime
         )
@@ -246,18 +238,14 @@ class LocalNode(StorageNode):
         self._check_up()
         path = self.chunk_path(disk, chunk_id)
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(
-            self._executor, self._read_file_into, disk, chunk_id, path, dest
-        )
+        fut = loop.run_in_executor(self._executor, self._read_file_into, disk, chunk_id, path, dest)
         try:
             return await asyncio.shield(fut)
         except asyncio.CancelledError:
             await _settle(fut)
             raise
 
-    def _read_file_into(
-        self, disk: int, chunk_id: str, path: str, dest: memoryview
-    ) -> ChunkInfo:
+    def _read_file_into(self, disk: int, chunk_id: str, path: str, dest: memoryview) -> ChunkInfo:
         fd = _open_chunk(path, chunk_id)
         try:
             st = os.fstat(fd)

@@ -301,6 +301,29 @@ class RemoteNode(StorageNode):
         if not self.available:
             why = f" ({self.down_reason})" if self.down_reason else ""
             raise NodeUnavailableError(f"node {self.node_id} is down{why}")
+        return await self._exchange(
+            op,
+            meta,
+            payload,
+            payload_crc32c,
+            kind=kind,
+            wait=wait or self.request_timeout,
+            into=into,
+        )
+
+    async def _exchange(
+        self,
+        op: Op,
+        meta: bytes = b"",
+        payload: memoryview | None = None,
+        payload_crc32c: int = 0,
+        *,
+        kind: str,
+        wait: float,
+        into: memoryview | None = None,
+    ) -> tuple[Header, bytes, memoryview]:
+        """One request on the ``kind`` connection; any failure of the connection or a reply
+        later than ``wait`` marks the node down (which drops its connections)."""
         try:
             conn = await self._connection(kind)
         except NodeUnavailableError as e:
@@ -319,11 +342,9 @@ class RemoteNode(StorageNode):
                 ),
                 payload,
             )
-            h, reply_meta, reply_payload = await asyncio.wait_for(
-                future, wait or self.request_timeout
-            )
+            h, reply_meta, reply_payload = await asyncio.wait_for(future, wait)
         except TimeoutError:
-            reason = f"no reply to {op.name} in {wait or self.request_timeout:.1f} s"
+            reason = f"no reply to {op.name} in {wait:.1f} s"
             self.mark_down(reason)
             raise NodeUnavailableError(f"node {self.node_id}: {reason}") from None
         except NodeUnavailableError as e:
@@ -342,27 +363,7 @@ class RemoteNode(StorageNode):
         """Heartbeat on its own connection, even while the node is marked down; marks the node
         up when it answers as the node it should be."""
         t0 = time.monotonic()
-        try:
-            conn = await self._connection("ping")
-        except NodeUnavailableError as e:
-            self.mark_down(str(e))
-            raise
-        request_id = next(self._ids)
-        future: asyncio.Future[tuple[Header, bytes, memoryview]] = (
-            asyncio.get_running_loop().create_future()
-        )
-        conn.pending[request_id] = _Call(Op.PING, future)
-        try:
-            await conn.send(wire.pack_header(Op.PING, request_id), None)
-            _, meta, _ = await asyncio.wait_for(future, wait)
-        except (TimeoutError, NodeUnavailableError) as e:
-            reason = str(e) if isinstance(e, NodeUnavailableError) else "heartbeat timed out"
-            conn.abort(reason)
-            self._conns.pop("ping", None)
-            self.mark_down(reason)
-            raise NodeUnavailableError(f"node {self.node_id}: {reason}") from None
-        finally:
-            conn.pending.pop(request_id, None)
+        _, meta, _ = await self._exchange(Op.PING, kind="ping", wait=wait)
         node_id, pid, disks, _, started, max_payload = wire.PING_REPLY.unpack(meta)
         if node_id != self.node_id:
             reason = f"the address of node {self.node_id} answers as node {node_id}"
@@ -466,8 +467,6 @@ def _drop(conn: _ClientConnection) -> None:
 
 def fixed_address(host: str, port: int) -> Resolver:
     return lambda: (host, port)
-
-
 
 
 class HealthMonitor:

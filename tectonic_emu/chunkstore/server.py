@@ -357,7 +357,8 @@ class _Connection(asyncio.BufferedProtocol):
                 if payload is not None:
                     server.pool.release(payload)
         except (FrameError, ValueError, OSError) as e:
-            status = errno.EINVAL if isinstance(e, (FrameError, ValueError)) else error_of(e)
+            bad_request = isinstance(e, (FrameError, ValueError))
+            status = errno.EINVAL if bad_request else wire.error_status(e)
             reply_meta = str(e).encode("utf-8", "replace")[:MAX_META]
             reply_payload, reply_crc = b"", 0
         except Exception as e:  # a bug: answer it, keep serving, leave a trace
@@ -402,15 +403,4 @@ class _Connection(asyncio.BufferedProtocol):
                 await self.writer.write(self._transport, head, body if body.nbytes else None)
 
 
-def error_of(exc: OSError) -> int:
-    return wire.error_status(exc)
-
-
-async def serve_forever(server: NodeServer, stop: asyncio.Event) -> None:
-    """Serve until ``stop`` is set, then close cleanly."""
-    with contextlib.suppress(asyncio.CancelledError):
-        await stop.wait()
-    await server.close()
-
-
-__all__ = ["BufferPool", "NodeServer", "serve_forever"]
+__all__ = ["BufferPool", "FilePayload", "NodeServer"]
