@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
@@ -15,6 +17,18 @@ from tectonic_emu.coding import KNOWN_ENCODINGS, Encoding
 from tectonic_emu.config import DEFAULT_BLOCK_SIZE, parse_size
 
 err_console = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def dir_option(what: str) -> Callable[[F], F]:
+    """``--dir``: where a benchmark puts its files (``what``), the temp dir by default."""
+    return click.option(
+        "--dir",
+        "directory",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help=f"{what.removesuffix('.')} [default: the temp dir].",
+    )
 
 
 @click.group()
@@ -37,13 +51,7 @@ def bench() -> None:
 )
 @click.option("--block-size", default=f"{DEFAULT_BLOCK_SIZE >> 20}MiB", show_default=True)
 @click.option("--runs", default=3, show_default=True, help="Measured runs after one warm-up.")
-@click.option(
-    "--dir",
-    "directory",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where the cluster and the raw file go (same disk for both) [default: the temp dir].",
-)
+@dir_option("Where the cluster and the raw file go (same disk for both).")
 @click.option("--no-sync", is_flag=True, help="Page-cache mode for the store (raw still fsyncs).")
 @click.option(
     "--served",
@@ -141,13 +149,7 @@ def store(
 @click.option("--delay", default="200ms", show_default=True, help="Reply delay of node 0.")
 @click.option("--block-size", default=f"{DEFAULT_BLOCK_SIZE >> 20}MiB", show_default=True)
 @click.option("--runs", default=2, show_default=True, help="Measured runs after one warm-up.")
-@click.option(
-    "--dir",
-    "directory",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where the clusters go [default: the temp dir].",
-)
+@dir_option("Where the clusters go.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def hedge(
     size: str,
@@ -205,13 +207,7 @@ def hedge(
 @click.option("--size", default="1GiB", show_default=True, help="Bytes per file.")
 @click.option("--encoding", default="rs-6-3", show_default=True, help="Encoding of the files.")
 @click.option("--runs", default=3, show_default=True, help="Measured runs after one warm-up.")
-@click.option(
-    "--dir",
-    "directory",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where the cluster, the mount point and the local file go [default: temp dir].",
-)
+@dir_option("Where the cluster, the mount point and the local file go.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def fuse(size: str, encoding: str, runs: int, directory: Path | None, as_json: bool) -> None:
     """The FUSE mount beside the native client and the local disk (1 MiB I/O).

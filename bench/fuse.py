@@ -30,6 +30,7 @@ from typing import Any
 from bench.store import aligned_buffer, drop_caches
 from fuse_mount.mount import start_mount, unmount
 from tectonic_emu import Cluster
+from tectonic_emu.coding import Encoding
 
 IO = 1 << 20
 
@@ -99,11 +100,7 @@ async def run_fuse_bench(
         data[:] = os.urandom(size)
         buf = aligned_buffer(size)
         root = work / "cluster"
-        Cluster.create(
-            root,
-            nodes=max(9, int(encoding.split("-")[1]) + 3) if encoding.startswith("rs") else 9,
-            encoding=encoding,
-        )
+        Cluster.create(root, nodes=max(9, Encoding.parse(encoding).width), encoding=encoding)
         mnt.mkdir()
         step("mounting")
         proc = await asyncio.to_thread(start_mount, root, mnt, log=work / "mount.log")

@@ -7,16 +7,11 @@ from pathlib import Path
 
 import click
 
+from tectonic_emu.cli import cluster_option
+
 
 @click.command("mount")
-@click.option(
-    "--cluster",
-    "cluster_dir",
-    envvar="TECTONIC_EMU_CLUSTER",
-    required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Cluster directory (default: $TECTONIC_EMU_CLUSTER).",
-)
+@cluster_option
 @click.argument("mountpoint", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--foreground", is_flag=True, help="Serve in this process until unmounted.")
 @click.option("--encoding", default=None, help="Encoding of new files (default: inherited).")

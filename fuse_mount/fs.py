@@ -39,7 +39,7 @@ from mfusepy import FuseOSError, Operations
 
 from fuse_mount.bridge import Bridge
 from tectonic_emu.errors import NotFoundError, TectonicError
-from tectonic_emu.writer import FileWriter
+from tectonic_emu.writer import FileWriter, VersionWriter
 
 log = logging.getLogger(__name__)
 
@@ -244,8 +244,8 @@ class WriteHandle:
             if self.writer is None:
                 return
             self._hand_over()
-            if getattr(self.writer, "published", None) is not None:  # a new version
-                self.writer.keep_replaced = self.fs.keep(self.path)  # type: ignore[attr-defined]
+            if isinstance(self.writer, VersionWriter):  # O_TRUNC: swap the new version in
+                self.writer.keep_replaced = self.fs.keep(self.path)
                 b.call(self.writer.close())
                 self.writer = None
                 self.base_exists = True  # later writes (rare) restage from the stored file
