@@ -431,12 +431,16 @@ class Supervisor:
                 if ready is not None:
                     ready.set()
                 await stop.wait()
+                log.info("stopping: background services")
                 for task in services:
                     task.cancel()
                 await asyncio.gather(*services, return_exceptions=True)
+                log.info("stopping: closing the cluster")
         finally:
             control_server.close()
+            log.info("stopping: node processes")
             await self.stop_nodes()
+            log.info("stopped")
             info = read_serve_file(self.root)
             if info is not None and info.get("pid") == os.getpid():
                 (self.root / SERVE_FILE).unlink(missing_ok=True)

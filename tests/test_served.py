@@ -401,7 +401,7 @@ def test_cli_serve_kill_start_slow_and_shutdown(tmp_path: Path) -> None:
     serve = subprocess.Popen(
         [sys.executable, "-m", "tectonic_emu", "serve", "--cluster", str(root), *REPAIR_FAST],
         stdin=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=(tmp_path / "serve.log").open("wb"),  # read on failure: it says where it stuck
     )
     try:
         until(
@@ -449,7 +449,13 @@ def test_cli_serve_kill_start_slow_and_shutdown(tmp_path: Path) -> None:
         assert r.stderr.decode().startswith("tectonic-emu: error: only a served node")
 
         serve.send_signal(signal.SIGTERM)
-        assert serve.wait(30) == 0
+        try:
+            code = serve.wait(30)
+        except subprocess.TimeoutExpired:
+            log = (tmp_path / "serve.log").read_text(errors="replace")
+            tail = log[-3000:]
+            raise AssertionError(f"serve did not stop in 30 s; its log ends:\n{tail}") from None
+        assert code == 0
         assert not (root / SERVE_FILE).exists()
         assert not list(root.glob(f"nodes/*/{ADDRESS_FILE}"))
         assert not any(pid_alive(pid) for pid in [n["pid"] for n in nodes] + [new_pid])
