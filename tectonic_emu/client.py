@@ -395,22 +395,34 @@ class Client:
 
     # -- reads -------------------------------------------------------------------------------
     async def _file_blocks(
-        self, path: str
+        self, path: str, start: int = 0, size: int = -1
     ) -> tuple[FileRecord, list[BlockEntry], list[BlockRecord]]:
+        """The file at ``path``, and its blocks holding bytes [start, start + size)."""
         if not split_path(path):
             raise IsADirectoryError_("is a directory", "/")
         async with self.meta.transaction() as m:
             _, e = await self._lookup(m, path)
             if e.kind == "dir":
                 raise IsADirectoryError_("is a directory", path)
-            f = await m.files.get(e.id)
-            assert f is not None
-            blocks = await m.files.blocks(e.id)
-            recs = []
-            for b in blocks:
-                rec = await m.blocks.get(b.block_id)
-                assert rec is not None, "a committed block has a block record"
-                recs.append(rec)
+            return await self._blocks_in(m, e.id, start, size)
+
+    @staticmethod
+    async def _blocks_in(
+        m: MetaTxn, file_id: int, start: int, size: int
+    ) -> tuple[FileRecord, list[BlockEntry], list[BlockRecord]]:
+        """File ``file_id``'s record, and the blocks (with their records) that hold bytes
+        [start, start + size), to the end when ``size`` < 0: a 1 MiB read of a large file
+        looks up one block record, not all of them."""
+        f = await m.files.get(file_id)
+        if f is None:
+            raise NotFoundError(f"no file {file_id:016x}")
+        end = f.size if size < 0 else min(f.size, start + size)
+        blocks = [b for b in await m.files.blocks(file_id) if b.end > start and b.offset < end]
+        recs = []
+        for b in blocks:
+            rec = await m.blocks.get(b.block_id)
+            assert rec is not None, "a committed block has a block record"
+            recs.append(rec)
         return f, blocks, recs
 
     async def read_id_into(self, file_id: int, offset: int, buf: BytesLike) -> int:
@@ -418,15 +430,7 @@ class Client:
         written) and the committed bytes of an unsealed one."""
         out = memoryview(buf).cast("B")
         async with self.meta.transaction() as m:
-            f = await m.files.get(file_id)
-            if f is None:
-                raise NotFoundError(f"no file {file_id:016x}")
-            blocks = await m.files.blocks(file_id)
-            recs = []
-            for b in blocks:
-                rec = await m.blocks.get(b.block_id)
-                assert rec is not None, "a committed block has a block record"
-                recs.append(rec)
+            f, blocks, recs = await self._blocks_in(m, file_id, offset, len(out))
         end = min(f.size, offset + len(out))
         if end <= offset:
             return 0
@@ -447,7 +451,7 @@ class Client:
         bytes."""
         if offset < 0:
             raise InvalidArgumentError("negative offset", path)
-        f, blocks, recs = await self._file_blocks(path)
+        f, blocks, recs = await self._file_blocks(path, offset, size)
         end = f.size if size < 0 else min(f.size, offset + size)
         if end <= offset:
             return b""
@@ -459,7 +463,7 @@ class Client:
         """Read into ``buf`` (writable) from ``offset``; returns the byte count (0 at EOF).
         The fast path for big reads: no allocation per call."""
         out = memoryview(buf).cast("B")
-        f, blocks, recs = await self._file_blocks(path)
+        f, blocks, recs = await self._file_blocks(path, offset, len(out))
         end = min(f.size, offset + len(out))
         if end <= offset:
             return 0
