@@ -15,6 +15,11 @@ from tectonic_emu.cli import cluster_option
 @click.argument("mountpoint", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--foreground", is_flag=True, help="Serve in this process until unmounted.")
 @click.option("--encoding", default=None, help="Encoding of new files (default: inherited).")
+@click.option(
+    "--direct-io",
+    is_flag=True,
+    help="Bypass the kernel page cache (faster streaming; MAP_SHARED mmap fails: ENODEV).",
+)
 @click.option("--log", type=click.Path(dir_okay=False, path_type=Path), help="Log file.")
 @click.option("--debug", is_flag=True, help="libfuse debug output (foreground only).")
 def mount(
@@ -22,6 +27,7 @@ def mount(
     mountpoint: Path,
     foreground: bool,
     encoding: str | None,
+    direct_io: bool,
     log: Path | None,
     debug: bool,
 ) -> None:
@@ -30,19 +36,23 @@ def mount(
     Without --foreground the mount runs in the background and this returns once it is live.
     Unmount with `tectonic-emu umount MOUNTPOINT`.
 
+    --direct-io skips the kernel page cache: large sequential reads and writes run faster,
+    small ones each cost a round trip, and MAP_SHARED mmap is refused (docs/fuse.md).
+
     \b
     Example:
       tectonic-emu mount --cluster /tmp/c1 /mnt/tectonic
       cp model.bin /mnt/tectonic/ckpt/ && sha256sum /mnt/tectonic/ckpt/model.bin
       tectonic-emu umount /mnt/tectonic
+      tectonic-emu mount --cluster /tmp/c1 --direct-io /mnt/tectonic
     """
     from fuse_mount.mount import mount as run_mount
     from fuse_mount.mount import start_mount
 
     if foreground:
-        run_mount(cluster_dir, mountpoint, encoding=encoding, debug=debug)
+        run_mount(cluster_dir, mountpoint, encoding=encoding, direct_io=direct_io, debug=debug)
         return
-    proc = start_mount(cluster_dir, mountpoint, encoding=encoding, log=log)
+    proc = start_mount(cluster_dir, mountpoint, encoding=encoding, direct_io=direct_io, log=log)
     click.echo(f"mounted {cluster_dir} at {mountpoint} (pid {proc.pid})")
 
 

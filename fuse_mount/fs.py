@@ -55,6 +55,10 @@ XATTR_LAYOUT = "user.tectonic.layout"
 XATTR_ENCODING = "user.tectonic.encoding"
 
 
+def _copy_out(dest: int, src: Any, n: int) -> None:
+    ctypes.memmove(dest, src, n)  # ctypes releases the GIL for the copy
+
+
 @dataclasses.dataclass(slots=True, eq=False)
 class _Segment:
     buf: memoryview  # page-aligned, ``segment`` bytes
@@ -115,7 +119,7 @@ class ReadHandle:
                 if lo >= hi:
                     break
                 chunk = (ctypes.c_char * (hi - lo)).from_buffer(seg.buf[lo:hi])
-                ctypes.memmove(dest + copied, chunk, hi - lo)  # releases the GIL
+                _copy_out(dest + copied, chunk, hi - lo)
                 copied += hi - lo
         finally:
             with self._lock:

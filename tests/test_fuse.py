@@ -8,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import mmap
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -72,21 +74,48 @@ def mounted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Pa
         proc.wait(30)
 
 
-@pytest.fixture
-def d(mounted: tuple[Path, Path], request: pytest.FixtureRequest) -> Path:
-    path = mounted[1] / request.node.name.replace("[", "-").replace("]", "")
+@pytest.fixture(scope="module")
+def mounted_direct(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """The same kind of cluster, mounted with --direct-io (no kernel page cache)."""
+    base = tmp_path_factory.mktemp("fuse-direct")
+    cluster, mnt = base / "cluster", base / "mnt"
+    Cluster.create(cluster, nodes=9, encoding="rs-6-3", block_size=64 << 10)
+    mnt.mkdir()
+    proc = mount_for_test(cluster, mnt, direct_io=True, log=base / "mount.log")
+    try:
+        yield cluster, mnt
+    finally:
+        if is_mounted(mnt):
+            unmount(mnt)
+        proc.wait(30)
+
+
+def _test_dir(mnt: Path, request: pytest.FixtureRequest) -> Path:
+    path = mnt / request.node.name.replace("[", "-").replace("]", "")
     path.mkdir()
     return path
 
 
-def test_copy_round_trip_and_listing(d: Path, tmp_path: Path) -> None:
+@pytest.fixture
+def d(mounted: tuple[Path, Path], request: pytest.FixtureRequest) -> Path:
+    return _test_dir(mounted[1], request)
+
+
+@pytest.fixture(params=["page-cache", "direct-io"])
+def dm(request: pytest.FixtureRequest) -> Path:
+    """A test directory on each of the two mounts (the test runs once per mode)."""
+    name = "mounted" if request.param == "page-cache" else "mounted_direct"
+    return _test_dir(request.getfixturevalue(name)[1], request)
+
+
+def test_copy_round_trip_and_listing(dm: Path, tmp_path: Path) -> None:
     src = tmp_path / "src"
     data = os.urandom(3 * (384 << 10) + 12345)  # several rs-6-3 blocks and a partial one
     src.write_bytes(data)
-    shutil.copyfile(src, d / "copy")
-    assert (d / "copy").read_bytes() == data
-    assert (d / "copy").stat().st_size == len(data)
-    assert sorted(os.listdir(d)) == ["copy"]
+    shutil.copyfile(src, dm / "copy")
+    assert (dm / "copy").read_bytes() == data
+    assert (dm / "copy").stat().st_size == len(data)
+    assert sorted(os.listdir(dm)) == ["copy"]
 
 
 def test_errnos(d: Path) -> None:
@@ -118,8 +147,8 @@ def test_rename_replaces_atomically(d: Path) -> None:
     assert (d / "b").read_bytes() == b"new" and not (d / "a").exists()
 
 
-def test_writes_back_inside_the_file(d: Path) -> None:
-    with open(d / "p", "wb") as f:
+def test_writes_back_inside_the_file(dm: Path) -> None:
+    with open(dm / "p", "wb") as f:
         f.write(b"x" * 100_000)
         f.seek(10)
         f.write(b"HEAD")
@@ -127,42 +156,87 @@ def test_writes_back_inside_the_file(d: Path) -> None:
         f.write(b"tail")
     want = bytearray(b"x" * 100_000 + b"tail")
     want[10:14] = b"HEAD"
-    assert (d / "p").read_bytes() == bytes(want)
-    with open(d / "p", "r+b") as f:  # an existing file, kept: copy-on-write
+    assert (dm / "p").read_bytes() == bytes(want)
+    with open(dm / "p", "r+b") as f:  # an existing file, kept: copy-on-write
         f.seek(5)
         f.write(b"!")
     want[5:6] = b"!"
-    assert (d / "p").read_bytes() == bytes(want)
-    os.truncate(d / "p", 7)
-    assert (d / "p").read_bytes() == bytes(want[:7])
+    assert (dm / "p").read_bytes() == bytes(want)
+    os.truncate(dm / "p", 7)
+    assert (dm / "p").read_bytes() == bytes(want[:7])
 
 
-def test_o_trunc_replaces_the_old_version(d: Path) -> None:
-    (d / "v").write_bytes(b"first version, long")
-    with open(d / "v", "wb") as f:
+def test_o_trunc_replaces_the_old_version(dm: Path) -> None:
+    (dm / "v").write_bytes(b"first version, long")
+    with open(dm / "v", "wb") as f:
         f.write(b"second")
-    assert (d / "v").read_bytes() == b"second"
+    assert (dm / "v").read_bytes() == b"second"
 
 
-def test_real_programs(d: Path, tmp_path: Path) -> None:
+def test_real_programs(dm: Path, tmp_path: Path) -> None:
     payload = tmp_path / "payload"
     payload.write_bytes(os.urandom(1 << 20))
-    with zipfile.ZipFile(d / "z.zip", "w") as z:  # patches each member's header after it
+    with zipfile.ZipFile(dm / "z.zip", "w") as z:  # patches each member's header after it
         z.write(payload, "payload")
         z.writestr("small.txt", "hello" * 1000)
-    with zipfile.ZipFile(d / "z.zip") as z:
+    with zipfile.ZipFile(dm / "z.zip") as z:
         assert z.testzip() is None and z.read("payload") == payload.read_bytes()
-    with tarfile.open(d / "t.tar", "w") as t:
+    with tarfile.open(dm / "t.tar", "w") as t:
         t.add(payload, "payload")
-    with tarfile.open(d / "t.tar") as t:
+    with tarfile.open(dm / "t.tar") as t:
         member = t.extractfile("payload")
         assert member is not None and member.read() == payload.read_bytes()
     np = pytest.importorskip("numpy")
     a = np.arange(300_000, dtype=np.float32)
-    np.save(d / "a.npy", a)
-    assert (np.load(d / "a.npy") == a).all()
-    subprocess.run(["dd", f"if={payload}", f"of={d / 'dd'}", "bs=1M", "status=none"], check=True)
-    assert (d / "dd").read_bytes() == payload.read_bytes()
+    np.save(dm / "a.npy", a)
+    assert (np.load(dm / "a.npy") == a).all()
+    subprocess.run(["dd", f"if={payload}", f"of={dm / 'dd'}", "bs=1M", "status=none"], check=True)
+    assert (dm / "dd").read_bytes() == payload.read_bytes()
+
+
+def test_concurrent_reads_of_one_descriptor(dm: Path) -> None:
+    """Threads read random ranges, across segment boundaries, through one open file: no
+    segment buffer is recycled while another read still copies out of it."""
+    data = os.urandom(3 << 20)  # 48 segments of 64 KiB
+    (dm / "f").write_bytes(data)
+    fd = os.open(dm / "f", os.O_RDONLY)
+    errors: list[str] = []
+
+    def reader(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(150):
+            off = rng.randrange(len(data))
+            n = rng.choice([1, 4096, 65536, 200_000, 1 << 20])
+            if os.pread(fd, n, off) != data[off : off + n]:
+                errors.append(f"pread({n}, {off})")
+
+    try:
+        threads = [threading.Thread(target=reader, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        os.close(fd)
+    assert not errors, errors[:5]
+
+
+def test_mmap_through_each_mode(dm: Path) -> None:
+    """Private maps work in both modes; shared maps only through the page cache (the
+    kernel refuses them on a direct-I/O file: ENODEV)."""
+    data = os.urandom(300_000)
+    (dm / "m").write_bytes(data)
+    with open(dm / "m", "rb") as f:
+        private = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
+        with private:
+            assert private[:] == data
+        if "direct-io" in dm.name:
+            with pytest.raises(OSError) as info:
+                mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            assert info.value.errno == errno.ENODEV
+        else:
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as shared:
+                assert shared[:] == data
 
 
 def test_xattrs(d: Path) -> None:
