@@ -210,7 +210,8 @@ def hedge(
 @dir_option("Where the cluster, the mount point and the local file go.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def fuse(size: str, encoding: str, runs: int, directory: Path | None, as_json: bool) -> None:
-    """The FUSE mount beside the native client and the local disk (1 MiB I/O).
+    """The FUSE mount (default and --direct-io) beside the native client and the local
+    disk (1 MiB I/O).
 
     \b
     Example:
@@ -242,5 +243,13 @@ def fuse(size: str, encoding: str, runs: int, directory: Path | None, as_json: b
         "mount / native",
         f"{result.mount_vs_native_write:.2f}",
         f"{result.mount_vs_native_read:.2f}",
+    )
+    t.add_row(
+        "mount --direct-io", f"{result.direct_write_mb_s:.0f}", f"{result.direct_read_mb_s:.0f}"
+    )
+    t.add_row(
+        "direct-io / native",
+        f"{result.direct_vs_native_write:.2f}",
+        f"{result.direct_vs_native_read:.2f}",
     )
     Console().print(t)

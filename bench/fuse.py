@@ -7,9 +7,11 @@ In one run, per round, with the same random bytes:
 - **native client**: an ``open_writer`` appending 1 MiB pieces, closed; ``read_into`` of the
   whole file into a reused buffer (the client's fast path);
 - **mount**: the same 1 MiB ``write`` calls through the mount (``tectonic-emu mount`` in a
-  child process), ``fsync``, ``close``; 1 MiB ``readinto`` calls after dropping the cache.
+  child process), ``fsync``, ``close``; 1 MiB ``readinto`` calls after dropping the cache;
+- **mount --direct-io**: the same through a second mount of the cluster in direct-I/O mode
+  (no kernel page cache).
 
-The mount process and this one open the cluster at the same time (embedded: both read and
+The mount processes and this one open the cluster at the same time (embedded: all read and
 write the node directories; SQLite serialises the metadata), each on its own files.
 The target of issue 4 is ``mount_vs_native`` >= 0.7 for write and for read.
 """
@@ -49,6 +51,10 @@ class FuseBench:
     mount_read_mb_s: float
     mount_vs_native_write: float
     mount_vs_native_read: float
+    direct_write_mb_s: float
+    direct_read_mb_s: float
+    direct_vs_native_write: float
+    direct_vs_native_read: float
     runs_mb_s: dict[str, list[float]] = field(default_factory=dict)
     cpu_count: int = field(default_factory=lambda: os.cpu_count() or 0)
 
@@ -93,8 +99,8 @@ async def run_fuse_bench(
     step: Callable[[str], None] = lambda _: None,
 ) -> FuseBench:
     work = Path(tempfile.mkdtemp(prefix="tectonic-fuse-bench-", dir=directory))
-    proc = None
-    mnt = work / "mnt"
+    procs = []
+    mnt, dmnt = work / "mnt", work / "mnt-direct"
     try:
         data = aligned_buffer(size)
         data[:] = os.urandom(size)
@@ -102,11 +108,16 @@ async def run_fuse_bench(
         root = work / "cluster"
         Cluster.create(root, nodes=max(9, Encoding.parse(encoding).width), encoding=encoding)
         mnt.mkdir()
+        dmnt.mkdir()
         step("mounting")
-        proc = await asyncio.to_thread(start_mount, root, mnt, log=work / "mount.log")
-        per: dict[str, list[float]] = {
-            k: [] for k in ("local_w", "local_r", "native_w", "native_r", "mount_w", "mount_r")
-        }
+        procs.append(await asyncio.to_thread(start_mount, root, mnt, log=work / "mount.log"))
+        procs.append(
+            await asyncio.to_thread(
+                start_mount, root, dmnt, direct_io=True, log=work / "mount-direct.log"
+            )
+        )
+        keys = ("local", "native", "mount", "direct")
+        per: dict[str, list[float]] = {f"{k}_{rw}": [] for k in keys for rw in "wr"}
         cold = False
         async with Cluster.open(root) as cluster:
             client = cluster.client()
@@ -131,21 +142,16 @@ async def run_fuse_bench(
                 nr = time.perf_counter() - t0
                 assert buf == data, "native read-back differs"
                 await client.delete("/native")
-                step(f"{label}: mount")
-                mw = await asyncio.to_thread(_write_file, mnt / "mounted", data)
-                drop_caches()
-                mr = await asyncio.to_thread(_read_file, mnt / "mounted", buf)
-                assert buf == data, "mount read-back differs"
-                (mnt / "mounted").unlink()
+                timed = [w, r, nw, nr]
+                for where, name in ((mnt, "mount"), (dmnt, "mount --direct-io")):
+                    step(f"{label}: {name}")
+                    timed.append(await asyncio.to_thread(_write_file, where / "mounted", data))
+                    drop_caches()
+                    timed.append(await asyncio.to_thread(_read_file, where / "mounted", buf))
+                    assert buf == data, f"{name}: read-back differs"
+                    (where / "mounted").unlink()
                 if rnd:
-                    for key, secs in (
-                        ("local_w", w),
-                        ("local_r", r),
-                        ("native_w", nw),
-                        ("native_r", nr),
-                        ("mount_w", mw),
-                        ("mount_r", mr),
-                    ):
+                    for key, secs in zip(per, timed, strict=True):
                         per[key].append(_mb_s(size, secs))
         med = {k: statistics.median(v) for k, v in per.items()}
         return FuseBench(
@@ -161,11 +167,15 @@ async def run_fuse_bench(
             med["mount_r"],
             round(med["mount_w"] / med["native_w"], 3),
             round(med["mount_r"] / med["native_r"], 3),
+            med["direct_w"],
+            med["direct_r"],
+            round(med["direct_w"] / med["native_w"], 3),
+            round(med["direct_r"] / med["native_r"], 3),
             per,
         )
     finally:
-        if proc is not None:
-            await asyncio.to_thread(unmount, mnt)
+        for where, proc in zip((mnt, dmnt), procs, strict=False):
+            await asyncio.to_thread(unmount, where)
             await asyncio.to_thread(proc.wait, 30)
         shutil.rmtree(work, ignore_errors=True)
 
