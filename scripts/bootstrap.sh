@@ -19,10 +19,23 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
-stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+extras=dev,fuse,bench
+find_links=()
+# torch (the optional extra, pinned to 2.13.0) only from the CPU wheel on this machine's disk,
+# which pip prefers to PyPI's release of the same version (a CUDA build of several GB).
+# Without that file the torch extra is left out, and the tests that need torch skip.
+wheels=${PIP_FIND_LINKS:-/opt/wheels}
+for wheel in "$wheels"/torch-2.13.0+cpu-*.whl; do
+    if [ -f "$wheel" ]; then
+        extras=$extras,torch
+        find_links=(--find-links "$wheels")
+    fi
+    break
+done
+stamp=.venv/.installed-$( (cat pyproject.toml; echo "$extras") | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
     .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
-    .venv/bin/pip install -q -e ".[dev,fuse,bench]" >.venv/install.log 2>&1 || { cat .venv/install.log; exit 1; }
+    .venv/bin/pip install -q "${find_links[@]}" -e ".[$extras]" >.venv/install.log 2>&1 || { cat .venv/install.log; exit 1; }
     .venv/bin/python -c "import tectonic_emu, pyeclib, google_crc32c, zstandard" 
     rm -f .venv/.installed-*; touch "$stamp"
 fi

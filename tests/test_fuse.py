@@ -194,6 +194,19 @@ def test_real_programs(dm: Path, tmp_path: Path) -> None:
     assert (dm / "dd").read_bytes() == payload.read_bytes()
 
 
+def test_torch_save_and_load_a_large_state_dict(dm: Path) -> None:
+    """torch.save writes a zip archive; torch.load reads it back, also memory-mapped."""
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(7)
+    state = {f"layer{i}.weight": torch.randn(1024, 1024, generator=gen) for i in range(12)}
+    state["step"] = torch.tensor(1234)
+    torch.save(state, dm / "model.pt")  # 48 MiB of float32, in 64 KiB blocks here
+    for mmap_load in (False, True):
+        back = torch.load(dm / "model.pt", weights_only=True, mmap=mmap_load)
+        assert back.keys() == state.keys()
+        assert all(torch.equal(back[k], state[k]) for k in state)
+
+
 def test_concurrent_reads_of_one_descriptor(dm: Path) -> None:
     """Threads read random ranges, across segment boundaries, through one open file: no
     segment buffer is recycled while another read still copies out of it."""
