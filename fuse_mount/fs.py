@@ -55,6 +55,10 @@ XATTR_LAYOUT = "user.tectonic.layout"
 XATTR_ENCODING = "user.tectonic.encoding"
 
 
+def _failed(fut: concurrent.futures.Future[Any]) -> bool:
+    return fut.done() and (fut.cancelled() or fut.exception() is not None)
+
+
 def _copy_out(dest: int, src: Any, n: int) -> None:
     ctypes.memmove(dest, src, n)  # ctypes releases the GIL for the copy
 
@@ -79,8 +83,10 @@ class ReadHandle:
         self._segments: dict[int, _Segment] = {}
         self._free: list[memoryview] = []
 
-    def _want(self, index: int) -> _Segment:
+    def _want(self, index: int, *, retry: bool = False) -> _Segment:
         seg = self._segments.get(index)
+        if retry and seg is not None and seg.pins == 0 and _failed(seg.fetched):
+            seg = None  # fetched ahead and failed: a read needs it, so try again now
         if seg is None:
             start = index * self.segment
             length = min(self.segment, self.size - start)
@@ -100,7 +106,7 @@ class ReadHandle:
         end = min(self.size, offset + size)
         first, last = offset // self.segment, (end - 1) // self.segment
         with self._lock:
-            segs = [self._want(i) for i in range(first, last + 1)]
+            segs = [self._want(i, retry=True) for i in range(first, last + 1)]
             for seg in segs:
                 seg.pins += 1
             for i in range(last + 1, last + 1 + READAHEAD_SEGMENTS):
@@ -115,7 +121,14 @@ class ReadHandle:
         try:
             for i, seg in zip(range(first, last + 1), segs, strict=True):
                 lo = max(offset, i * self.segment) - i * self.segment
-                hi = min(end - i * self.segment, self.segment, seg.fetched.result())
+                try:
+                    fetched = seg.fetched.result()
+                except BaseException:
+                    with self._lock:  # let the next read of it try again (a node may be back)
+                        if self._segments.get(i) is seg:
+                            del self._segments[i]
+                    raise
+                hi = min(end - i * self.segment, self.segment, fetched)
                 if lo >= hi:
                     break
                 chunk = (ctypes.c_char * (hi - lo)).from_buffer(seg.buf[lo:hi])

@@ -25,12 +25,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import errno
 import itertools
 import logging
 import random
 import secrets
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -41,6 +42,7 @@ from tectonic_emu.config import Compression
 from tectonic_emu.errors import (
     ChunkCorruptError,
     DataUnavailableError,
+    NoSpaceError,
     NotEnoughNodesError,
 )
 from tectonic_emu.metadata.records import BlockRecord, ChunkPlacement
@@ -74,12 +76,17 @@ SLOW_NODE_PENALTY = 10.0
 _INLINE_CPU_BYTES = 256 << 10
 
 
+def _is_full(exc: BaseException) -> bool:
+    return getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+
+
 @dataclass(slots=True)
 class _BlockWrite:
     """Shared state of the chunk writes of one block."""
 
     taken: set[tuple[int, int]]
     failed: set[int] = field(default_factory=set)
+    full: set[int] = field(default_factory=set)  # failed for want of space (ENOSPC)
     current: dict[int, ChunkPlacement] = field(default_factory=dict)  # the latest attempt
     written: list[ChunkPlacement] = field(default_factory=list)  # durable
     acked: bool = False  # the block was acknowledged: stragglers no longer retry
@@ -218,23 +225,27 @@ class DataPath:
         asks = {asyncio.ensure_future(self.nodes[n].reserve(nbytes)): (n, d) for n, d in candidates}
         accepted: list[tuple[int, int]] = []
         failed: set[int] = set()
+        full: set[int] = set()
         pending = set(asks)
         try:
             while pending and len(accepted) < enc.width:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for ask in done:
-                    if ask.exception() is None:
+                    exc = ask.exception()
+                    if exc is None:
                         accepted.append(asks[ask])
-                    elif isinstance(ask.exception(), OSError):
+                    elif isinstance(exc, OSError):
                         failed.add(asks[ask][0])
+                        if _is_full(exc):
+                            full.add(asks[ask][0])
                     else:
-                        raise ask.exception()  # type: ignore[misc]
+                        raise exc
         finally:
             for ask in pending:
                 ask.cancel()
         taken = set(accepted)
         while len(accepted) < enc.width:  # too few accepted: fill as a failed write would
-            target = self._replacement(enc, taken, failed)
+            target = self._replacement(enc, taken, failed, full)
             taken.add(target)
             accepted.append(target)
         return accepted[: enc.width]
@@ -354,22 +365,29 @@ class DataPath:
             state.current[index] = placement
             try:
                 await self.nodes[node].write_chunk(disk, chunk_id, stored, crc32c=crc, flags=flags)
-            except (OSError, EOFError):
+            except (OSError, EOFError) as exc:
                 if state.acked:
                     raise
                 state.failed.add(node)
-                node, disk = self._replacement(enc, state.taken, state.failed)
+                if _is_full(exc):
+                    state.full.add(node)
+                node, disk = self._replacement(enc, state.taken, state.failed, state.full)
                 state.taken.add((node, disk))
                 continue
             state.written.append(placement)
             return
 
     def _replacement(
-        self, enc: Encoding, taken: set[tuple[int, int]], failed: set[int]
+        self,
+        enc: Encoding,
+        taken: set[tuple[int, int]],
+        failed: set[int],
+        full: Collection[int] = (),
     ) -> tuple[int, int]:
         """A target for a chunk whose node failed: a live node the block does not use yet,
         else (as a degraded write does) a free disk of a node it uses; the block is then below
-        redundancy until repair moves it."""
+        redundancy until repair moves it. Raises NoSpaceError when none is left and some of
+        the ``failed`` nodes are ``full``, NotEnoughNodesError when none is left otherwise."""
         used = {n for n, _ in taken}
         with contextlib.suppress(NotEnoughNodesError):
             ((node, disk),) = self.place(enc, 1, avoid=used | failed)
@@ -380,6 +398,11 @@ class DataPath:
             for d in range(self.disks_per_node):
                 if (n, d) not in taken:
                     return n, d
+        if full:
+            raise NoSpaceError(
+                f"encoding {enc}: no room left for a chunk (nodes {sorted(full)} are full, "
+                f"{len(failed)} failed, {len(self.live_nodes())} of {len(self.nodes)} up)"
+            )
         raise NotEnoughNodesError(
             f"encoding {enc}: no live node left to take a chunk that failed to write "
             f"({len(failed)} nodes failed, {len(self.live_nodes())} of {len(self.nodes)} up)"

@@ -117,6 +117,12 @@ class ChunkCorruptError(TectonicError):
     default_errno = _errno.EIO
 
 
+class NoSpaceError(TectonicError):
+    """No room for the bytes: a node's disk is full, or every node a block could use is."""
+
+    default_errno = _errno.ENOSPC
+
+
 class DataUnavailableError(TectonicError):
     """Too few good chunks of a block survive to return its bytes. Never wrong bytes instead."""
 
@@ -144,6 +150,7 @@ __all__ = [
     "InvalidPathError",
     "IsADirectoryError_",
     "NameTooLongError",
+    "NoSpaceError",
     "NodeUnavailableError",
     "NotADirectoryError_",
     "NotEnoughNodesError",

@@ -286,6 +286,69 @@ def test_mmap_through_each_mode(dm: Path) -> None:
         assert (dm / "m").read_bytes() == data[:100] + b"HELLO" + data[105:]
 
 
+def test_an_unreadable_block_reads_as_eio_never_wrong_bytes(dm: Path) -> None:
+    """Four of a block's nine rs-6-3 chunks corrupt (one more than it can lose): reading it
+    fails with EIO, the other blocks still read, and once the chunks are good again the same
+    descriptor reads the block (a failed segment is not cached)."""
+    block = 6 * (64 << 10)
+    data = os.urandom(3 * block)
+    (dm / "e").write_bytes(data)
+    layout = json.loads(os.getxattr(dm / "e", "user.tectonic.layout"))
+    originals = {}
+    for path in layout[1]["chunk_paths"][:4]:
+        originals[path] = Path(path).read_bytes()
+        broken = bytearray(originals[path])
+        broken[len(broken) // 2] ^= 0xFF
+        Path(path).write_bytes(broken)
+    fd = os.open(dm / "e", os.O_RDONLY)
+    try:
+        assert os.pread(fd, block, 0) == data[:block]
+        assert os.pread(fd, block, 2 * block) == data[2 * block :]
+        for offset, size in ((block, block), (block + 1000, 10)):
+            with pytest.raises(OSError) as info:
+                os.pread(fd, size, offset)
+            assert info.value.errno == errno.EIO
+        try:  # from a good block into the bad one: EIO, or a short read of good bytes
+            got = os.pread(fd, len(data), 0)
+        except OSError as e:
+            assert e.errno == errno.EIO
+        else:
+            assert len(got) <= block and got == data[: len(got)]
+        for path, raw in originals.items():
+            Path(path).write_bytes(raw)
+        assert os.pread(fd, block, block) == data[block : 2 * block]
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs (root)")
+def test_a_full_cluster_gives_enospc_and_keeps_what_it_stored(tmp_path: Path) -> None:
+    disk, mnt = tmp_path / "disk", tmp_path / "mnt"
+    disk.mkdir()
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(disk)], check=True)
+    try:
+        Cluster.create(disk / "c", nodes=4, encoding="r3", block_size=1 << 20)
+        proc = mount_for_test(disk / "c", mnt, log=tmp_path / "mount.log")
+        try:
+            kept = os.urandom(3 << 20)
+            (mnt / "kept").write_bytes(kept)
+            with pytest.raises(OSError) as info:
+                for i in range(100):  # 100 x 4 MiB x 3 replicas: far more than 40 MiB
+                    with open(mnt / f"f{i}", "wb") as f:
+                        for _ in range(4):
+                            f.write(os.urandom(1 << 20))
+            assert info.value.errno == errno.ENOSPC
+            assert (mnt / "kept").read_bytes() == kept
+            for j in range(i):  # the files written before it filled up are whole
+                assert os.path.getsize(mnt / f"f{j}") == 4 << 20
+        finally:
+            unmount(mnt)
+            proc.wait(30)
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
 def test_xattrs(d: Path) -> None:
     (d / "f").write_bytes(os.urandom(200_000))
     layout = json.loads(os.getxattr(d / "f", "user.tectonic.layout"))

@@ -33,7 +33,7 @@ from tectonic_emu.chunkstore._local import LocalNode
 from tectonic_emu.chunkstore.base import BytesLike
 from tectonic_emu.chunkstore.wire import HEADER_SIZE, MAX_META, FrameError, Header, Op
 from tectonic_emu.coding import crc32c
-from tectonic_emu.errors import ChunkCorruptError, InvalidArgumentError, TectonicError
+from tectonic_emu.errors import ChunkCorruptError, InvalidArgumentError, NoSpaceError
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +41,6 @@ log = logging.getLogger(__name__)
 MAX_INFLIGHT = 64
 # Below this many bytes a checksum runs on the event loop rather than in a worker thread.
 _INLINE_CRC_BYTES = 256 << 10
-
-
-class NoSpaceError(TectonicError):
-    default_errno = errno.ENOSPC
 
 
 class BufferPool:
