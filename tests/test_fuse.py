@@ -349,6 +349,30 @@ def test_a_full_cluster_gives_enospc_and_keeps_what_it_stored(tmp_path: Path) ->
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
+def test_a_mount_of_a_served_cluster_reads_through_a_killed_node(tmp_path: Path) -> None:
+    """The mount on a served cluster (node processes over TCP): files written through it
+    read back whole, also after one node is SIGKILLed."""
+    from tectonic_emu.served import Serving, signal_node
+
+    cluster, mnt, src = tmp_path / "cluster", tmp_path / "mnt", tmp_path / "src"
+    Cluster.create(cluster, nodes=9, encoding="rs-6-3", block_size=64 << 10)
+    mnt.mkdir()
+    data = os.urandom(5 << 20)
+    src.write_bytes(data)
+    with Serving(cluster, repair_interval=0):
+        proc = mount_for_test(cluster, mnt, log=tmp_path / "mount.log")
+        try:
+            subprocess.run(["cp", str(src), str(mnt / "f")], check=True)
+            assert (mnt / "f").read_bytes() == data
+            signal_node(cluster, 4, signal.SIGKILL)
+            assert (mnt / "f").read_bytes() == data
+            (mnt / "g").write_bytes(data[:100_000])  # writes go around the dead node
+            assert (mnt / "g").read_bytes() == data[:100_000]
+        finally:
+            unmount(mnt)
+            proc.wait(30)
+
+
 def test_xattrs(d: Path) -> None:
     (d / "f").write_bytes(os.urandom(200_000))
     layout = json.loads(os.getxattr(d / "f", "user.tectonic.layout"))
