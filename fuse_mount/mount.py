@@ -41,7 +41,8 @@ def _fuse_class(*, direct_io: bool = False) -> type:
         # A write-only descriptor loses nothing in direct-I/O mode: it cannot be mmapped,
         # and without a writeback cache the kernel sends every write() to the mount anyway.
         # It gains the copy into the page cache: 1 GiB streamed through the page cache
-        # wrote at 0.63 of the native client, in direct-I/O mode at 1.05 (docs/fuse.md).
+        # wrote at 0.57-0.87 of the native client (single runs), in direct-I/O mode at
+        # 0.96-1.07 (5-run medians; docs/performance.md).
         fi = fip.contents
         if direct_io or fi.flags & os.O_ACCMODE == os.O_WRONLY:
             fi.direct_io = 1
