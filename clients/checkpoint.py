@@ -1,0 +1,793 @@
+"""Synchronized multi-rank checkpoints in the store: ``Checkpointer``.
+
+Every rank calls ``await ckpt.save(step, rank, state)``; it returns once the whole step is
+committed. Ranks are coroutines of one process or ranks in other processes and hosts: they
+meet only through the store (``clients/ckpt_format.py`` has the layout), so all work alike.
+
+How a step commits (``docs/checkpoint.md`` has the failure cases):
+
+1. A rank's state is *staged*: cut into parts of whole rows, copied into reused buffers by
+   ``save_async`` (the caller may change its arrays once it returns), referenced by ``save``.
+2. One writer per ``Checkpointer`` appends the parts of every rank it has staged into one data
+   file of the step, seals it (durable), then writes an index file naming those ranks and
+   where their parts lie. Ranks staged meanwhile go into the next data file.
+3. The ``Checkpointer`` holding rank 0 polls the step's index files. Once they cover every
+   rank, it publishes ``manifest-<step>.json`` in one atomic write: that is the commit. Every
+   other ``Checkpointer`` polls for the manifest. A rank that fails or is cancelled before the
+   commit leaves ``abort-<rank>``, and the step fails everywhere at once. Ranks that never
+   come make it fail after ``timeout`` seconds.
+4. After a commit, the committer deletes checkpoints beyond ``keep_last`` (never a data file a
+   kept checkpoint references) and what failed steps before it left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from clients.ckpt_format import (
+    CheckpointAbortedError,
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointTimeoutError,
+    Entry,
+    Kind,
+    Manifest,
+    Part,
+    Shard,
+    check_step,
+    manifest_name,
+    step_dir,
+    step_of_dir,
+    step_of_manifest,
+)
+from clients.ckpt_region import even_rows, plan, region
+from tectonic_emu.chunkstore.remote import aligned_buffer
+from tectonic_emu.client import Client
+from tectonic_emu.coding.checksum import crc32c
+from tectonic_emu.errors import NotFoundError, TectonicError
+
+log = logging.getLogger(__name__)
+
+PART_BYTES = 4 << 20  # values are cut into parts of whole rows of at most this many bytes
+_POLL_FIRST, _POLL_MAX = 0.005, 0.1  # seconds between looks at the store, growing
+_READS_IN_FLIGHT = 16
+
+Value = Any  # numpy array, bytes-like, or Shard
+
+
+@dataclass(slots=True)
+class SaveResult:
+    """What one rank's save did. ``blocked_s``: how long the rank's call held it up;
+    ``persist_s``: from the call to the commit."""
+
+    step: int
+    rank: int
+    bytes_total: int  # this rank's state
+    bytes_written: int  # of which written by this save (less when incremental)
+    blocked_s: float
+    persist_s: float
+
+
+@dataclass(slots=True)
+class PendingSave:
+    """``save_async``'s answer: the state is staged; ``await pending.committed``."""
+
+    committed: asyncio.Future[SaveResult]
+    blocked_s: float
+
+
+@dataclass(slots=True)
+class _Item:
+    """One named value of a rank, staged: its entry (parts still without places) and the
+    bytes of each part."""
+
+    entry: Entry
+    pieces: list[memoryview]
+
+
+@dataclass(slots=True)
+class _Staged:
+    rank: int
+    items: list[_Item]
+    incremental: bool
+    started: float
+    written: asyncio.Future[int]  # resolves once the rank's parts are durable: bytes written
+    buffers: list[memoryview] = field(default_factory=list)  # staging copies to give back
+    blocked_s: float | None = None  # save_async: how long staging held the caller
+
+
+@dataclass(slots=True)
+class _Step:
+    """What this Checkpointer does for one step."""
+
+    step: int
+    queue: list[_Staged] = field(default_factory=list)
+    ranks: set[int] = field(default_factory=set)
+    writer: asyncio.Task[None] | None = None
+    commit: asyncio.Task[None] | None = None
+    batches: int = 0
+    previous: Manifest | None = None  # the latest committed when the step began
+    prepared: asyncio.Task[None] | None = None
+
+
+class Checkpointer:
+    """Checkpoints of ``world_size`` ranks under the store directory ``root``.
+
+    One instance serves every rank of its process; other processes (and hosts) make their own
+    over the same cluster. Use it as an async context manager, or ``await close()``.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        root: str,
+        *,
+        world_size: int,
+        encoding: str | None = None,
+        keep_last: int | None = None,
+        timeout: float = 300.0,
+        part_bytes: int = PART_BYTES,
+    ) -> None:
+        if world_size < 1:
+            raise CheckpointError(f"world_size must be at least 1, not {world_size}")
+        if keep_last is not None and keep_last < 1:
+            raise CheckpointError(f"keep_last must be at least 1, not {keep_last}")
+        self.client = client
+        self.root = root.rstrip("/") or "/"
+        self.world_size = world_size
+        self.encoding = encoding
+        self.keep_last = keep_last
+        self.timeout = timeout
+        self.part_bytes = part_bytes
+        self._writer_id = secrets.token_hex(4)
+        self._steps: dict[int, _Step] = {}
+        self._pool: dict[int, list[memoryview]] = {}  # staging buffers by size
+        self._made_root = False
+
+    async def __aenter__(self) -> Checkpointer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Cancel what is still running for unfinished steps and wait for it."""
+        tasks = [
+            t
+            for s in self._steps.values()
+            for t in (s.prepared, s.writer, s.commit)
+            if t is not None
+        ]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._steps.clear()
+
+    def _path(self, *names: str) -> str:
+        return "/".join([self.root.rstrip("/"), *names])
+
+    # -- saving ------------------------------------------------------------------------------
+    async def save(
+        self, step: int, rank: int, state: Mapping[str, Value], *, incremental: bool = False
+    ) -> SaveResult:
+        """Save ``rank``'s ``state`` for ``step``; return once the whole step is committed.
+
+        ``state`` maps names to numpy arrays, bytes-likes and ``Shard``s; arrays are read in
+        place, so leave them alone until this returns. ``incremental``: parts whose content
+        equals the latest committed checkpoint's are referenced, not written again.
+
+        Raises CheckpointError (bad arguments, a step already committed or not after the
+        latest), CheckpointAbortedError (another rank gave up), CheckpointTimeoutError (ranks
+        missing after ``timeout`` seconds), and the store's errors. If it raises or is
+        cancelled, the step does not commit anywhere; its files are collected later.
+        """
+        pending = await self._submit(step, rank, state, incremental=incremental, copy=False)
+        result = await pending.committed
+        result.blocked_s = result.persist_s
+        return result
+
+    async def save_async(
+        self, step: int, rank: int, state: Mapping[str, Value], *, incremental: bool = False
+    ) -> PendingSave:
+        """Stage ``rank``'s state (a copy) and return; ``await pending.committed`` for the
+        commit. The caller may change its arrays as soon as this returns."""
+        return await self._submit(step, rank, state, incremental=incremental, copy=True)
+
+    async def _submit(
+        self,
+        step: int,
+        rank: int,
+        state: Mapping[str, Value],
+        *,
+        incremental: bool,
+        copy: bool,
+    ) -> PendingSave:
+        started = time.perf_counter()
+        check_step(step)
+        if not 0 <= rank < self.world_size:
+            raise CheckpointError(f"rank {rank} is not in [0, {self.world_size})")
+        try:
+            st = await self._step_state(step)
+        except asyncio.CancelledError as exc:
+            await asyncio.shield(self._abort(step, rank, exc))
+            raise
+        if _succeeded(st.commit):
+            raise CheckpointError(f"step {step} is already committed", self.root)
+        if rank in st.ranks:
+            raise CheckpointError(f"rank {rank} already saved step {step}")
+        st.ranks.add(rank)
+        staged = _Staged(rank, [], incremental, started, asyncio.get_running_loop().create_future())
+        try:
+            for name, value in state.items():
+                staged.items.append(self._stage(rank, name, value, copy, staged.buffers))
+        except BaseException as exc:  # this rank will not save the step: nor will the others
+            self._give_back(staged.buffers)
+            await asyncio.shield(self._abort(step, rank, exc))
+            raise
+        st.queue.append(staged)
+        if st.writer is None or st.writer.done():
+            st.writer = asyncio.ensure_future(self._write_batches(st))
+        if st.commit is None:
+            st.commit = asyncio.ensure_future(self._await_commit(st))
+        committed = asyncio.ensure_future(self._finish(st, staged))
+        blocked = time.perf_counter() - started
+        if copy:
+            staged.blocked_s = blocked
+        return PendingSave(committed, blocked)
+
+    async def _step_state(self, step: int) -> _Step:
+        st = self._steps.get(step)
+        if st is None:
+            for old in [s for s in self._steps.values() if _succeeded(s.commit) and not s.queue]:
+                del self._steps[old.step]  # committed: a late save of it is refused by the store
+            st = self._steps[step] = _Step(step)
+            st.prepared = asyncio.ensure_future(self._prepare(st))
+        assert st.prepared is not None
+        try:
+            await asyncio.shield(st.prepared)
+        except BaseException:
+            if self._steps.get(step) is st and st.prepared.done():
+                del self._steps[step]  # let a later call try again
+            raise
+        return st
+
+    async def _prepare(self, st: _Step) -> None:
+        """Once per step and Checkpointer: check the step may be saved, note the previous
+        checkpoint (for incremental saves), make the step's directory."""
+        if not self._made_root:
+            await self.client.mkdir(self.root, parents=True, encoding=self.encoding)
+            self._made_root = True
+        committed = await self.steps()
+        if st.step in committed:
+            raise CheckpointError(f"step {st.step} is already committed", self.root)
+        if committed and st.step < committed[-1]:
+            raise CheckpointError(
+                f"step {st.step} comes before the latest committed step {committed[-1]}",
+                self.root,
+            )
+        if committed:
+            st.previous = await self.manifest(committed[-1])
+        await self.client.mkdir(self._path(step_dir(st.step)), exist_ok=True)
+
+    def _stage(
+        self, rank: int, name: str, value: Value, copy: bool, buffers: list[memoryview]
+    ) -> _Item:
+        if not isinstance(name, str) or not name:
+            raise CheckpointError(f"state names are non-empty strings, not {name!r}")
+        kind: Kind
+        if isinstance(value, Shard):
+            arr, kind = value.array, "shard"
+            extra = {"global_shape": tuple(value.global_shape), "offset": tuple(value.offset)}
+        elif isinstance(value, np.ndarray):
+            arr, kind, extra = value, "array", {}
+        elif isinstance(value, (bytes, bytearray, memoryview)):
+            raw = memoryview(value).cast("B")
+            if copy:
+                raw = self._copy(raw, buffers)
+            return _Item(Entry(rank, name, "bytes", parts=(Part("", 0, len(raw), 0),)), [raw])
+        else:
+            raise CheckpointError(
+                f"{name!r}: a state value is a numpy array, bytes or a Shard, "
+                f"not {type(value).__name__}"
+            )
+        if arr.dtype.hasobject:
+            raise CheckpointError(f"{name!r}: arrays of Python objects cannot be stored")
+        arr = np.ascontiguousarray(arr)
+        flat = arr.reshape(-1).view(np.uint8).data if arr.size else memoryview(b"")
+        if copy:
+            flat = self._copy(flat, buffers)
+        rows = arr.shape[0] if arr.ndim else 1
+        row_bytes = arr.nbytes // rows if rows else 0
+        step_rows = max(1, self.part_bytes // row_bytes) if row_bytes else max(rows, 1)
+        pieces, bounds = [], []
+        for r0 in range(0, max(rows, 1), step_rows):
+            r1 = min(rows, r0 + step_rows)
+            pieces.append(flat[r0 * row_bytes : r1 * row_bytes])
+            bounds.append((r0, r1))
+        parts = tuple(
+            Part("", 0, len(p), 0, r0, r1) for p, (r0, r1) in zip(pieces, bounds, strict=True)
+        )
+        entry = Entry(rank, name, kind, arr.dtype.str, tuple(arr.shape), parts=parts, **extra)
+        return _Item(entry, pieces)
+
+    def _copy(self, src: memoryview, buffers: list[memoryview]) -> memoryview:
+        """A copy of ``src`` in a reused, page-aligned staging buffer (fresh memory is slow
+        to touch on this kind of machine, ../shared/MACHINE.md)."""
+        free = self._pool.get(len(src))
+        buf = free.pop() if free else aligned_buffer(len(src))
+        buf[:] = src
+        buffers.append(buf)
+        return buf
+
+    def _give_back(self, buffers: list[memoryview]) -> None:
+        for buf in buffers:
+            free = self._pool.setdefault(len(buf), [])
+            if len(free) < 4096:
+                free.append(buf)
+        buffers.clear()
+
+    async def _write_batches(self, st: _Step) -> None:
+        """Write what ranks staged, a data file per batch, until nothing waits."""
+        while st.queue:
+            batch, st.queue = st.queue, []
+            try:
+                await self._write_batch(st, batch)
+            except BaseException as exc:
+                for s in batch:
+                    if not s.written.done():
+                        s.written.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+            finally:
+                for s in batch:
+                    self._give_back(s.buffers)
+
+    async def _write_batch(self, st: _Step, batch: list[_Staged]) -> None:
+        st.batches += 1
+        data = f"{step_dir(st.step)}/data-{self._writer_id}-{st.batches}"
+        previous = _parts_by_key(st.previous)
+        entries: list[Entry] = []
+        written = {s.rank: 0 for s in batch}
+        pos = 0
+        async with self.client.open_writer(self._path(data), encoding=self.encoding) as w:
+            for s in batch:
+                for item in s.items:
+                    parts = []
+                    old = previous.get((s.rank, item.entry.name), {})
+                    for part, piece in zip(item.entry.parts, item.pieces, strict=True):
+                        crc = await _checksum(piece)
+                        digest = await _digest(piece) if s.incremental else None
+                        same = old.get((part.row0, part.row1, part.length))
+                        if digest is not None and same is not None and same.digest == digest:
+                            parts.append(same)  # unchanged since the previous checkpoint
+                            continue
+                        await w.append(piece)
+                        parts.append(Part(data, pos, len(piece), crc, part.row0, part.row1, digest))
+                        pos += len(piece)
+                        written[s.rank] += len(piece)
+                    entries.append(_with_parts(item.entry, parts))
+        index = {"ranks": sorted(written), "entries": [e.to_json() for e in entries]}
+        name = f"{step_dir(st.step)}/index-{self._writer_id}-{st.batches}.json"
+        await self.client.write_file(self._path(name), _json(index))
+        for s in batch:
+            if not s.written.done():
+                s.written.set_result(written[s.rank])
+
+    async def _finish(self, st: _Step, staged: _Staged) -> SaveResult:
+        """One rank's wait: its parts durable, then the step committed."""
+        try:
+            bytes_written = await staged.written
+            assert st.commit is not None
+            await asyncio.shield(st.commit)
+        except BaseException as exc:
+            if not _succeeded(st.commit):
+                await asyncio.shield(self._abort(st.step, staged.rank, exc))
+            raise
+        total = sum(item.entry.nbytes for item in staged.items)
+        elapsed = time.perf_counter() - staged.started
+        blocked = elapsed if staged.blocked_s is None else staged.blocked_s
+        return SaveResult(st.step, staged.rank, total, bytes_written, blocked, elapsed)
+
+    async def _abort(self, step: int, rank: int, exc: BaseException) -> None:
+        """Leave ``abort-<rank>`` so the other ranks stop waiting (best effort)."""
+        if isinstance(exc, CheckpointAbortedError):
+            return  # the step failed elsewhere: already marked
+        reason = "cancelled" if isinstance(exc, asyncio.CancelledError) else repr(exc)
+        with contextlib.suppress(OSError):
+            await self.client.mkdir(self._path(step_dir(step)), parents=True, exist_ok=True)
+            path = self._path(step_dir(step), f"abort-{rank}")
+            await self.client.write_file(path, reason.encode()[:4096])
+
+    async def _await_commit(self, st: _Step) -> None:
+        """Poll the store until the step commits (publishing it, when this instance holds
+        rank 0), a rank aborts, or ``timeout`` passes."""
+        indexes: dict[str, dict[str, Any]] = {}
+        delay = _POLL_FIRST
+        deadline = time.monotonic() + self.timeout
+        sdir = self._path(step_dir(st.step))
+        while True:
+            try:
+                names = await self.client.listdir(sdir)
+            except NotFoundError:
+                names = []
+            aborts = sorted(n for n in names if n.startswith("abort-"))
+            if 0 in st.ranks:
+                for n in names:
+                    if n.startswith("index-") and n not in indexes:
+                        indexes[n] = _parse_json(await self.client.read_file(f"{sdir}/{n}"), n)
+                covered = {r for ix in indexes.values() for r in ix["ranks"]}
+                if not aborts and len(covered) == self.world_size:
+                    await self._publish(st, indexes)
+                    return
+                missing = sorted(set(range(self.world_size)) - covered)
+            else:
+                if await self.client.exists(self._path(manifest_name(st.step))):
+                    return
+                missing = []
+            if aborts:
+                reasons = [await self._reason(f"{sdir}/{n}") for n in aborts[:3]]
+                raise CheckpointAbortedError(
+                    f"step {st.step} cannot commit: {', '.join(aborts)} ({'; '.join(reasons)})",
+                    self.root,
+                )
+            if time.monotonic() > deadline:
+                who = f"ranks {_ranges(missing)} did not finish" if missing else "no commit"
+                raise CheckpointTimeoutError(
+                    f"step {st.step}: {who} within {self.timeout:g} s", self.root
+                )
+            await asyncio.sleep(delay)
+            delay = min(_POLL_MAX, delay * 1.5)
+
+    async def _reason(self, path: str) -> str:
+        try:
+            return (await self.client.read_file(path)).decode(errors="replace")[:200]
+        except OSError:
+            return "?"
+
+    async def _publish(self, st: _Step, indexes: Mapping[str, Mapping[str, Any]]) -> None:
+        entries = sorted(
+            (Entry.from_json(e) for ix in indexes.values() for e in ix["entries"]),
+            key=lambda e: (e.rank, e.name),
+        )
+        manifest = Manifest(st.step, self.world_size, tuple(entries), time.time())
+        await self.client.write_file(self._path(manifest_name(st.step)), manifest.encode())
+        try:
+            await self._retain(st.step)
+        except OSError as exc:  # the checkpoint is committed; cleaning up can wait
+            log.warning("checkpoint clean-up after step %d failed: %s", st.step, exc)
+
+    # -- reading -----------------------------------------------------------------------------
+    async def steps(self) -> list[int]:
+        """Committed steps, oldest first."""
+        try:
+            names = await self.client.listdir(self.root)
+        except NotFoundError:
+            return []
+        return sorted(s for s in map(step_of_manifest, names) if s is not None)
+
+    async def latest(self) -> int | None:
+        done = await self.steps()
+        return done[-1] if done else None
+
+    async def manifest(self, step: int | None = None) -> Manifest:
+        """The manifest of ``step`` (default: the latest). Raises CheckpointNotFoundError."""
+        if step is None:
+            step = await self.latest()
+            if step is None:
+                raise CheckpointNotFoundError("no committed checkpoint", self.root)
+        path = self._path(manifest_name(step))
+        try:
+            raw = await self.client.read_file(path)
+        except NotFoundError:
+            raise CheckpointNotFoundError(f"step {step} is not committed", self.root) from None
+        return Manifest.decode(raw, path)
+
+    async def load(
+        self, rank: int, step: int | None = None, world_size: int | None = None
+    ) -> dict[str, Value]:
+        """``rank``'s state at ``step`` (default: the latest) for ``world_size`` ranks
+        (default: as saved). At another world size, ``Shard``s are cut anew, evenly along
+        axis 0; a value every rank saved alike comes back as saved; a value that differs
+        between ranks raises CheckpointError. Every part read whole is checked against its
+        CRC32C: CheckpointCorruptError names the rank, the value and the step."""
+        m = await self.manifest(step)
+        ws = m.world_size if world_size is None else world_size
+        if not 0 <= rank < ws:
+            raise CheckpointError(f"rank {rank} is not in [0, {ws})")
+        out: dict[str, Value] = {}
+        sem = asyncio.Semaphore(_READS_IN_FLIGHT)
+        for name, entries in _by_name(m).items():
+            kind = entries[0].kind
+            own = next((e for e in entries if e.rank == rank), None)
+            if kind == "shard":
+                if ws == m.world_size:
+                    if own is not None:
+                        value = await self._value(m, own, sem)
+                        out[name] = Shard(value, own.global_shape, own.offset)
+                    continue
+                g = entries[0].global_shape
+                lo, hi = even_rows(g[0], ws, rank)
+                box = ((lo, hi), *((0, n) for n in g[1:]))
+                arr = await self._assemble(m, entries, box, sem)
+                out[name] = Shard(arr, g, (lo,) + (0,) * (len(g) - 1))
+            elif ws == m.world_size:
+                if own is not None:
+                    out[name] = await self._value(m, own, sem)
+            elif _alike(entries):
+                out[name] = await self._value(m, entries[0], sem)
+            else:
+                raise CheckpointError(
+                    f"step {m.step}: {name!r} differs between ranks, so it cannot be loaded at "
+                    f"world size {ws} (saved at {m.world_size})",
+                    self.root,
+                )
+        return out
+
+    async def read(
+        self, step: int, name: str, index: Any = None, *, rank: int | None = None
+    ) -> Value:
+        """A region of the global array ``name`` at ``step``: ``index`` is a numpy basic
+        index (ints, slices, ...), and only the rows it needs are read. For a value saved per
+        rank, ``rank`` picks whose (needed when they differ)."""
+        m = await self.manifest(step)
+        entries = _by_name(m).get(name)
+        if not entries:
+            raise CheckpointNotFoundError(f"step {step} has no {name!r}", self.root)
+        sem = asyncio.Semaphore(_READS_IN_FLIGHT)
+        if entries[0].kind != "shard":
+            if rank is not None:
+                entries = [e for e in entries if e.rank == rank]
+                if not entries:
+                    raise CheckpointNotFoundError(f"rank {rank} saved no {name!r}", self.root)
+            elif not _alike(entries):
+                raise CheckpointError(f"{name!r} differs between ranks: pass rank=", self.root)
+            if entries[0].kind == "bytes":
+                value = await self._value(m, entries[0], sem)
+                return value if index is None else value[index]
+            entries = entries[:1]
+        shape = entries[0].global_shape if entries[0].kind == "shard" else entries[0].shape
+        if not shape:  # a 0-d array
+            value = await self._value(m, entries[0], sem)
+            return value if index is None else value[index]
+        box, inner = region(index, shape)
+        arr = await self._assemble(m, entries, box, sem)
+        return arr[inner]
+
+    async def _value(self, m: Manifest, e: Entry, sem: asyncio.Semaphore) -> Value:
+        """One rank's whole value, every part checked."""
+        if e.kind == "bytes":
+            buf = bytearray(e.nbytes)
+        else:
+            arr = np.empty(e.shape, dtype=np.dtype(e.dtype))
+            buf = arr.reshape(-1).view(np.uint8)  # type: ignore[assignment]
+        view = memoryview(buf).cast("B")
+        at = 0
+        reads = []
+        for p in e.parts:
+            reads.append(self._read_part(m, e, p, view[at : at + p.length], sem))
+            at += p.length
+        await asyncio.gather(*reads)
+        return bytes(buf) if e.kind == "bytes" else arr
+
+    async def _read_part(
+        self, m: Manifest, e: Entry, p: Part, dest: memoryview, sem: asyncio.Semaphore
+    ) -> None:
+        async with sem:
+            try:
+                n = await self.client.read_into(self._path(p.file), p.pos, dest)
+            except TectonicError as exc:
+                raise CheckpointCorruptError(
+                    f"step {m.step}, rank {e.rank}, {e.name!r}: cannot read {p.file}: {exc}",
+                    self.root,
+                ) from exc
+        if n != p.length or await _checksum(dest) != p.crc32c:
+            raise CheckpointCorruptError(
+                f"step {m.step}, rank {e.rank}, {e.name!r}: rows {p.row0}-{p.row1} in "
+                f"{p.file} do not match their checksum",
+                self.root,
+            )
+
+    async def _assemble(
+        self, m: Manifest, entries: Sequence[Entry], box: Any, sem: asyncio.Semaphore
+    ) -> np.ndarray[Any, Any]:
+        """The array ``box`` of a global array from the values (boxes) ``entries``."""
+        dtype = np.dtype(entries[0].dtype)
+        out = np.empty(tuple(hi - lo for lo, hi in box), dtype=dtype)
+        if out.size == 0:
+            return out
+
+        async def one(r: Any) -> None:
+            rows = np.empty(r.rows_shape, dtype=dtype)
+            dest = rows.reshape(-1).view(np.uint8).data
+            if r.whole_part:
+                await self._read_part(m, r.entry, r.part, dest, sem)
+            else:  # part of a part: the store's chunk checksums cover these bytes
+                async with sem:
+                    await self.client.read_into(self._path(r.file), r.pos, dest)
+            out[r.dest] = rows[r.source]
+
+        await asyncio.gather(*(one(r) for r in plan(_distinct(entries), box)))
+        return out
+
+    async def verify(self, step: int | None = None) -> Manifest:
+        """Read every part of a checkpoint and check it; raises CheckpointCorruptError."""
+        m = await self.manifest(step)
+        sem = asyncio.Semaphore(_READS_IN_FLIGHT)
+        await asyncio.gather(*(self._value(m, e, sem) for e in m.entries))
+        return m
+
+    # -- deleting ----------------------------------------------------------------------------
+    async def delete(self, step: int) -> None:
+        """Delete a committed checkpoint (its manifest first, then the data files no other
+        checkpoint references). Raises CheckpointNotFoundError."""
+        await self.manifest(step)
+        await self._drop([step])
+
+    async def _retain(self, newest: int) -> None:
+        done = await self.steps()
+        old = done[: -self.keep_last] if self.keep_last is not None else []
+        await self._drop(old)
+        await self.collect_garbage(before=newest)
+
+    async def _drop(self, steps: Sequence[int]) -> None:
+        if not steps:
+            return
+        for s in steps:
+            with contextlib.suppress(NotFoundError):
+                await self.client.delete(self._path(manifest_name(s)))
+        kept = set()
+        for s in await self.steps():
+            kept |= (await self.manifest(s)).files()
+        for s in steps:
+            await self._remove_step_dir(s, kept)
+
+    async def collect_garbage(self, before: int | None = None) -> int:
+        """Delete what steps that never committed left behind, for steps before ``before``
+        (default: the latest committed), keeping data files a checkpoint references.
+        Returns how many steps it cleaned."""
+        done = await self.steps()
+        if before is None:
+            if not done:
+                return 0
+            before = done[-1]
+        try:
+            names = await self.client.listdir(self.root)
+        except NotFoundError:
+            return 0
+        stale = [
+            s for s in map(step_of_dir, names) if s is not None and s < before and s not in done
+        ]
+        kept: set[str] = set()
+        if stale:
+            for s in done:
+                kept |= (await self.manifest(s)).files()
+        for s in stale:
+            await self._remove_step_dir(s, kept)
+        return len(stale)
+
+    async def _remove_step_dir(self, step: int, kept: set[str]) -> None:
+        sdir = step_dir(step)
+        try:
+            names = await self.client.listdir(self._path(sdir))
+        except NotFoundError:
+            return
+        for n in names:
+            if f"{sdir}/{n}" not in kept:
+                with contextlib.suppress(NotFoundError):
+                    await self.client.delete(self._path(sdir, n))
+        if not any(f"{sdir}/{n}" in kept for n in names):
+            with contextlib.suppress(NotFoundError, OSError):
+                await self.client.delete(self._path(sdir))
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _succeeded(task: asyncio.Future[Any] | None) -> bool:
+    return task is not None and task.done() and not task.cancelled() and not task.exception()
+
+
+async def _checksum(piece: memoryview) -> int:
+    if len(piece) >= 1 << 20:
+        return await asyncio.to_thread(crc32c, piece)
+    return crc32c(piece)
+
+
+async def _digest(piece: memoryview) -> str:
+    def run() -> str:
+        return hashlib.blake2b(piece, digest_size=16).hexdigest()
+
+    return await asyncio.to_thread(run) if len(piece) >= 1 << 20 else run()
+
+
+def _with_parts(entry: Entry, parts: list[Part]) -> Entry:
+    return Entry(
+        entry.rank,
+        entry.name,
+        entry.kind,
+        entry.dtype,
+        entry.shape,
+        entry.global_shape,
+        entry.offset,
+        tuple(parts),
+    )
+
+
+def _parts_by_key(m: Manifest | None) -> dict[tuple[int, str], dict[tuple[int, int, int], Part]]:
+    """The previous checkpoint's parts by (rank, name), then by (rows, length)."""
+    out: dict[tuple[int, str], dict[tuple[int, int, int], Part]] = {}
+    if m is None:
+        return out
+    for e in m.entries:
+        out[(e.rank, e.name)] = {(p.row0, p.row1, p.length): p for p in e.parts}
+    return out
+
+
+def _by_name(m: Manifest) -> dict[str, list[Entry]]:
+    out: dict[str, list[Entry]] = {}
+    for e in m.entries:
+        out.setdefault(e.name, []).append(e)
+    return out
+
+
+def _alike(entries: Sequence[Entry]) -> bool:
+    """Every rank saved the same value (same type, shape and checksums)."""
+
+    def key(e: Entry) -> tuple[Any, ...]:
+        return (e.kind, e.dtype, e.shape, tuple((p.length, p.crc32c) for p in e.parts))
+
+    return len({key(e) for e in entries}) == 1
+
+
+def _distinct(entries: Sequence[Entry]) -> list[Entry]:
+    """One entry per box: ranks that saved the same shard (data-parallel replicas) are read
+    once."""
+    seen: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
+    out = []
+    for e in entries:
+        box = (e.offset, e.shape)
+        if box not in seen:
+            seen.add(box)
+            out.append(e)
+    return out
+
+
+def _json(d: Mapping[str, Any]) -> bytes:
+    import json
+
+    return json.dumps(d, separators=(",", ":")).encode()
+
+
+def _parse_json(raw: bytes, where: str) -> dict[str, Any]:
+    import json
+
+    try:
+        d = json.loads(raw)
+    except ValueError as exc:
+        raise CheckpointCorruptError(f"unreadable index: {exc}", where) from exc
+    if not isinstance(d, dict):
+        raise CheckpointCorruptError("unreadable index", where)
+    return d
+
+
+def _ranges(ranks: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"`` (at most 8 ranges)."""
+    out: list[str] = []
+    for r in ranks:
+        if out and out[-1].split("-")[-1] == str(r - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{r}"
+        else:
+            out.append(str(r))
+    return ", ".join(out[:8]) + (" ..." if len(out) > 8 else "")
+
+
+__all__ = ["Checkpointer", "PendingSave", "SaveResult", "Shard"]

@@ -1,0 +1,208 @@
+"""What a checkpoint is in the store: names, the manifest, and the errors of the checkpoint API.
+
+A checkpoint root holds one directory per step and, once the step is committed, one manifest::
+
+    ROOT/step-000000000042/data-<writer>-<n>        pieces of the ranks one writer staged
+    ROOT/step-000000000042/index-<writer>-<n>.json  which ranks that data file completes
+    ROOT/step-000000000042/abort-<rank>             a rank gave up: the step cannot commit
+    ROOT/manifest-000000000042.json                 the commit: every piece of every rank
+
+A writer is one ``Checkpointer`` in one process. The manifest names, for every (rank, name),
+the *parts* the value was cut into and where each lies (a data file, an offset, a length, a
+CRC32C). An incremental checkpoint's parts may lie in an older step's data files.
+``docs/checkpoint.md`` describes the commit protocol.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from tectonic_emu.errors import TectonicError
+
+FORMAT = "tectonic-ckpt/1"
+_STEP_DIR = re.compile(r"^step-(\d{12})$")
+_MANIFEST = re.compile(r"^manifest-(\d{12})\.json$")
+
+Kind = Literal["shard", "array", "bytes"]
+
+
+class CheckpointError(TectonicError):
+    """A checkpoint cannot be saved or loaded as asked (a bad argument, a missing step, a
+    per-rank value asked for at another world size)."""
+
+    default_errno = errno.EINVAL
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    default_errno = errno.ENOENT
+
+
+class CheckpointAbortedError(CheckpointError):
+    """A step cannot commit: a rank gave up or failed, or ranks did not all finish in time."""
+
+    default_errno = errno.ECANCELED
+
+
+class CheckpointTimeoutError(CheckpointAbortedError, TimeoutError):
+    default_errno = errno.ETIMEDOUT
+
+
+class CheckpointCorruptError(CheckpointError):
+    """Stored bytes of a checkpoint do not match the checksum its manifest recorded."""
+
+    default_errno = errno.EIO
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """One rank's piece of a larger array: ``array`` sits at ``offset`` in an array of
+    ``global_shape``."""
+
+    array: np.ndarray[Any, Any]
+    global_shape: tuple[int, ...]
+    offset: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.global_shape) != self.array.ndim or len(self.offset) != self.array.ndim:
+            raise CheckpointError(
+                f"a Shard of a {self.array.ndim}-d array needs a {self.array.ndim}-d "
+                f"global_shape and offset (got {self.global_shape}, {self.offset})"
+            )
+        for o, n, g in zip(self.offset, self.array.shape, self.global_shape, strict=True):
+            if o < 0 or o + n > g:
+                raise CheckpointError(
+                    f"a Shard of shape {self.array.shape} at {self.offset} does not fit in "
+                    f"{self.global_shape}"
+                )
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """Rows [row0, row1) of a value (all of it for bytes), stored at ``pos`` in ``file``
+    (relative to the checkpoint root)."""
+
+    file: str
+    pos: int
+    length: int
+    crc32c: int
+    row0: int = 0
+    row1: int = 0
+    digest: str | None = None  # blake2b-128, recorded by incremental saves
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One named value of one rank."""
+
+    rank: int
+    name: str
+    kind: Kind
+    dtype: str = ""  # numpy dtype string, arrays and shards
+    shape: tuple[int, ...] = ()  # this rank's array
+    global_shape: tuple[int, ...] = ()  # shards: the whole array
+    offset: tuple[int, ...] = ()  # shards: where this rank's array sits
+    parts: tuple[Part, ...] = field(default=())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.length for p in self.parts)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["parts"] = [asdict(p) for p in self.parts]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Entry:
+        return cls(
+            rank=int(d["rank"]),
+            name=str(d["name"]),
+            kind=d["kind"],
+            dtype=str(d.get("dtype", "")),
+            shape=tuple(d.get("shape", ())),
+            global_shape=tuple(d.get("global_shape", ())),
+            offset=tuple(d.get("offset", ())),
+            parts=tuple(Part(**p) for p in d["parts"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    step: int
+    world_size: int
+    entries: tuple[Entry, ...]
+    committed_at: float = 0.0
+
+    def encode(self) -> bytes:
+        body = {
+            "format": FORMAT,
+            "step": self.step,
+            "world_size": self.world_size,
+            "committed_at": self.committed_at,
+            "entries": [e.to_json() for e in self.entries],
+        }
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes, where: str) -> Manifest:
+        try:
+            d = json.loads(raw)
+            if d.get("format") != FORMAT:
+                raise CheckpointCorruptError(f"not a {FORMAT} manifest", where)
+            entries = tuple(Entry.from_json(e) for e in d["entries"])
+            return cls(int(d["step"]), int(d["world_size"]), entries, float(d["committed_at"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointCorruptError(f"unreadable manifest: {exc}", where) from exc
+
+    def files(self) -> set[str]:
+        """The data files this checkpoint's parts lie in."""
+        return {p.file for e in self.entries for p in e.parts}
+
+
+def step_dir(step: int) -> str:
+    return f"step-{step:012d}"
+
+
+def manifest_name(step: int) -> str:
+    return f"manifest-{step:012d}.json"
+
+
+def step_of_dir(name: str) -> int | None:
+    m = _STEP_DIR.match(name)
+    return int(m.group(1)) if m else None
+
+
+def step_of_manifest(name: str) -> int | None:
+    m = _MANIFEST.match(name)
+    return int(m.group(1)) if m else None
+
+
+def check_step(step: int) -> None:
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 10**12:
+        raise CheckpointError(f"a step is an int in [0, 10**12), not {step!r}")
+
+
+__all__ = [
+    "FORMAT",
+    "CheckpointAbortedError",
+    "CheckpointCorruptError",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "CheckpointTimeoutError",
+    "Entry",
+    "Kind",
+    "Manifest",
+    "Part",
+    "Shard",
+    "check_step",
+    "manifest_name",
+    "step_dir",
+    "step_of_dir",
+    "step_of_manifest",
+]

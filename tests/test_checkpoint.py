@@ -1,0 +1,397 @@
+"""The checkpoint API (clients/checkpoint.py) on an embedded cluster: synchronized saves of many
+ranks, resharding, failures before the commit, incremental saves, retention, corruption."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from clients.checkpoint import Checkpointer, Shard
+from clients.ckpt_format import (
+    CheckpointAbortedError,
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointTimeoutError,
+    manifest_name,
+    step_dir,
+)
+from tectonic_emu import Cluster
+from tectonic_emu.client import Client
+
+ROOT = "/ckpt"
+
+
+@pytest.fixture(scope="module")
+def cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("ckpt") / "c"
+    Cluster.create(path, nodes=4, encoding="r3", block_size=256 << 10)
+    return path
+
+
+_roots = itertools.count()
+
+
+def run(cluster_dir: Path, body: Callable[[Client, str], Awaitable[Any]]) -> Any:
+    """Run ``body(client, a fresh checkpoint root)`` on the cluster."""
+    root = f"{ROOT}{next(_roots)}"
+
+    async def main() -> Any:
+        async with Cluster.open(cluster_dir) as cluster:
+            return await body(cluster.client(), root)
+
+    return asyncio.run(main())
+
+
+def global_array(step: int, shape: tuple[int, ...] = (61, 7)) -> np.ndarray[Any, Any]:
+    rng = np.random.default_rng(step)
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def rank_state(step: int, rank: int, world: int, g: np.ndarray[Any, Any]) -> dict[str, Any]:
+    lo = sum(len(a) for a in np.array_split(g, world)[:rank])
+    mine = np.array_split(g, world)[rank]
+    return {
+        "w": Shard(mine, g.shape, (lo, 0)),
+        "opt": np.full(3, rank * 10 + step, dtype=np.int64),  # per rank
+        "lr": np.array(0.1 * step),  # alike on every rank
+        "meta": f"step {step}".encode(),
+    }
+
+
+async def save_all(ckpt: Checkpointer, step: int, states: list[dict[str, Any]]) -> list[Any]:
+    return await asyncio.gather(*(ckpt.save(step, r, s) for r, s in enumerate(states)))
+
+
+def test_256_ranks_save_three_steps_and_read_back_bit_exact(cluster_dir: Path) -> None:
+    world = 256
+
+    async def body(client: Client, root: str) -> None:
+        async with Checkpointer(client, root, world_size=world) as ckpt:
+            for step in (10, 11, 12):
+                g = global_array(step, (1024, 16))
+                results = await save_all(
+                    ckpt, step, [rank_state(step, r, world, g) for r in range(world)]
+                )
+                assert {r.step for r in results} == {step}
+                for rank in (0, 1, 117, 255):
+                    got = await ckpt.load(rank, step)
+                    want = rank_state(step, rank, world, g)
+                    assert np.array_equal(got["w"].array, want["w"].array)
+                    assert got["w"].offset == want["w"].offset
+                    assert np.array_equal(got["opt"], want["opt"]) and got["meta"] == want["meta"]
+                assert np.array_equal(await ckpt.read(step, "w"), g)
+            assert await ckpt.steps() == [10, 11, 12] and await ckpt.latest() == 12
+
+    run(cluster_dir, body)
+
+
+@pytest.mark.parametrize("new_world", [2, 3, 16])
+def test_save_at_8_ranks_load_at_another_world_size(cluster_dir: Path, new_world: int) -> None:
+    g = global_array(1)
+    cube = np.arange(5 * 4 * 3, dtype=np.int16).reshape(5, 4, 3)
+
+    async def body(client: Client, root: str) -> None:
+        async with Checkpointer(client, root, world_size=8) as ckpt:
+            states = [rank_state(1, r, 8, g) for r in range(8)]
+            for r, s in enumerate(states):  # a 3-d array cut along its second axis too
+                s["cube"] = Shard(cube[:, r % 4 : r % 4 + 1], cube.shape, (0, r % 4, 0))
+                del s["opt"]
+            await save_all(ckpt, 1, states)
+            loaded = [await ckpt.load(r, world_size=new_world) for r in range(new_world)]
+            assert np.array_equal(np.concatenate([x["w"].array for x in loaded]), g)
+            starts = np.cumsum([0] + [len(a) for a in np.array_split(g, new_world)])
+            for r, x in enumerate(loaded):
+                assert x["w"].offset == (starts[r], 0) and x["w"].global_shape == g.shape
+                assert x["lr"] == np.array(0.1) and x["meta"] == b"step 1"
+            assert np.array_equal(np.concatenate([x["cube"].array for x in loaded]), cube)
+
+    run(cluster_dir, body)
+
+
+def test_values_that_differ_between_ranks_do_not_load_at_another_world_size(
+    cluster_dir: Path,
+) -> None:
+    async def body(client: Client, root: str) -> None:
+        async with Checkpointer(client, root, world_size=4) as ckpt:
+            await save_all(ckpt, 1, [rank_state(1, r, 4, global_array(1)) for r in range(4)])
+            with pytest.raises(CheckpointError, match="'opt' differs between ranks"):
+                await ckpt.load(0, world_size=2)
+            assert (await ckpt.load(3))["opt"][0] == 31  # at the world size saved: its own
+            assert (await ckpt.read(1, "opt", rank=2))[0] == 21
+
+    run(cluster_dir, body)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_read_of_a_region_equals_indexing_the_global_array(
+    cluster_dir: Path, data: st.DataObject
+) -> None:
+    g = global_array(7, (37, 9))
+    cached = _saved_for_reads(cluster_dir, g)
+
+    def index_1d(n: int) -> st.SearchStrategy[Any]:
+        ints = st.integers(-n, n - 1)
+        bound = st.none() | st.integers(-n - 2, n + 2)
+        steps = st.none() | st.integers(-3, 3).filter(lambda s: s != 0)
+        return ints | st.builds(slice, bound, bound, steps)
+
+    index = (data.draw(index_1d(37)), data.draw(index_1d(9)))
+
+    async def body(client: Client, root: str) -> None:
+        async with Checkpointer(client, cached, world_size=5) as ckpt:
+            assert np.array_equal(await ckpt.read(1, "w", index), g[index])
+
+    run(cluster_dir, body)
+
+
+_saved: dict[str, str] = {}
+
+
+def _saved_for_reads(cluster_dir: Path, g: np.ndarray[Any, Any]) -> str:
+    key = str(cluster_dir)
+    if key not in _saved:
+
+        async def body(client: Client, root: str) -> str:
+            async with Checkpointer(client, root, world_size=5, part_bytes=64) as ckpt:
+                await save_all(ckpt, 1, [rank_state(1, r, 5, g) for r in range(5)])
+            return root
+
+        _saved[key] = run(cluster_dir, body)
+    return _saved[key]
+
+
+def test_a_cancelled_rank_fails_the_step_everywhere_and_leaves_nothing(cluster_dir: Path) -> None:
+    async def body(client: Client, root: str) -> None:
+        async with Checkpointer(client, root, world_size=4, timeout=60) as ckpt:
+            await save_all(ckpt, 1, [rank_state(1, r, 4, global_array(1)) for r in range(4)])
+            g = global_array(2)
+            doomed = asyncio.ensure_future(ckpt.save(2, 3, rank_state(2, 3, 4, g)))
+            await asyncio.sleep(0)  # it has begun: it is making the step's directory
+            doomed.cancel()
+            others = [
+                asyncio.ensure_future(ckpt.save(2, r, rank_state(2, r, 4, g))) for r in range(3)
+            ]
+            async with asyncio.timeout(20):  # long before the 60 s timeout
+                results = await asyncio.gather(*others, return_exceptions=True)
+            assert all(isinstance(r, CheckpointAbortedError) for r in results), results
+            assert "abort-3" in str(results[0]) and "cancelled" in str(results[0])
+            assert await ckpt.latest() == 1
+            assert step_dir(2) in await client.listdir(root)  # until a later commit
+            await save_all(ckpt, 3, [rank_state(3, r, 4, g) for r in range(4)])
+            assert await ckpt.steps() == [1, 3]
+            assert step_dir(2) not in await client.listdir(root)  # collected
+            assert np.array_equal(
+                (await ckpt.load(0, 1))["w"].array, np.array_split(global_array(1), 4)[0]
+            )
+
+    run(cluster_dir, body)
+
+
+def test_a_rank_that_never_comes_times_the_step_out(cluster_dir: Path) -> None:
+    async def body(client: Client, root: str) -> None:
+        async with Checkpointer(client, root, world_size=4, timeout=1.0) as ckpt:
+            g = global_array(1)
+            results = await asyncio.gather(
+                *(ckpt.save(1, r, rank_state(1, r, 4, g)) for r in (0, 1)), return_exceptions=True
+            )
+            assert all(isinstance(r, CheckpointTimeoutError) for r in results), results
+            assert "ranks 2-3 did not finish" in str(results[0])
+            assert await ckpt.latest() is None
+            with pytest.raises(CheckpointNotFoundError):
+                await ckpt.load(0)
+
+    run(cluster_dir, body)
+
+
+RANK_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, sys
+    import numpy as np
+    from clients.checkpoint import Checkpointer, Shard
+    from tectonic_emu import Cluster
+
+    async def main(cluster, root, rank):
+        async with Cluster.open(cluster) as c:
+            async with Checkpointer(c.client(), root, world_size=2, timeout=60) as ckpt:
+                a = np.full((4, 3), rank, dtype=np.float64)
+                r = await ckpt.save(5, rank, {"w": Shard(a, (8, 3), (4 * rank, 0))})
+                print("committed", r.step, flush=True)
+
+    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+    """
+)
+
+
+def test_two_processes_complete_a_synchronized_save(cluster_dir: Path, tmp_path: Path) -> None:
+    root = f"{ROOT}{next(_roots)}"
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    cwd = Path(__file__).resolve().parent.parent
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(cluster_dir), root, str(rank)],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={"PYTHONPATH": str(cwd), "PATH": "/usr/bin:/bin"},
+        )
+        for rank in (1, 0)
+    ]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err.decode()[-2000:]
+        assert out.decode().strip() == "committed 5"
+
+    async def body(client: Client, _: str) -> None:
+        ckpt = Checkpointer(client, root, world_size=2)
+        assert np.array_equal(
+            await ckpt.read(5, "w"), np.repeat([[0.0], [1.0]], 4, axis=0).repeat(3, axis=1)
+        )
+
+    run(cluster_dir, body)
+
+
+edits = st.lists(
+    st.tuples(st.sampled_from(["a", "b", "blob"]), st.integers(0, 39), st.integers(-5, 5)),
+    max_size=6,
+)
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(steps=st.lists(edits, min_size=1, max_size=4))
+def test_incremental_saves_load_like_full_saves(
+    cluster_dir: Path, steps: list[list[tuple[str, int, int]]]
+) -> None:
+    """Random edits between steps: an incremental checkpoint and a full one of every step load
+    the same, and the incremental one writes no more (less when little changed)."""
+
+    async def body(client: Client, root: str) -> None:
+        full = Checkpointer(client, root + "f", world_size=2, part_bytes=40)
+        inc = Checkpointer(client, root + "i", world_size=2, part_bytes=40, keep_last=2)
+        state = [
+            {"a": np.arange(40, dtype=np.int32) + r, "b": np.zeros((40, 2)), "blob": b"x" * 40}
+            for r in range(2)
+        ]
+        for step, changes in enumerate([[], *steps], start=1):
+            for name, row, delta in changes:
+                for s in state:
+                    if name == "blob":
+                        s[name] = (
+                            s[name][:row]
+                            + bytes([(s[name][row] + delta) % 256])
+                            + s[name][row + 1 :]
+                        )
+                    else:
+                        s[name] = s[name].copy()
+                        s[name][row] += delta
+            a = await asyncio.gather(*(full.save(step, r, state[r]) for r in range(2)))
+            b = await asyncio.gather(
+                *(inc.save(step, r, state[r], incremental=True) for r in range(2))
+            )
+            assert sum(x.bytes_written for x in b) <= sum(x.bytes_written for x in a)
+            if step > 1 and not changes:
+                assert sum(x.bytes_written for x in b) == 0
+            for r in range(2):
+                want, got = await full.load(r, step), await inc.load(r, step)
+                assert want.keys() == got.keys()
+                for k in want:
+                    assert np.array_equal(want[k], got[k]) if k != "blob" else want[k] == got[k]
+            await inc.verify(step)  # every referenced part is still there and intact
+
+    run(cluster_dir, body)
+
+
+def test_retention_keeps_the_parts_a_kept_checkpoint_references(cluster_dir: Path) -> None:
+    async def body(client: Client, root: str) -> None:
+        async with Checkpointer(client, root, world_size=1, keep_last=1) as ckpt:
+            big = np.arange(100_000, dtype=np.float64)
+            # Incremental from the start: a full save records no content digests to compare.
+            first = await ckpt.save(1, 0, {"big": big, "small": np.zeros(3)}, incremental=True)
+            second = await ckpt.save(2, 0, {"big": big, "small": np.ones(3)}, incremental=True)
+            assert second.bytes_written < first.bytes_written / 100
+            assert await ckpt.steps() == [2]  # step 1 is gone ...
+            assert step_dir(1) in await client.listdir(root)  # ... but not its data file
+            got = await ckpt.load(0)
+            assert np.array_equal(got["big"], big) and np.array_equal(got["small"], np.ones(3))
+            await ckpt.save(3, 0, {"big": big + 1, "small": np.ones(3)}, incremental=True)
+            assert await ckpt.steps() == [3] and step_dir(1) not in await client.listdir(root)
+            await ckpt.verify()
+
+    run(cluster_dir, body)
+
+
+def test_save_async_stages_a_copy_and_reports_blocked_time(cluster_dir: Path) -> None:
+    async def body(client: Client, root: str) -> None:
+        async with Checkpointer(client, root, world_size=2) as ckpt:
+            arrays = [np.arange(300_000, dtype=np.float32) * (r + 1) for r in range(2)]
+            want = [a.copy() for a in arrays]
+            pending = [await ckpt.save_async(1, r, {"x": arrays[r]}) for r in range(2)]
+            for a in arrays:
+                a[:] = -1  # the caller goes on training
+            results = [await p.committed for p in pending]
+            for r in range(2):
+                assert np.array_equal((await ckpt.load(r))["x"], want[r])
+                assert results[r].blocked_s == pending[r].blocked_s <= results[r].persist_s
+
+    run(cluster_dir, body)
+
+
+def test_a_corrupt_part_is_an_error_naming_rank_name_and_step(cluster_dir: Path) -> None:
+    async def body(client: Client, root: str) -> None:
+        async with Checkpointer(client, root, world_size=2) as ckpt:
+            await save_all(ckpt, 4, [{"w": np.arange(10) + r} for r in range(2)])
+            path = f"{root}/{manifest_name(4)}"
+            m = json.loads(await client.read_file(path))
+            m["entries"][1]["parts"][0]["crc32c"] ^= 1  # rank 1's 'w' as recorded
+            await client.write_file(path, json.dumps(m).encode())
+            assert np.array_equal((await ckpt.load(0))["w"], np.arange(10))
+            with pytest.raises(CheckpointCorruptError, match=r"step 4, rank 1, 'w'"):
+                await ckpt.load(1)
+            with pytest.raises(CheckpointCorruptError):
+                await ckpt.verify(4)
+
+    run(cluster_dir, body)
+
+
+def test_bad_arguments_are_clear_errors(cluster_dir: Path) -> None:
+    async def body(client: Client, root: str) -> None:
+        async with Checkpointer(client, root, world_size=2, timeout=5) as ckpt:
+            with pytest.raises(CheckpointError, match="rank 2 is not in"):
+                await ckpt.save(1, 2, {})
+            with pytest.raises(CheckpointError, match="a state value is"):
+                await ckpt.save(7, 0, {"x": [1, 2]})  # (step 7 is aborted for good)
+            with pytest.raises(CheckpointError, match="a step is"):
+                await ckpt.save(-1, 0, {})
+            await asyncio.gather(ckpt.save(2, 0, {}), ckpt.save(2, 1, {}))
+            with pytest.raises(CheckpointError, match="already committed"):
+                await ckpt.save(2, 0, {})
+            with pytest.raises(CheckpointError, match="comes before the latest"):
+                await ckpt.save(1, 0, {})
+            with pytest.raises(CheckpointNotFoundError):
+                await ckpt.load(0, step=99)
+        with pytest.raises(CheckpointError):
+            Checkpointer(client, root, world_size=0)
+
+    run(cluster_dir, body)
