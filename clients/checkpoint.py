@@ -28,7 +28,7 @@ import hashlib
 import logging
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -620,11 +620,20 @@ class Checkpointer:
         await asyncio.gather(*(one(r) for r in plan(_distinct(entries), box)))
         return out
 
-    async def verify(self, step: int | None = None) -> Manifest:
-        """Read every part of a checkpoint and check it; raises CheckpointCorruptError."""
+    async def verify(
+        self, step: int | None = None, *, progress: Callable[[int], None] | None = None
+    ) -> Manifest:
+        """Read every part of a checkpoint and check it; raises CheckpointCorruptError.
+        ``progress(nbytes)`` is called as values are checked."""
         m = await self.manifest(step)
         sem = asyncio.Semaphore(_READS_IN_FLIGHT)
-        await asyncio.gather(*(self._value(m, e, sem) for e in m.entries))
+
+        async def one(e: Entry) -> None:
+            await self._value(m, e, sem)
+            if progress is not None:
+                progress(e.nbytes)
+
+        await asyncio.gather(*(one(e) for e in m.entries))
         return m
 
     # -- deleting ----------------------------------------------------------------------------

@@ -19,7 +19,7 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
-extras=dev,fuse,bench
+extras=dev,fuse,bench,clients
 find_links=()
 # torch (the optional extra, pinned to 2.13.0) only from the CPU wheel on this machine's disk,
 # which pip prefers to PyPI's release of the same version (a CUDA build of several GB).

@@ -395,3 +395,34 @@ def test_bad_arguments_are_clear_errors(cluster_dir: Path) -> None:
             Checkpointer(client, root, world_size=0)
 
     run(cluster_dir, body)
+
+
+def test_the_ckpt_command_lists_shows_verifies_and_removes(cluster_dir: Path) -> None:
+    async def body(client: Client, root: str) -> str:
+        async with Checkpointer(client, root, world_size=2) as ckpt:
+            for step in (1, 2):
+                await save_all(
+                    ckpt, step, [rank_state(step, r, 2, global_array(step)) for r in range(2)]
+                )
+        return root
+
+    root = run(cluster_dir, body)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "tectonic_emu", "ckpt", *args, "--cluster", str(cluster_dir)]
+        return subprocess.run(cmd, capture_output=True, text=True)
+
+    listed = json.loads(cli("ls", root, "--json").stdout)
+    assert [c["step"] for c in listed["committed"]] == [1, 2] and listed["uncommitted"] == []
+    shown = json.loads(cli("show", root, "2", "--json").stdout)
+    w = next(e for e in shown["entries"] if e["name"] == "w")
+    assert w["shape"] == [61, 7] and w["ranks"] == [0, 1] and w["bytes"] == 61 * 7 * 4
+    ok = cli("verify", root, "2")
+    assert ok.returncode == 0 and "ok" in ok.stdout
+    assert cli("rm", root, "1").returncode == 0
+    assert [c["step"] for c in json.loads(cli("ls", root, "--json").stdout)["committed"]] == [2]
+    missing = cli("show", root, "1")
+    assert missing.returncode == 1 and "step 1 is not committed" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    for sub in ("ls", "show", "verify", "rm"):
+        assert "Example:" in cli(sub, "--help").stdout

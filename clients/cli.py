@@ -1,0 +1,173 @@
+"""``tectonic-emu ckpt``: list, show, verify and delete checkpoints (registered through the
+``tectonic_emu.commands`` entry point, as the clients sit above the core)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from clients.checkpoint import Checkpointer
+from clients.ckpt_format import Manifest, step_of_dir
+from tectonic_emu.cli import (
+    cluster_option,
+    json_option,
+    print_json,
+    progress_bar,
+    run,
+    with_cluster,
+)
+from tectonic_emu.cluster import Cluster
+from tectonic_emu.errors import NotFoundError
+
+
+def _reader(cluster: Cluster, root: str) -> Checkpointer:
+    # Reading, verifying and deleting do not depend on the world size.
+    return Checkpointer(cluster.client(), root, world_size=1)
+
+
+def _summary(m: Manifest) -> dict[str, Any]:
+    return {
+        "step": m.step,
+        "world_size": m.world_size,
+        "values": len({e.name for e in m.entries}),
+        "bytes": sum(e.nbytes for e in m.entries),
+        "files": len(m.files()),
+        "committed_at": m.committed_at,
+    }
+
+
+@click.group("ckpt")
+def ckpt() -> None:
+    """Checkpoints saved with clients.checkpoint.Checkpointer.
+
+    \b
+    Example:
+      tectonic-emu ckpt ls --cluster /tmp/c1 /ckpt
+    """
+
+
+@ckpt.command("ls")
+@cluster_option
+@click.argument("root")
+@json_option
+def ls(cluster_dir: Path, root: str, as_json: bool) -> None:
+    """Committed checkpoints under ROOT, and steps that never committed.
+
+    \b
+    Example:
+      tectonic-emu ckpt ls --cluster /tmp/c1 /ckpt --json
+    """
+
+    async def body(cluster: Cluster) -> tuple[list[dict[str, Any]], list[int]]:
+        reader = _reader(cluster, root)
+        done = await reader.steps()
+        rows = [_summary(await reader.manifest(s)) for s in done]
+        try:
+            names = await cluster.client().listdir(root)
+        except NotFoundError:
+            names = []
+        stale = sorted(s for s in map(step_of_dir, names) if s is not None and s not in done)
+        return rows, stale
+
+    rows, stale = run(with_cluster(cluster_dir, body))
+    if as_json:
+        print_json({"committed": rows, "uncommitted": stale})
+        return
+    t = Table(title=f"checkpoints under {root}")
+    for col in ("step", "ranks", "values", "bytes", "committed"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["committed_at"]))
+        t.add_row(str(r["step"]), str(r["world_size"]), str(r["values"]), str(r["bytes"]), when)
+    Console().print(t)
+    if stale:
+        click.echo(f"uncommitted (collected after the next commit): {stale}")
+
+
+@ckpt.command("show")
+@cluster_option
+@click.argument("root")
+@click.argument("step", type=int)
+@json_option
+def show(cluster_dir: Path, root: str, step: int, as_json: bool) -> None:
+    """The values of one checkpoint: ranks, names, shapes, bytes.
+
+    \b
+    Example:
+      tectonic-emu ckpt show --cluster /tmp/c1 /ckpt 100 --json
+    """
+    m = run(with_cluster(cluster_dir, lambda c: _reader(c, root).manifest(step)))
+    values: dict[str, dict[str, Any]] = {}
+    for e in m.entries:
+        v = values.setdefault(
+            e.name,
+            {
+                "name": e.name,
+                "kind": e.kind,
+                "dtype": e.dtype,
+                "shape": list(e.global_shape if e.kind == "shard" else e.shape),
+                "ranks": [],
+                "bytes": 0,
+            },
+        )
+        v["ranks"].append(e.rank)
+        v["bytes"] += e.nbytes
+    if as_json:
+        print_json({**_summary(m), "entries": list(values.values())})
+        return
+    t = Table(title=f"{root} step {step}: {m.world_size} ranks")
+    for col in ("name", "kind", "dtype", "shape", "ranks", "bytes"):
+        t.add_column(col, justify="right" if col == "bytes" else "left")
+    for v in values.values():
+        ranks = v["ranks"]
+        who = str(len(ranks)) if len(ranks) > 1 else f"rank {ranks[0]}"
+        t.add_row(v["name"], v["kind"], v["dtype"], str(tuple(v["shape"])), who, str(v["bytes"]))
+    Console().print(t)
+
+
+@ckpt.command("verify")
+@cluster_option
+@click.argument("root")
+@click.argument("step", type=int)
+def verify(cluster_dir: Path, root: str, step: int) -> None:
+    """Read every piece of a checkpoint and check it against its recorded CRC32C; exit 1
+    naming the rank, value and step of the first bad piece.
+
+    \b
+    Example:
+      tectonic-emu ckpt verify --cluster /tmp/c1 /ckpt 100
+    """
+
+    async def body(cluster: Cluster) -> Manifest:
+        reader = _reader(cluster, root)
+        m = await reader.manifest(step)
+        with progress_bar(sum(e.nbytes for e in m.entries)) as bar:
+            task = bar.add_task(f"step {step}", total=sum(e.nbytes for e in m.entries))
+            return await reader.verify(step, progress=lambda n: bar.advance(task, n))
+
+    m = run(with_cluster(cluster_dir, body))
+    total = sum(e.nbytes for e in m.entries)
+    click.echo(f"step {step}: {len(m.entries)} values of {m.world_size} ranks, {total} bytes, ok")
+
+
+@ckpt.command("rm")
+@cluster_option
+@click.argument("root")
+@click.argument("step", type=int)
+def rm(cluster_dir: Path, root: str, step: int) -> None:
+    """Delete a checkpoint (its manifest first; data files another checkpoint still
+    references stay).
+
+    \b
+    Example:
+      tectonic-emu ckpt rm --cluster /tmp/c1 /ckpt 100
+    """
+    run(with_cluster(cluster_dir, lambda c: _reader(c, root).delete(step)))
+
+
+__all__ = ["ckpt"]
