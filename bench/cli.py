@@ -253,3 +253,52 @@ def fuse(size: str, encoding: str, runs: int, directory: Path | None, as_json: b
         f"{result.direct_vs_native_read:.2f}",
     )
     Console().print(t)
+
+
+@bench.command("ckpt")
+@click.option("--size", default="1GiB", show_default=True, help="Bytes of the checkpoint.")
+@click.option("--ranks", default=1024, show_default=True, help="In-process ranks.")
+@click.option("--encoding", default="rs-6-3", show_default=True, help="Encoding of the files.")
+@click.option("--runs", default=3, show_default=True, help="Measured runs after one warm-up.")
+@dir_option("Where the cluster and the raw-disk file go.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def ckpt(
+    size: str, ranks: int, encoding: str, runs: int, directory: Path | None, as_json: bool
+) -> None:
+    """A synchronized checkpoint of many ranks (save and save_async) beside one writer
+    writing the same bytes as one file, and the raw disk.
+
+    \b
+    Example:
+      tectonic-emu bench ckpt --size 1GiB --ranks 1024 --json
+    """
+    from bench.ckpt import run_ckpt_bench
+
+    enc = Encoding.parse(encoding).name
+    with err_console.status("bench ckpt") as status:
+        result = asyncio.run(
+            run_ckpt_bench(
+                size=parse_size(size),
+                ranks=ranks,
+                encoding=enc,
+                directory=directory or Path(tempfile.gettempdir()),
+                runs=runs,
+                step=lambda s: status.update(f"bench ckpt: {s}"),
+            )
+        )
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    t = Table(title=f"bench ckpt: {size} over {ranks} ranks, {enc}, {runs} runs (median)")
+    for col in ("path", "MB/s", "vs one writer"):
+        t.add_column(col, justify="right")
+    w = result.writer_mb_s
+    t.add_row("raw disk", f"{result.raw_write_mb_s:.0f}", "")
+    t.add_row("one writer, one file", f"{w:.0f}", "1.00")
+    t.add_row("save (synchronized)", f"{result.save_mb_s:.0f}", f"{result.save_vs_writer:.2f}")
+    t.add_row("save_async, to commit", f"{result.async_mb_s:.0f}", f"{result.async_mb_s / w:.2f}")
+    Console().print(t)
+    click.echo(
+        f"save_async blocked the slowest rank {result.async_blocked_max_s:.3f} s; a synchronous "
+        f"save took {result.save_s:.3f} s ({result.async_blocked_vs_save:.2f}x)"
+    )

@@ -154,6 +154,7 @@ class Checkpointer:
         self._steps: dict[int, _Step] = {}
         self._pool: dict[int, list[memoryview]] = {}  # staging buffers by size
         self._made_root = False
+        self._cleanup: asyncio.Future[None] | None = None  # retention after the last commit
 
     async def __aenter__(self) -> Checkpointer:
         return self
@@ -161,8 +162,16 @@ class Checkpointer:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    async def wait_cleanup(self) -> None:
+        """Wait until the clean-up after the last commit here (``keep_last``, failed steps'
+        leftovers) is done; a save returns as soon as its step commits, before that."""
+        if self._cleanup is not None:
+            await asyncio.gather(self._cleanup, return_exceptions=True)
+
     async def close(self) -> None:
-        """Cancel what is still running for unfinished steps and wait for it."""
+        """Finish cleaning up after the last commit; cancel what is still running for
+        unfinished steps and wait for it."""
+        await self.wait_cleanup()
         tasks = [
             t
             for s in self._steps.values()
@@ -462,10 +471,22 @@ class Checkpointer:
         )
         manifest = Manifest(st.step, self.world_size, tuple(entries), time.time())
         await self.client.write_file(self._path(manifest_name(st.step)), manifest.encode())
+        # Committed. Clean up behind the ranks rather than hold them: the ranks return now.
+        previous = self._cleanup
+        self._cleanup = asyncio.ensure_future(self._retain(st.step, after=previous))
+
+    async def _retain(self, newest: int, *, after: asyncio.Future[None] | None = None) -> None:
+        """Apply ``keep_last`` and collect failed steps' leftovers (after the clean-up
+        before it, if any); errors are logged: the checkpoint is committed either way."""
+        if after is not None:
+            with contextlib.suppress(Exception):
+                await after
         try:
-            await self._retain(st.step)
-        except OSError as exc:  # the checkpoint is committed; cleaning up can wait
-            log.warning("checkpoint clean-up after step %d failed: %s", st.step, exc)
+            done = await self.steps()
+            await self._drop(done[: -self.keep_last] if self.keep_last is not None else [])
+            await self.collect_garbage(before=newest)
+        except OSError as exc:
+            log.warning("checkpoint clean-up after step %d failed: %s", newest, exc)
 
     # -- reading -----------------------------------------------------------------------------
     async def steps(self) -> list[int]:
@@ -642,12 +663,6 @@ class Checkpointer:
         checkpoint references). Raises CheckpointNotFoundError."""
         await self.manifest(step)
         await self._drop([step])
-
-    async def _retain(self, newest: int) -> None:
-        done = await self.steps()
-        old = done[: -self.keep_last] if self.keep_last is not None else []
-        await self._drop(old)
-        await self.collect_garbage(before=newest)
 
     async def _drop(self, steps: Sequence[int]) -> None:
         if not steps:

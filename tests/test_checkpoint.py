@@ -194,6 +194,7 @@ def test_a_cancelled_rank_fails_the_step_everywhere_and_leaves_nothing(cluster_d
             assert await ckpt.latest() == 1
             assert step_dir(2) in await client.listdir(root)  # until a later commit
             await save_all(ckpt, 3, [rank_state(3, r, 4, g) for r in range(4)])
+            await ckpt.wait_cleanup()
             assert await ckpt.steps() == [1, 3]
             assert step_dir(2) not in await client.listdir(root)  # collected
             assert np.array_equal(
@@ -331,11 +332,13 @@ def test_retention_keeps_the_parts_a_kept_checkpoint_references(cluster_dir: Pat
             first = await ckpt.save(1, 0, {"big": big, "small": np.zeros(3)}, incremental=True)
             second = await ckpt.save(2, 0, {"big": big, "small": np.ones(3)}, incremental=True)
             assert second.bytes_written < first.bytes_written / 100
+            await ckpt.wait_cleanup()  # retention runs behind the commit
             assert await ckpt.steps() == [2]  # step 1 is gone ...
             assert step_dir(1) in await client.listdir(root)  # ... but not its data file
             got = await ckpt.load(0)
             assert np.array_equal(got["big"], big) and np.array_equal(got["small"], np.ones(3))
             await ckpt.save(3, 0, {"big": big + 1, "small": np.ones(3)}, incremental=True)
+            await ckpt.wait_cleanup()
             assert await ckpt.steps() == [3] and step_dir(1) not in await client.listdir(root)
             await ckpt.verify()
 
@@ -426,3 +429,13 @@ def test_the_ckpt_command_lists_shows_verifies_and_removes(cluster_dir: Path) ->
     assert "Traceback" not in missing.stderr
     for sub in ("ls", "show", "verify", "rm"):
         assert "Example:" in cli(sub, "--help").stdout
+
+
+def test_bench_ckpt_runs_every_path(tmp_path: Path) -> None:
+    from bench.ckpt import run_ckpt_bench
+
+    result = asyncio.run(
+        run_ckpt_bench(size=2 << 20, ranks=8, encoding="rs-6-3", directory=tmp_path, runs=1)
+    )
+    assert result.save_mb_s > 0 and result.writer_mb_s > 0 and result.async_mb_s > 0
+    assert result.async_blocked_max_s > 0 and not any(tmp_path.iterdir())

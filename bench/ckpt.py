@@ -1,0 +1,146 @@
+"""``tectonic-emu bench ckpt``: a synchronized checkpoint of many ranks beside one writer.
+
+In one run, per round, with the same random bytes (``size`` in all, split evenly over
+``ranks`` in-process ranks, each a ``Shard`` of one global array):
+
+- **one writer**: an ``open_writer`` appending the bytes as one file (1 MiB pieces), closed;
+- **save**: every rank calls ``Checkpointer.save`` at once; timed until the last returns
+  (committed);
+- **save_async**: every rank calls ``save_async``; each rank's blocked time is what the call
+  took, and the step is timed until every ``committed`` resolves.
+
+The targets of issue 5: ``save_vs_writer`` >= 0.7 (goodput of the synchronized save against
+the one writer), ``async_blocked_vs_save`` <= 0.2 (the slowest rank's blocked time in
+``save_async`` against a synchronous save of the same state).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.store import aligned_buffer, raw_write
+from clients.checkpoint import Checkpointer, Shard
+from tectonic_emu import Cluster
+from tectonic_emu.coding import Encoding
+
+IO = 1 << 20
+
+
+@dataclass(slots=True)
+class CkptBench:
+    size: int
+    ranks: int
+    encoding: str
+    runs: int
+    raw_write_mb_s: float
+    writer_mb_s: float
+    save_mb_s: float
+    async_mb_s: float
+    async_blocked_max_s: float
+    save_s: float
+    save_vs_writer: float
+    async_blocked_vs_save: float
+    runs_mb_s: dict[str, list[float]] = field(default_factory=dict)
+    cpu_count: int = field(default_factory=lambda: os.cpu_count() or 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def run_ckpt_bench(
+    *,
+    size: int,
+    ranks: int,
+    encoding: str,
+    directory: Path,
+    runs: int = 3,
+    step: Callable[[str], None] = lambda _: None,
+) -> CkptBench:
+    work = Path(tempfile.mkdtemp(prefix="tectonic-ckpt-bench-", dir=directory))
+    try:
+        rows = size // 4 // 256  # a float32 array of 256 columns
+        data = aligned_buffer(rows * 256 * 4)
+        data[:] = os.urandom(len(data))
+        g = np.frombuffer(data, dtype=np.float32).reshape(rows, 256)
+        pieces = np.array_split(np.arange(rows), ranks)
+        states = [
+            {"w": Shard(g[p[0] : p[-1] + 1], g.shape, (int(p[0]), 0))} if len(p) else {}
+            for p in pieces
+        ]
+        root = work / "cluster"
+        Cluster.create(root, nodes=max(9, Encoding.parse(encoding).width), encoding=encoding)
+        per: dict[str, list[float]] = {k: [] for k in ("raw", "writer", "save", "async")}
+        blocked: list[float] = []
+        save_s: list[float] = []
+        async with Cluster.open(root) as cluster:
+            client = cluster.client()
+            ckpt = Checkpointer(client, "/ckpt", world_size=ranks, keep_last=1)
+            n = 0
+            for rnd in range(runs + 1):
+                label = "warm-up" if rnd == 0 else f"run {rnd}/{runs}"
+                step(f"{label}: raw disk")
+                raw = await asyncio.to_thread(raw_write, work / "raw.bin", data)
+                (work / "raw.bin").unlink()
+                step(f"{label}: one writer")
+                t0 = time.perf_counter()
+                async with client.open_writer("/one") as w:
+                    for off in range(0, len(data), IO):
+                        await w.append(data[off : off + IO])
+                await cluster.datapath.drain()
+                one = time.perf_counter() - t0
+                await client.delete("/one")
+                step(f"{label}: {ranks} ranks save")
+                n += 1
+                t0 = time.perf_counter()
+                await asyncio.gather(*(ckpt.save(n, r, s) for r, s in enumerate(states)))
+                await cluster.datapath.drain()
+                sync = time.perf_counter() - t0
+                await ckpt.wait_cleanup()  # retention of the previous step: not in any timing
+                step(f"{label}: {ranks} ranks save_async")
+                n += 1
+                t0 = time.perf_counter()
+                pending = await asyncio.gather(
+                    *(ckpt.save_async(n, r, s) for r, s in enumerate(states))
+                )
+                await asyncio.gather(*(p.committed for p in pending))
+                await cluster.datapath.drain()
+                asy = time.perf_counter() - t0
+                await ckpt.wait_cleanup()
+                if rnd:
+                    for key, secs in zip(per, (raw, one, sync, asy), strict=True):
+                        per[key].append(round(len(data) / secs / 1e6, 1))
+                    blocked.append(max(p.blocked_s for p in pending))
+                    save_s.append(sync)
+            await ckpt.close()
+        med = {k: statistics.median(v) for k, v in per.items()}
+        return CkptBench(
+            len(data),
+            ranks,
+            encoding,
+            runs,
+            med["raw"],
+            med["writer"],
+            med["save"],
+            med["async"],
+            round(statistics.median(blocked), 4),
+            round(statistics.median(save_s), 4),
+            round(med["save"] / med["writer"], 3),
+            round(statistics.median(blocked) / statistics.median(save_s), 3),
+            per,
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+__all__ = ["CkptBench", "run_ckpt_bench"]
