@@ -15,6 +15,7 @@ from clients.checkpoint import Checkpointer
 from clients.ckpt_format import Manifest, step_of_dir
 from tectonic_emu.cli import (
     cluster_option,
+    err_console,
     json_option,
     print_json,
     progress_bar,
@@ -170,4 +171,154 @@ def rm(cluster_dir: Path, root: str, step: int) -> None:
     run(with_cluster(cluster_dir, lambda c: _reader(c, root).delete(step)))
 
 
-__all__ = ["ckpt"]
+@click.group("data")
+def data() -> None:
+    """Training datasets in the store: Parquet shards and an index (docs/dataset.md).
+
+    \b
+    Example:
+      tectonic-emu data generate --cluster /tmp/c1 --workload unet3d --scale 0.05 --to /data/u
+    """
+
+
+@data.command("generate")
+@cluster_option
+@click.option(
+    "--workload",
+    type=click.Choice(["unet3d", "resnet50", "cosmoflow"]),
+    required=True,
+    help="MLPerf Storage workload whose records to imitate.",
+)
+@click.option("--scale", type=float, required=True, help="Record size and count factor, (0, 1].")
+@click.option("--to", "path", required=True, help="Dataset directory in the store.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random payloads.")
+@click.option("--encoding", default=None, help="Encoding of the shards (default: inherited).")
+@click.option("--overwrite", is_flag=True, help="Replace a dataset already there.")
+@json_option
+def data_generate(
+    cluster_dir: Path,
+    workload: str,
+    scale: float,
+    path: str,
+    seed: int,
+    encoding: str | None,
+    overwrite: bool,
+    as_json: bool,
+) -> None:
+    """Write a synthetic dataset shaped like MLPerf Storage's WORKLOAD, its record size and
+    count scaled by SCALE (random payloads, so compression cannot cheat).
+
+    \b
+    Example:
+      tectonic-emu data generate --cluster /tmp/c1 --workload unet3d --scale 0.05 --to /data/u
+    """
+    from clients.dataset import generate
+    from clients.workloads import workload_named
+
+    sized = workload_named(workload).scaled(scale)
+
+    async def body(cluster: Cluster) -> Any:
+        with progress_bar(sized.bytes) as bar:
+            task = bar.add_task(f"{workload} x{scale:g}", total=sized.bytes)
+            return await generate(
+                cluster.client(),
+                workload,
+                scale,
+                path,
+                seed=seed,
+                encoding=encoding,
+                overwrite=overwrite,
+                progress=lambda n: bar.advance(task, n),
+            )
+
+    index = run(with_cluster(cluster_dir, body))
+    summary = {
+        "path": path,
+        "workload": workload,
+        "scale": scale,
+        "samples": index.rows,
+        "record_bytes": sized.record_bytes,
+        "shards": len(index.shards),
+        "bytes": index.nbytes,
+    }
+    if as_json:
+        print_json(summary)
+    else:
+        click.echo(
+            f"{path}: {index.rows} samples of {sized.record_bytes} bytes in "
+            f"{len(index.shards)} shards ({index.nbytes} bytes)"
+        )
+
+
+@click.group("simulate")
+def simulate() -> None:
+    """Emulated training: accelerators that read batches and compute by sleeping.
+
+    \b
+    Example:
+      tectonic-emu simulate train --cluster /tmp/c1 --workload unet3d --data /data/u -n 4
+    """
+
+
+@simulate.command("train")
+@cluster_option
+@click.option(
+    "--workload",
+    type=click.Choice(["unet3d", "resnet50", "cosmoflow"]),
+    required=True,
+    help="MLPerf Storage workload (batch size and compute time per batch).",
+)
+@click.option("--data", "path", required=True, help="Dataset directory (data generate).")
+@click.option("-n", "--accelerators", default=1, show_default=True, help="Emulated accelerators.")
+@click.option("--accelerator", default="h100", show_default=True, help="h100 or a100.")
+@click.option("--epochs", default=3, show_default=True, help="Epochs to run.")
+@click.option("--seed", default=0, show_default=True, help="Shuffle seed.")
+@click.option("--prefetch", default=2, show_default=True, help="Batches each rank reads ahead.")
+@json_option
+def simulate_train(
+    cluster_dir: Path,
+    workload: str,
+    path: str,
+    accelerators: int,
+    accelerator: str,
+    epochs: int,
+    seed: int,
+    prefetch: int,
+    as_json: bool,
+) -> None:
+    """Run MLPerf Storage's training emulation on a dataset and report accelerator
+    utilization (AU: compute time over wall time, first step left out), samples/s, MB/s,
+    and whether AU meets the workload's threshold (90%, cosmoflow 70%).
+
+    \b
+    Example:
+      tectonic-emu simulate train --cluster /tmp/c1 --workload unet3d --data /data/u -n 4 --json
+    """
+    from clients.simulate import train
+
+    async def body(cluster: Cluster) -> Any:
+        with err_console.status(f"{accelerators} emulated {accelerator} accelerators training"):
+            return await train(
+                cluster.client(),
+                path,
+                workload=workload,
+                accelerators=accelerators,
+                accelerator=accelerator,
+                epochs=epochs,
+                seed=seed,
+                prefetch=prefetch,
+            )
+
+    report = run(with_cluster(cluster_dir, body))
+    if as_json:
+        print_json(report.to_dict())
+        return
+    verdict = "meets" if report.passed else "misses"
+    click.echo(
+        f"{report.accelerators} x {report.accelerator} on {report.workload}: AU "
+        f"{report.au:.1%} (min {report.au_min:.1%}), {verdict} {report.au_threshold:.0%}; "
+        f"{report.samples_per_s:.1f} samples/s, {report.mb_per_s:.1f} MB/s"
+    )
+
+
+__all__ = ["ckpt", "data", "simulate"]

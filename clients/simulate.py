@@ -1,0 +1,230 @@
+"""MLPerf Storage's training emulation: emulated accelerators read batches and "compute" by
+sleeping; accelerator utilization (AU) is the share of time they spend computing.
+
+Each emulated accelerator is a simulated rank (``clients/ranks.py``) with a ``ShardStream`` of
+the dataset (``clients/dataset.py``): per step it waits for its next batch (I/O the prefetch
+did not hide) and then sleeps the workload's computation time per batch. As in MLPerf Storage,
+the first step is left out: AU = compute time / wall time from the end of each rank's first
+step, averaged over ranks, and the run passes when it reaches the workload's threshold (90%,
+cosmoflow 70%).
+
+The same loop reads through any *source* that answers the three calls ``ShardStream`` makes:
+the native client, an fsspec filesystem (``FsspecSource``), or a local directory
+(``LocalSource``), so a benchmark compares them in one run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from clients.dataset import ShardStream, load_index
+from clients.ranks import Job, ProcessInfo, Rank
+from clients.workloads import workload_named
+from tectonic_emu.chunkstore.base import BytesLike
+from tectonic_emu.client import Client
+from tectonic_emu.errors import InvalidArgumentError, NotFoundError
+
+
+@dataclass(frozen=True, slots=True)
+class TrainReport:
+    workload: str
+    accelerator: str
+    accelerators: int
+    epochs: int
+    steps: int  # per rank, all epochs
+    au: float  # mean over ranks
+    au_min: float
+    au_threshold: float
+    passed: bool
+    samples_per_s: float
+    mb_per_s: float
+    wall_s: float
+    io_wait_s: float  # mean per rank
+    source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class _RankRun:
+    steps: int = 0
+    samples: int = 0
+    bytes: int = 0
+    compute_s: float = 0.0  # after the first step
+    span_s: float = 0.0  # wall time after the first step
+
+
+async def train(
+    client: Client,
+    path: str,
+    *,
+    workload: str,
+    accelerators: int,
+    accelerator: str = "h100",
+    epochs: int = 1,
+    seed: int = 0,
+    prefetch: int = 2,
+    computation_time: float | None = None,
+    job: Job | None = None,
+    source: Any = None,
+    source_name: str = "native",
+) -> TrainReport:
+    """Emulate ``accelerators`` accelerators training on the dataset at ``path`` for
+    ``epochs`` epochs, reading through ``source`` (default: ``client``; see the module
+    docstring). ``job`` runs the ranks (default: all of them in this process; its
+    collectives go through ``client``); ``computation_time`` overrides the workload's
+    seconds per batch."""
+    wl = workload_named(workload)
+    acc = wl.accelerator(accelerator)
+    compute = acc.computation_time if computation_time is None else computation_time
+    source = client if source is None else source
+    if job is None:
+        job = Job(
+            client,
+            f"train-{os.getpid()}-{time.monotonic_ns()}",
+            ranks_per_process=accelerators,
+            process=ProcessInfo(0, 1),
+        )
+    if job.world_size != accelerators:
+        raise InvalidArgumentError(
+            f"the job has {job.world_size} ranks, not {accelerators} accelerators"
+        )
+    index = await load_index(cast(Client, source), path)
+    record_bytes = index.nbytes // max(1, index.rows)
+
+    async def body(rank: Rank) -> _RankRun:
+        run = _RankRun()
+        first_done: float | None = None
+        for epoch in range(epochs):
+            stream = ShardStream(
+                cast(Client, source),
+                path,
+                rank=rank.rank,
+                world_size=accelerators,
+                batch_size=acc.batch_size,
+                seed=seed,
+                epoch=epoch,
+                prefetch=prefetch,
+            )
+            async with stream:
+                while True:
+                    try:
+                        batch = await rank.io(stream.__anext__())
+                    except StopAsyncIteration:
+                        break
+                    t = await rank.compute(compute)
+                    run.steps += 1
+                    run.samples += batch.num_rows
+                    run.bytes += batch.num_rows * record_bytes
+                    if first_done is None:
+                        first_done = time.monotonic()
+                    else:
+                        run.compute_s += t
+            await rank.barrier()  # the epoch ends for every rank together
+        if first_done is not None:
+            run.span_s = time.monotonic() - first_done
+        return run
+
+    t0 = time.monotonic()
+    results = await job.run(body)
+    wall = time.monotonic() - t0
+    runs = [r.value for r in results]
+    aus = [r.compute_s / r.span_s for r in runs if r.span_s > 0]
+    au = sum(aus) / len(aus) if aus else 0.0
+    samples = sum(r.samples for r in runs)
+    return TrainReport(
+        workload=wl.name,
+        accelerator=acc.name,
+        accelerators=accelerators,
+        epochs=epochs,
+        steps=max((r.steps for r in runs), default=0),
+        au=round(au, 4),
+        au_min=round(min(aus), 4) if aus else 0.0,
+        au_threshold=wl.au_threshold,
+        passed=bool(aus) and au >= wl.au_threshold,
+        samples_per_s=round(samples / wall, 1) if wall > 0 else 0.0,
+        mb_per_s=round(sum(r.bytes for r in runs) / wall / 1e6, 1) if wall > 0 else 0.0,
+        wall_s=round(wall, 3),
+        io_wait_s=round(sum(r.timeline.io_wait_s for r in results) / len(results), 4),
+        source=source_name,
+    )
+
+
+class LocalSource:
+    """A dataset copied to a local directory, read with plain file I/O in worker threads
+    (the local-disk baseline): ``/a/b`` in the store is ``root/a/b``."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def _local(self, path: str) -> Path:
+        return self.root / path.lstrip("/")
+
+    async def read(self, path: str, offset: int = 0, size: int = -1) -> bytes:
+        def run() -> bytes:
+            try:
+                with open(self._local(path), "rb") as f:
+                    f.seek(offset)
+                    return f.read(size)
+            except FileNotFoundError:
+                raise NotFoundError("no such file", path) from None
+
+        return await asyncio.to_thread(run)
+
+    async def read_into(self, path: str, offset: int, buf: BytesLike) -> int:
+        def run() -> int:
+            fd = os.open(self._local(path), os.O_RDONLY)
+            try:
+                return os.preadv(fd, [memoryview(buf).cast("B")], offset)
+            finally:
+                os.close(fd)
+
+        return await asyncio.to_thread(run)
+
+    async def stat(self, path: str) -> Any:
+        st = await asyncio.to_thread(os.stat, self._local(path))
+        return _Stat(st.st_size)
+
+    async def exists(self, path: str) -> bool:
+        return await asyncio.to_thread(self._local(path).exists)
+
+
+class FsspecSource:
+    """A dataset read through an fsspec async filesystem (``clients/fsspec.py``'s or any)."""
+
+    def __init__(self, fs: Any) -> None:
+        self.fs = fs
+
+    async def read(self, path: str, offset: int = 0, size: int = -1) -> bytes:
+        end = None if size < 0 else offset + size
+        try:
+            return bytes(await self.fs._cat_file(path, start=offset, end=end))
+        except FileNotFoundError:
+            raise NotFoundError("no such file", path) from None
+
+    async def read_into(self, path: str, offset: int, buf: BytesLike) -> int:
+        out = memoryview(buf).cast("B")
+        data = await self.fs._cat_file(path, start=offset, end=offset + len(out))
+        out[: len(data)] = data
+        return len(data)
+
+    async def stat(self, path: str) -> Any:
+        info = await self.fs._info(path)
+        return _Stat(int(info["size"]))
+
+    async def exists(self, path: str) -> bool:
+        return bool(await self.fs._exists(path))
+
+
+@dataclass(frozen=True, slots=True)
+class _Stat:
+    size: int
+
+
+__all__ = ["FsspecSource", "LocalSource", "TrainReport", "train"]
