@@ -162,6 +162,7 @@ class LocalSource:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
+        self.config = ReadSize()
 
     def _local(self, path: str) -> Path:
         return self.root / path.lstrip("/")
@@ -188,8 +189,11 @@ class LocalSource:
         return await asyncio.to_thread(run)
 
     async def stat(self, path: str) -> Any:
-        st = await asyncio.to_thread(os.stat, self._local(path))
-        return _Stat(st.st_size)
+        try:
+            st = await asyncio.to_thread(os.stat, self._local(path))
+        except FileNotFoundError:
+            raise NotFoundError("no such file", path) from None
+        return _Stat(st.st_size, hash((st.st_ino, st.st_mtime_ns)))
 
     async def exists(self, path: str) -> bool:
         return await asyncio.to_thread(self._local(path).exists)
@@ -200,6 +204,7 @@ class FsspecSource:
 
     def __init__(self, fs: Any) -> None:
         self.fs = fs
+        self.config = ReadSize()
 
     async def read(self, path: str, offset: int = 0, size: int = -1) -> bytes:
         end = None if size < 0 else offset + size
@@ -215,8 +220,11 @@ class FsspecSource:
         return len(data)
 
     async def stat(self, path: str) -> Any:
-        info = await self.fs._info(path)
-        return _Stat(int(info["size"]))
+        try:
+            info = await self.fs._info(path)
+        except FileNotFoundError:
+            raise NotFoundError("no such file", path) from None
+        return _Stat(int(info["size"]), hash((info.get("id"), info.get("mtime"), info["size"])))
 
     async def exists(self, path: str) -> bool:
         return bool(await self.fs._exists(path))
@@ -225,6 +233,15 @@ class FsspecSource:
 @dataclass(frozen=True, slots=True)
 class _Stat:
     size: int
+    id: int  # changes when the file is replaced (ShardStream caches by it)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadSize:
+    """What ``ShardStream`` asks of a source's ``config``: the read unit it aligns to (the
+    store's chunk size; for other sources, a read size that suits them)."""
+
+    block_size: int = 8 << 20
 
 
 __all__ = ["FsspecSource", "LocalSource", "TrainReport", "train"]
