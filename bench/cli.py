@@ -302,3 +302,55 @@ def ckpt(
         f"save_async blocked the slowest rank {result.async_blocked_max_s:.3f} s; a synchronous "
         f"save took {result.save_s:.3f} s ({result.async_blocked_vs_save:.2f}x)"
     )
+
+
+@bench.command("train")
+@click.option("--record-scale", default=1 / 32, show_default=True, help="unet3d record factor.")
+@click.option("--samples", default=400, show_default=True, help="Records in the dataset.")
+@click.option("--epochs", default=2, show_default=True, help="Epochs per trial.")
+@click.option(
+    "--sources",
+    default="native,fsspec,local",
+    show_default=True,
+    help="Where the accelerators read from (comma-separated).",
+)
+@dir_option("Where the cluster and the local copy go.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def train_cmd(
+    record_scale: float,
+    samples: int,
+    epochs: int,
+    sources: str,
+    directory: Path | None,
+    as_json: bool,
+) -> None:
+    """The largest number of emulated h100 accelerators that keep AU >= 90% on a scaled
+    unet3d dataset, through the native client, fsspec and local disk, in one run.
+
+    \b
+    Example:
+      tectonic-emu bench train --json
+    """
+    from bench.train import run_train_bench
+
+    with err_console.status("bench train") as status:
+        result = asyncio.run(
+            run_train_bench(
+                directory=directory or Path(tempfile.gettempdir()),
+                record_scale=record_scale,
+                samples=samples,
+                epochs=epochs,
+                sources=tuple(s.strip() for s in sources.split(",") if s.strip()),
+                step=lambda s: status.update(f"bench train: {s}"),
+            )
+        )
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    t = Table(title=f"bench train: unet3d, {result.samples} records of {result.record_bytes} B")
+    for col in ("source", "accelerators at AU >= 90%"):
+        t.add_column(col, justify="right")
+    for name, n in result.max_accelerators.items():
+        t.add_row(name, str(n))
+    Console().print(t)
+    click.echo(f"native / local: {result.native_vs_local:.2f}")
