@@ -109,3 +109,19 @@ def test_the_data_and_simulate_commands(cluster_dir: Path) -> None:
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     for sub in (("data", "generate"), ("simulate", "train")):
         assert "Example:" in cli(*sub, "--help").stdout
+
+
+@pytest.mark.parametrize("threshold", [0, 1, 2, 5, 8, 9, 100, 512])
+def test_the_benchmark_finds_the_largest_passing_count(threshold: int) -> None:
+    from bench.train import largest_passing
+    from clients.simulate import TrainReport
+
+    async def trial(n: int) -> TrainReport:
+        passed = n <= threshold
+        return TrainReport(
+            "unet3d", "h100", n, 1, 1, 1.0 if passed else 0.5, 0, 0.9, passed, 0, 0, 0, 0, "x"
+        )
+
+    best, reports = asyncio.run(largest_passing(trial, limit=512))
+    assert best == min(threshold, 512)
+    assert len(reports) <= 2 * 10 + 1  # doubling, then halving
