@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -274,6 +277,14 @@ def simulate() -> None:
 @click.option("--epochs", default=3, show_default=True, help="Epochs to run.")
 @click.option("--seed", default=0, show_default=True, help="Shuffle seed.")
 @click.option("--prefetch", default=2, show_default=True, help="Batches each rank reads ahead.")
+@click.option(
+    "--processes",
+    default=1,
+    show_default=True,
+    help="Processes to spread the accelerators over, launched here (under torchrun or srun, "
+    "RANK and WORLD_SIZE say instead).",
+)
+@click.option("--job", default=None, help="Job name the processes share (default: a new one).")
 @json_option
 def simulate_train(
     cluster_dir: Path,
@@ -284,6 +295,8 @@ def simulate_train(
     epochs: int,
     seed: int,
     prefetch: int,
+    processes: int,
+    job: str | None,
     as_json: bool,
 ) -> None:
     """Run MLPerf Storage's training emulation on a dataset and report accelerator
@@ -294,22 +307,51 @@ def simulate_train(
     Example:
       tectonic-emu simulate train --cluster /tmp/c1 --workload unet3d --data /data/u -n 4 --json
     """
-    from clients.simulate import train
+    from clients.ranks import Job, ProcessInfo, launch
+    from clients.simulate import TrainReport, train
 
-    async def body(cluster: Cluster) -> Any:
-        with err_console.status(f"{accelerators} emulated {accelerator} accelerators training"):
-            return await train(
-                cluster.client(),
-                path,
-                workload=workload,
-                accelerators=accelerators,
-                accelerator=accelerator,
-                epochs=epochs,
-                seed=seed,
-                prefetch=prefetch,
+    process = ProcessInfo.from_env()
+    if processes > 1 and process.count == 1:  # launch the processes, report theirs
+        args = ["simulate", "train", "--cluster", str(cluster_dir), "--workload", workload]
+        args += ["--data", path, "-n", str(accelerators), "--accelerator", accelerator]
+        args += ["--epochs", str(epochs), "--seed", str(seed), "--prefetch", str(prefetch)]
+        name = job or f"train-{secrets.token_hex(4)}"
+        with err_console.status(f"{processes} processes of {accelerators} accelerators"):
+            out = launch([*args, "--job", name, "--json"], processes)
+        report = TrainReport(**json.loads(out))
+    else:
+        if accelerators % process.count:
+            raise click.BadParameter(
+                f"{accelerators} accelerators do not split over {process.count} processes"
             )
+        name = job or os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID")
+        if process.count > 1 and not name:
+            raise click.BadParameter("several processes need a shared --job name")
 
-    report = run(with_cluster(cluster_dir, body))
+        async def body(cluster: Cluster) -> Any:
+            client = cluster.client()
+            group = Job(
+                client,
+                name or f"train-{secrets.token_hex(4)}",
+                ranks_per_process=accelerators // process.count,
+                process=process,
+            )
+            with err_console.status(f"{group.ranks_per_process} emulated accelerators training"):
+                return await train(
+                    client,
+                    path,
+                    workload=workload,
+                    accelerators=accelerators,
+                    accelerator=accelerator,
+                    epochs=epochs,
+                    seed=seed,
+                    prefetch=prefetch,
+                    job=group,
+                )
+
+        report = run(with_cluster(cluster_dir, body))
+        if process.index != 0:
+            return  # process 0 reports the job
     if as_json:
         print_json(report.to_dict())
         return

@@ -23,6 +23,8 @@ import contextlib
 import json
 import os
 import random
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -292,6 +294,33 @@ def _settle(fut: asyncio.Future[list[Any]], task: asyncio.Task[list[Any]]) -> No
         fut.set_result(task.result())
 
 
+def launch(args: Sequence[str], processes: int, *, timeout: float | None = None) -> str:
+    """Run ``tectonic-emu ARGS`` as ``processes`` processes, with RANK, WORLD_SIZE and
+    LOCAL_RANK set as torchrun would; wait for all; return process 0's standard output.
+    Raises InvalidArgumentError with a failed process's last words."""
+    env = dict(os.environ)
+    procs = []
+    for i in range(processes):
+        env.update(RANK=str(i), WORLD_SIZE=str(processes), LOCAL_RANK=str(i))
+        cmd = [sys.executable, "-m", "tectonic_emu", *args]
+        procs.append(
+            subprocess.Popen(cmd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        )
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for i, (p, (_, err)) in enumerate(zip(procs, outs, strict=True)):
+        if p.returncode != 0:
+            words = err.decode(errors="replace").strip().splitlines()[-3:]
+            raise InvalidArgumentError(f"process {i} of {processes} failed: {' / '.join(words)}")
+    return outs[0][0].decode()
+
+
 def summarize(results: Sequence[RankResult[Any]], wall_s: float) -> dict[str, float]:
     """Totals over ranks: mean compute, I/O wait and barrier wait, and accelerator
     utilization (compute over wall time)."""
@@ -315,5 +344,6 @@ __all__ = [
     "RankResult",
     "RanksTimeoutError",
     "Timeline",
+    "launch",
     "summarize",
 ]

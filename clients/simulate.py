@@ -57,7 +57,6 @@ class _RankRun:
     samples: int = 0
     bytes: int = 0
     compute_s: float = 0.0  # after the first step
-    span_s: float = 0.0  # wall time after the first step
 
 
 async def train(
@@ -98,8 +97,11 @@ async def train(
     index = await load_index(cast(Client, source), path)
     record_bytes = index.nbytes // max(1, index.rows)
 
-    async def body(rank: Rank) -> _RankRun:
+    async def body(rank: Rank) -> list[list[float]]:
+        """One accelerator's run; every rank's figures (gathered through the job, so each
+        process of a multi-process job reports the whole job)."""
         run = _RankRun()
+        start = time.monotonic()
         first_done: float | None = None
         for epoch in range(epochs):
             stream = ShardStream(
@@ -127,31 +129,35 @@ async def train(
                     else:
                         run.compute_s += t
             await rank.barrier()  # the epoch ends for every rank together
-        if first_done is not None:
-            run.span_s = time.monotonic() - first_done
-        return run
+        end = time.monotonic()
+        au = (
+            run.compute_s / (end - first_done)
+            if first_done is not None and end > first_done
+            else -1.0
+        )
+        mine = [au, run.samples, run.bytes, run.steps, rank.timeline.io_wait_s, end - start]
+        everyone: list[list[float]] = await rank.all_gather(mine)
+        return everyone
 
-    t0 = time.monotonic()
     results = await job.run(body)
-    wall = time.monotonic() - t0
-    runs = [r.value for r in results]
-    aus = [r.compute_s / r.span_s for r in runs if r.span_s > 0]
+    figures = results[0].value  # the same on every rank
+    aus = [f[0] for f in figures if f[0] >= 0]
     au = sum(aus) / len(aus) if aus else 0.0
-    samples = sum(r.samples for r in runs)
+    wall = max((f[5] for f in figures), default=0.0)
     return TrainReport(
         workload=wl.name,
         accelerator=acc.name,
         accelerators=accelerators,
         epochs=epochs,
-        steps=max((r.steps for r in runs), default=0),
+        steps=int(max((f[3] for f in figures), default=0)),
         au=round(au, 4),
         au_min=round(min(aus), 4) if aus else 0.0,
         au_threshold=wl.au_threshold,
         passed=bool(aus) and au >= wl.au_threshold,
-        samples_per_s=round(samples / wall, 1) if wall > 0 else 0.0,
-        mb_per_s=round(sum(r.bytes for r in runs) / wall / 1e6, 1) if wall > 0 else 0.0,
+        samples_per_s=round(sum(f[1] for f in figures) / wall, 1) if wall > 0 else 0.0,
+        mb_per_s=round(sum(f[2] for f in figures) / wall / 1e6, 1) if wall > 0 else 0.0,
         wall_s=round(wall, 3),
-        io_wait_s=round(sum(r.timeline.io_wait_s for r in results) / len(results), 4),
+        io_wait_s=round(sum(f[4] for f in figures) / max(1, len(figures)), 4),
         source=source_name,
     )
 

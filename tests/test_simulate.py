@@ -105,6 +105,24 @@ def test_the_data_and_simulate_commands(cluster_dir: Path) -> None:
     assert ran.returncode == 0, ran.stderr
     report = json.loads(ran.stdout)
     assert report["accelerators"] == 2 and report["au_threshold"] == 0.7
+    run2 = ["--workload", "cosmoflow", "--data", "/d/c", "-n", "4", "--epochs", "1"]
+    two = cli("simulate", "train", *run2, "--processes", "2", "--json")
+    assert two.returncode == 0, two.stderr
+    both = json.loads(two.stdout)  # process 0's report covers all 4 accelerators
+    assert both["accelerators"] == 4 and both["samples_per_s"] > 0
+    odd = cli(
+        "simulate",
+        "train",
+        "--workload",
+        "cosmoflow",
+        "--data",
+        "/d/c",
+        "-n",
+        "3",
+        "--processes",
+        "2",
+    )
+    assert odd.returncode != 0 and "do not split over 2 processes" in odd.stderr
     bad = cli("simulate", "train", "--workload", "unet3d", "--data", "/nope", "--json")
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     for sub in (("data", "generate"), ("simulate", "train")):
