@@ -10,8 +10,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
+from clients.dataset import read_shard, write_shards
 from clients.ranks import Job, ProcessInfo, Rank, RanksTimeoutError, summarize
 from tectonic_emu import Cluster
 from tectonic_emu.errors import InvalidArgumentError
@@ -30,21 +32,22 @@ def test_4096_ranks_pass_ten_barriers_and_each_read_a_shard(cluster_dir: Path) -
     async def main() -> None:
         async with Cluster.open(cluster_dir) as cluster:
             client = cluster.client()
-            await client.mkdir("/shards4096", exist_ok=True)
-            for i in range(shards):
-                await client.write_file(f"/shards4096/s{i}", bytes([i]) * 10_000)
+            table = pa.table({"i": pa.array(range(shards * 16), pa.int64())})
+            index = await write_shards(client, "/shards4096", table, rows_per_shard=16)
+            assert len(index.shards) == shards
             job = Job(client, "big", ranks_per_process=4096, process=ProcessInfo(0, 1))
 
             async def body(rank: Rank) -> int:
                 for _ in range(10):
                     await rank.barrier()
-                data = await rank.io(client.read(f"/shards4096/s{rank.rank % shards}"))
-                assert data == bytes([rank.rank % shards]) * 10_000
-                return len(data)
+                shard = await rank.io(read_shard(client, index, rank.rank % shards))
+                first = shard.column("i")[0].as_py()
+                assert first == 16 * (rank.rank % shards) and shard.num_rows == 16
+                return int(first)
 
             results = await job.run(body, concurrency=64)
             assert [r.rank for r in results] == list(range(4096))
-            assert all(r.value == 10_000 for r in results)
+            assert {r.value for r in results} == {16 * s for s in range(shards)}
             assert all(r.timeline.io_wait_s > 0 for r in results)
 
     asyncio.run(main())
