@@ -119,15 +119,16 @@ class ReadHandle:
                     self._free.append(seg.buf)
         copied = 0
         try:
-            for i, seg in zip(range(first, last + 1), segs, strict=True):
+            for k, i in enumerate(range(first, last + 1)):
                 lo = max(offset, i * self.segment) - i * self.segment
                 try:
-                    fetched = seg.fetched.result()
-                except BaseException:
-                    with self._lock:  # let the next read of it try again (a node may be back)
-                        if self._segments.get(i) is seg:
-                            del self._segments[i]
-                    raise
+                    fetched = segs[k].fetched.result()
+                except Exception:
+                    # Fetched ahead, perhaps before a node came back: fetch it once more now,
+                    # and fail (EIO) only if that fails too.
+                    segs[k] = self._refetch(i, segs[k])
+                    fetched = segs[k].fetched.result()
+                seg = segs[k]
                 hi = min(end - i * self.segment, self.segment, fetched)
                 if lo >= hi:
                     break
@@ -139,6 +140,24 @@ class ReadHandle:
                 for seg in segs:
                     seg.pins -= 1
         return copied
+
+    def _refetch(self, index: int, failed: _Segment) -> _Segment:
+        """A fresh fetch of segment ``index`` in place of ``failed`` (pinned for the caller,
+        who holds a pin on ``failed``, which it gives up); a failure is not kept, so the next
+        read tries again too."""
+        with self._lock:
+            failed.pins -= 1
+            if self._segments.get(index) is failed:
+                del self._segments[index]
+            seg = self._want(index)
+            seg.pins += 1
+        try:
+            seg.fetched.result()
+        except Exception:
+            with self._lock:
+                if self._segments.get(index) is seg:
+                    del self._segments[index]
+        return seg
 
     def read(self, size: int, offset: int) -> bytes:
         out = bytearray(max(0, min(size, self.size - offset)))
