@@ -271,7 +271,18 @@ def simulate() -> None:
     required=True,
     help="MLPerf Storage workload (batch size and compute time per batch).",
 )
-@click.option("--data", "path", required=True, help="Dataset directory (data generate).")
+@click.option(
+    "--data",
+    "path",
+    default=None,
+    help="Dataset directory (default: /datasets/WORKLOAD-xSCALE, generated if missing).",
+)
+@click.option(
+    "--scale",
+    default=0.05,
+    show_default=True,
+    help="Scale of the dataset generated when --data is not given.",
+)
 @click.option("-n", "--accelerators", default=1, show_default=True, help="Emulated accelerators.")
 @click.option("--accelerator", default="h100", show_default=True, help="h100 or a100.")
 @click.option("--epochs", default=3, show_default=True, help="Epochs to run.")
@@ -289,7 +300,8 @@ def simulate() -> None:
 def simulate_train(
     cluster_dir: Path,
     workload: str,
-    path: str,
+    path: str | None,
+    scale: float,
     accelerators: int,
     accelerator: str,
     epochs: int,
@@ -305,12 +317,17 @@ def simulate_train(
 
     \b
     Example:
-      tectonic-emu simulate train --cluster /tmp/c1 --workload unet3d --data /data/u -n 4 --json
+      tectonic-emu simulate train --cluster /tmp/c1 --workload unet3d -n 4 --json
+      tectonic-emu simulate train --cluster /tmp/c1 --workload unet3d --data /data/u -n 4
     """
     from clients.ranks import Job, ProcessInfo, launch
     from clients.simulate import TrainReport, train
 
     process = ProcessInfo.from_env()
+    if path is None:
+        path = f"/datasets/{workload}-x{scale:g}"
+        if process.index == 0:
+            run(with_cluster(cluster_dir, lambda c: _ensure_dataset(c, workload, scale, path)))
     if processes > 1 and process.count == 1:  # launch the processes, report theirs
         args = ["simulate", "train", "--cluster", str(cluster_dir), "--workload", workload]
         args += ["--data", path, "-n", str(accelerators), "--accelerator", accelerator]
@@ -361,6 +378,33 @@ def simulate_train(
         f"{report.au:.1%} (min {report.au_min:.1%}), {verdict} {report.au_threshold:.0%}; "
         f"{report.samples_per_s:.1f} samples/s, {report.mb_per_s:.1f} MB/s"
     )
+
+
+async def _ensure_dataset(cluster: Cluster, workload: str, scale: float, path: str) -> None:
+    """Generate the default dataset of a workload and scale unless it is complete."""
+    from clients.dataset import DatasetIncompleteError, generate, load_index
+    from clients.workloads import workload_named
+
+    client = cluster.client()
+    try:
+        await load_index(client, path)
+        return
+    except DatasetIncompleteError:
+        overwrite = True
+    except NotFoundError:
+        overwrite = False
+    sized = workload_named(workload).scaled(scale)
+    with progress_bar(sized.bytes) as bar:
+        task = bar.add_task(f"generating {path}", total=sized.bytes)
+        await client.mkdir("/datasets", exist_ok=True)
+        await generate(
+            client,
+            workload,
+            scale,
+            path,
+            overwrite=overwrite,
+            progress=lambda n: bar.advance(task, n),
+        )
 
 
 __all__ = ["ckpt", "data", "simulate"]

@@ -123,6 +123,11 @@ def test_the_data_and_simulate_commands(cluster_dir: Path) -> None:
         "2",
     )
     assert odd.returncode != 0 and "do not split over 2 processes" in odd.stderr
+    own = cli(
+        "simulate", "train", "--workload", "cosmoflow", "--scale", "0.0001", "-n", "2", "--json"
+    )
+    assert own.returncode == 0, own.stderr  # generated /datasets/cosmoflow-x0.0001 first
+    assert json.loads(own.stdout)["accelerators"] == 2
     bad = cli("simulate", "train", "--workload", "unet3d", "--data", "/nope", "--json")
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     for sub in (("data", "generate"), ("simulate", "train")):
