@@ -28,11 +28,10 @@ import math
 import os
 import pickle
 import secrets
-import threading
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
@@ -51,7 +50,8 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from clients.ckpt_format import CheckpointCorruptError
-from tectonic_emu import Client, Cluster
+from tectonic_emu import Client
+from tectonic_emu.bridge import Bridge
 from tectonic_emu.coding import Encoding, crc32c
 from tectonic_emu.errors import (
     AlreadyExistsError,
@@ -129,72 +129,7 @@ class _DataFile:
     name: str
 
 
-# -- the cluster on an event-loop thread -------------------------------------------------------
-class _ClusterThread:
-    """An event loop in a thread of its own, with the cluster open on it: synchronous code
-    (torch's DCP calls) runs the async client's coroutines there and waits for them."""
-
-    def __init__(self, cluster_dir: str) -> None:
-        self._dir = cluster_dir
-        self._loop = asyncio.new_event_loop()
-        self._opened = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._error: BaseException | None = None
-        self._client: Client | None = None
-        self._thread = threading.Thread(target=self._main, name="tectonic-dcp", daemon=True)
-        self._thread.start()
-        self._opened.wait()
-        if self._client is None:  # opening failed
-            self._thread.join()
-            assert self._error is not None
-            raise self._error
-
-    def _main(self) -> None:
-        try:
-            self._loop.run_until_complete(self._serve())
-        except BaseException as e:
-            self._error = e
-        finally:
-            self._opened.set()
-            self._loop.close()
-
-    async def _serve(self) -> None:
-        self._stop = asyncio.Event()
-        async with Cluster.open(self._dir) as cluster:
-            self._client = cluster.client()
-            self._opened.set()
-            await self._stop.wait()
-
-    @property
-    def client(self) -> Client:
-        assert self._client is not None, "set before __init__ returns"
-        return self._client
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        """Start ``coro`` on the loop."""
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
-
-    def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` on the loop and return its result or raise its error. Interrupted
-        (KeyboardInterrupt), the coroutine is cancelled."""
-        future = self.submit(coro)
-        try:
-            return future.result()
-        except BaseException:
-            future.cancel()
-            raise
-
-    def close(self) -> None:
-        """Close the cluster (waiting for straggling chunk writes) and end the thread. Raises
-        what closing raised."""
-        if self._thread.is_alive() and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-            self._thread.join()
-            if self._error is not None:
-                raise self._error
-
-
-def _close_quietly(thread: _ClusterThread) -> None:
+def _close_quietly(thread: Bridge) -> None:
     # At garbage collection or interpreter exit nobody is left to hear an error.
     with contextlib.suppress(BaseException):
         thread.close()
@@ -209,7 +144,7 @@ class _TectonicStorage:
     ) -> None:
         self.cluster_dir = os.fspath(cluster_dir)
         self.path: str | None = None if checkpoint_id is None else store_path(checkpoint_id)
-        self._thread: _ClusterThread | None = None
+        self._thread: Bridge | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
 
     def _set_checkpoint_id(self, checkpoint_id: str | os.PathLike[str] | None) -> None:
@@ -228,9 +163,9 @@ class _TectonicStorage:
             )
         return self.path
 
-    def _cluster(self) -> _ClusterThread:
+    def _cluster(self) -> Bridge:
         if self._thread is None:
-            self._thread = _ClusterThread(self.cluster_dir)
+            self._thread = Bridge(self.cluster_dir, name="tectonic-dcp")
             self._finalizer = weakref.finalize(self, _close_quietly, self._thread)
         return self._thread
 

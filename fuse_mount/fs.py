@@ -39,7 +39,7 @@ from typing import Any
 from mfusepy import FuseOSError, Operations
 
 from fuse_mount import replybuf
-from fuse_mount.bridge import Bridge
+from tectonic_emu.bridge import Bridge
 from tectonic_emu.chunkstore.remote import aligned_buffer
 from tectonic_emu.errors import NotFoundError, TectonicError
 from tectonic_emu.writer import FileWriter, VersionWriter
@@ -53,10 +53,6 @@ COPY_STEP = 8 << 20
 MAX_IO = 1 << 20  # reads, writes and readahead negotiated with the kernel
 XATTR_LAYOUT = "user.tectonic.layout"
 XATTR_ENCODING = "user.tectonic.encoding"
-
-
-def _failed(fut: concurrent.futures.Future[Any]) -> bool:
-    return fut.done() and (fut.cancelled() or fut.exception() is not None)
 
 
 def _copy_out(dest: int, src: Any, n: int) -> None:
@@ -83,10 +79,8 @@ class ReadHandle:
         self._segments: dict[int, _Segment] = {}
         self._free: list[memoryview] = []
 
-    def _want(self, index: int, *, retry: bool = False) -> _Segment:
+    def _want(self, index: int) -> _Segment:
         seg = self._segments.get(index)
-        if retry and seg is not None and seg.pins == 0 and _failed(seg.fetched):
-            seg = None  # fetched ahead and failed: a read needs it, so try again now
         if seg is None:
             start = index * self.segment
             length = min(self.segment, self.size - start)
@@ -106,7 +100,7 @@ class ReadHandle:
         end = min(self.size, offset + size)
         first, last = offset // self.segment, (end - 1) // self.segment
         with self._lock:
-            segs = [self._want(i, retry=True) for i in range(first, last + 1)]
+            segs = [self._want(i) for i in range(first, last + 1)]
             for seg in segs:
                 seg.pins += 1
             for i in range(last + 1, last + 1 + READAHEAD_SEGMENTS):

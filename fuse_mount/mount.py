@@ -86,13 +86,13 @@ def mount(
     through its cache nor fills it; small reads each cost a round trip to this process,
     nothing is cached between opens, and ``mmap`` with ``MAP_SHARED`` fails with ENODEV
     (``MAP_PRIVATE`` works). ``docs/fuse.md`` has the figures."""
-    from fuse_mount.bridge import Bridge
     from fuse_mount.fs import MAX_IO, TectonicFS
+    from tectonic_emu.bridge import Bridge
 
     mp = Path(mountpoint)
     if not mp.is_dir():
         raise InvalidArgumentError("mount point is not a directory", str(mp))
-    bridge = Bridge(cluster_dir)
+    bridge = Bridge(cluster_dir, name="tectonic-fuse-loop")
     fs = TectonicFS(bridge, encoding=encoding)
     threading.Thread(target=set_readahead, args=(mp, MAX_IO), daemon=True).start()
     fuse = _fuse_class(direct_io=direct_io)

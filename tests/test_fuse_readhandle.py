@@ -14,9 +14,9 @@ import pytest
 pytest.importorskip("mfusepy")
 
 import fuse_mount.fs as fs_module
-from fuse_mount.bridge import Bridge
 from fuse_mount.fs import READAHEAD_SEGMENTS, TectonicFS
 from tectonic_emu import Cluster
+from tectonic_emu.bridge import Bridge
 
 SEG = 64 << 10
 
