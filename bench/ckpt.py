@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.store import aligned_buffer, raw_write
+from bench.store import aligned_buffer, mb_s, raw_write
 from clients.checkpoint import Checkpointer, Shard
 from tectonic_emu import Cluster
 from tectonic_emu.coding import Encoding
@@ -119,7 +119,7 @@ async def run_ckpt_bench(
                 await ckpt.wait_cleanup()
                 if rnd:
                     for key, secs in zip(per, (raw, one, sync, asy), strict=True):
-                        per[key].append(round(len(data) / secs / 1e6, 1))
+                        per[key].append(mb_s(len(data), secs))
                     blocked.append(max(p.blocked_s for p in pending))
                     save_s.append(sync)
             await ckpt.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,6 +18,7 @@ from tectonic_emu.config import DEFAULT_BLOCK_SIZE, parse_size
 
 err_console = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 def dir_option(what: str) -> Callable[[F], F]:
@@ -27,8 +28,16 @@ def dir_option(what: str) -> Callable[[F], F]:
         "directory",
         type=click.Path(file_okay=False, path_type=Path),
         default=None,
+        callback=lambda _ctx, _param, value: value or Path(tempfile.gettempdir()),
         help=f"{what.removesuffix('.')} [default: the temp dir].",
     )
+
+
+def run_bench(name: str, bench_fn: Callable[..., Coroutine[Any, Any, T]], **kwargs: Any) -> T:
+    """Run ``bench_fn(**kwargs, step=...)`` under a status line on stderr that its steps
+    update."""
+    with err_console.status(f"bench {name}") as status:
+        return asyncio.run(bench_fn(**kwargs, step=lambda s: status.update(f"bench {name}: {s}")))
 
 
 @click.group()
@@ -70,7 +79,7 @@ def store(
     encodings: str,
     block_size: str,
     runs: int,
-    directory: Path | None,
+    directory: Path,
     no_sync: bool,
     served: bool,
     write_ack: str | None,
@@ -86,20 +95,18 @@ def store(
     from bench.store import run_store_bench
 
     encs = [Encoding.parse(e.strip()).name for e in encodings.split(",") if e.strip()]
-    with err_console.status("bench store") as status:
-        result = asyncio.run(
-            run_store_bench(
-                size=parse_size(size),
-                encodings=encs,
-                directory=directory or Path(tempfile.gettempdir()),
-                block_size=parse_size(block_size),
-                runs=runs,
-                sync=not no_sync,
-                served=served,
-                write_ack=write_ack,
-                step=lambda s: status.update(f"bench store: {s}"),
-            )
-        )
+    result = run_bench(
+        "store",
+        run_store_bench,
+        size=parse_size(size),
+        encodings=encs,
+        directory=directory,
+        block_size=parse_size(block_size),
+        runs=runs,
+        sync=not no_sync,
+        served=served,
+        write_ack=write_ack,
+    )
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
         return
@@ -157,7 +164,7 @@ def hedge(
     delay: str,
     block_size: str,
     runs: int,
-    directory: Path | None,
+    directory: Path,
     as_json: bool,
 ) -> None:
     """One slow node, with and without hedged writes and reads (served clusters).
@@ -170,18 +177,16 @@ def hedge(
     from tectonic_emu.cli import parse_duration
 
     encs = [Encoding.parse(e.strip()).name for e in encodings.split(",") if e.strip()]
-    with err_console.status("bench hedge") as status:
-        result = asyncio.run(
-            run_hedge_bench(
-                size=parse_size(size),
-                encodings=encs,
-                delay=parse_duration(delay),
-                directory=directory or Path(tempfile.gettempdir()),
-                block_size=parse_size(block_size),
-                runs=runs,
-                step=lambda s: status.update(f"bench hedge: {s}"),
-            )
-        )
+    result = run_bench(
+        "hedge",
+        run_hedge_bench,
+        size=parse_size(size),
+        encodings=encs,
+        delay=parse_duration(delay),
+        directory=directory,
+        block_size=parse_size(block_size),
+        runs=runs,
+    )
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
         return
@@ -209,7 +214,7 @@ def hedge(
 @click.option("--runs", default=3, show_default=True, help="Measured runs after one warm-up.")
 @dir_option("Where the cluster, the mount point and the local file go.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def fuse(size: str, encoding: str, runs: int, directory: Path | None, as_json: bool) -> None:
+def fuse(size: str, encoding: str, runs: int, directory: Path, as_json: bool) -> None:
     """The FUSE mount (default and --direct-io) beside the native client and the local
     disk (1 MiB I/O).
 
@@ -220,16 +225,14 @@ def fuse(size: str, encoding: str, runs: int, directory: Path | None, as_json: b
     from bench.fuse import run_fuse_bench
 
     enc = Encoding.parse(encoding).name
-    with err_console.status("bench fuse") as status:
-        result = asyncio.run(
-            run_fuse_bench(
-                size=parse_size(size),
-                encoding=enc,
-                directory=directory or Path(tempfile.gettempdir()),
-                runs=runs,
-                step=lambda s: status.update(f"bench fuse: {s}"),
-            )
-        )
+    result = run_bench(
+        "fuse",
+        run_fuse_bench,
+        size=parse_size(size),
+        encoding=enc,
+        directory=directory,
+        runs=runs,
+    )
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
         return
@@ -262,9 +265,7 @@ def fuse(size: str, encoding: str, runs: int, directory: Path | None, as_json: b
 @click.option("--runs", default=3, show_default=True, help="Measured runs after one warm-up.")
 @dir_option("Where the cluster and the raw-disk file go.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def ckpt(
-    size: str, ranks: int, encoding: str, runs: int, directory: Path | None, as_json: bool
-) -> None:
+def ckpt(size: str, ranks: int, encoding: str, runs: int, directory: Path, as_json: bool) -> None:
     """A synchronized checkpoint of many ranks (save and save_async) beside one writer
     writing the same bytes as one file, and the raw disk.
 
@@ -275,17 +276,15 @@ def ckpt(
     from bench.ckpt import run_ckpt_bench
 
     enc = Encoding.parse(encoding).name
-    with err_console.status("bench ckpt") as status:
-        result = asyncio.run(
-            run_ckpt_bench(
-                size=parse_size(size),
-                ranks=ranks,
-                encoding=enc,
-                directory=directory or Path(tempfile.gettempdir()),
-                runs=runs,
-                step=lambda s: status.update(f"bench ckpt: {s}"),
-            )
-        )
+    result = run_bench(
+        "ckpt",
+        run_ckpt_bench,
+        size=parse_size(size),
+        ranks=ranks,
+        encoding=enc,
+        directory=directory,
+        runs=runs,
+    )
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
         return
@@ -321,7 +320,7 @@ def train_cmd(
     samples: int,
     epochs: int,
     sources: str,
-    directory: Path | None,
+    directory: Path,
     as_json: bool,
 ) -> None:
     """The largest number of emulated h100 accelerators that keep AU >= 90% on a scaled
@@ -333,17 +332,15 @@ def train_cmd(
     """
     from bench.train import run_train_bench
 
-    with err_console.status("bench train") as status:
-        result = asyncio.run(
-            run_train_bench(
-                directory=directory or Path(tempfile.gettempdir()),
-                record_scale=record_scale,
-                samples=samples,
-                epochs=epochs,
-                sources=tuple(s.strip() for s in sources.split(",") if s.strip()),
-                step=lambda s: status.update(f"bench train: {s}"),
-            )
-        )
+    result = run_bench(
+        "train",
+        run_train_bench,
+        directory=directory,
+        record_scale=record_scale,
+        samples=samples,
+        epochs=epochs,
+        sources=tuple(s.strip() for s in sources.split(",") if s.strip()),
+    )
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
         return

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.store import aligned_buffer, drop_caches
+from bench.store import aligned_buffer, drop_caches, mb_s
 from fuse_mount.mount import start_mount, unmount
 from tectonic_emu import Cluster
 from tectonic_emu.coding import Encoding
@@ -60,10 +60,6 @@ class FuseBench:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _mb_s(nbytes: int, seconds: float) -> float:
-    return round(nbytes / seconds / 1e6, 1)
 
 
 def _write_file(path: Path, data: memoryview) -> float:
@@ -152,7 +148,7 @@ async def run_fuse_bench(
                     (where / "mounted").unlink()
                 if rnd:
                     for key, secs in zip(per, timed, strict=True):
-                        per[key].append(_mb_s(size, secs))
+                        per[key].append(mb_s(size, secs))
         med = {k: statistics.median(v) for k, v in per.items()}
         return FuseBench(
             size,

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.store import aligned_buffer, drop_caches
+from bench.store import aligned_buffer, drop_caches, mb_s
 from tectonic_emu import Cluster
 from tectonic_emu.coding import Encoding
 from tectonic_emu.served import Serving
@@ -63,10 +63,6 @@ class HedgeBench:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _mb_s(nbytes: int, seconds: float) -> float:
-    return round(nbytes / seconds / 1e6, 1)
 
 
 def _set_hedging(cluster: Cluster, on: bool) -> None:
@@ -132,8 +128,8 @@ async def _one_encoding(
                     if n != size or buf != data:
                         raise AssertionError(f"{enc} {case}: read-back differs")
                     if rnd:
-                        per[case][0].append(_mb_s(size, w))
-                        per[case][1].append(_mb_s(size, r))
+                        per[case][0].append(mb_s(size, w))
+                        per[case][1].append(mb_s(size, r))
                         after = (
                             stats.hedged_writes,
                             stats.hedged_reads,

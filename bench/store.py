@@ -126,7 +126,8 @@ class StoreBench:
         return asdict(self)
 
 
-def _mb_s(nbytes: int, seconds: float) -> float:
+def mb_s(nbytes: int, seconds: float) -> float:
+    """Throughput in MB/s (10**6 bytes), to one decimal."""
     return round(nbytes / seconds / 1e6, 1)
 
 
@@ -218,16 +219,16 @@ async def run_store_bench(
                 assert buf == data, "raw read-back differs"
                 raw_file.unlink()
                 if rnd:
-                    raw_w.append(_mb_s(size, w))
-                    raw_r.append(_mb_s(size, r))
+                    raw_w.append(mb_s(size, w))
+                    raw_r.append(mb_s(size, r))
                 for enc in encodings:
                     for path, client in clients.items():
                         step(f"{label}: {enc} {path}")
                         acked, w, r = await _measure(client, enc, payload, data, buf)
                         if rnd:
-                            per[(path, enc)][0].append(_mb_s(size, w))
-                            per[(path, enc)][1].append(_mb_s(size, r))
-                            acked_runs[(path, enc)].append(_mb_s(size, acked))
+                            per[(path, enc)][0].append(mb_s(size, w))
+                            per[(path, enc)][1].append(mb_s(size, r))
+                            acked_runs[(path, enc)].append(mb_s(size, acked))
         raw_wm, raw_rm = statistics.median(raw_w), statistics.median(raw_r)
         figures = []
         for enc in encodings:
@@ -276,4 +277,4 @@ async def run_store_bench(
         shutil.rmtree(work, ignore_errors=True)
 
 
-__all__ = ["StoreBench", "run_store_bench"]
+__all__ = ["StoreBench", "mb_s", "run_store_bench"]

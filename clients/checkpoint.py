@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
+import json
 import logging
 import secrets
 import time
@@ -385,7 +387,7 @@ class Checkpointer:
                         parts.append(Part(data, pos, len(piece), crc, part.row0, part.row1, digest))
                         pos += len(piece)
                         written[s.rank] += len(piece)
-                    entries.append(_with_parts(item.entry, parts))
+                    entries.append(dataclasses.replace(item.entry, parts=tuple(parts)))
         index = {"ranks": sorted(written), "entries": [e.to_json() for e in entries]}
         name = f"{step_dir(st.step)}/index-{self._writer_id}-{st.batches}.json"
         await self.client.write_file(self._path(name), _json(index))
@@ -733,19 +735,6 @@ async def _digest(piece: memoryview) -> str:
     return await asyncio.to_thread(run) if len(piece) >= 1 << 20 else run()
 
 
-def _with_parts(entry: Entry, parts: list[Part]) -> Entry:
-    return Entry(
-        entry.rank,
-        entry.name,
-        entry.kind,
-        entry.dtype,
-        entry.shape,
-        entry.global_shape,
-        entry.offset,
-        tuple(parts),
-    )
-
-
 def _parts_by_key(m: Manifest | None) -> dict[tuple[int, str], dict[tuple[int, int, int], Part]]:
     """The previous checkpoint's parts by (rank, name), then by (rows, length)."""
     out: dict[tuple[int, str], dict[tuple[int, int, int], Part]] = {}
@@ -786,14 +775,10 @@ def _distinct(entries: Sequence[Entry]) -> list[Entry]:
 
 
 def _json(d: Mapping[str, Any]) -> bytes:
-    import json
-
     return json.dumps(d, separators=(",", ":")).encode()
 
 
 def _parse_json(raw: bytes, where: str) -> dict[str, Any]:
-    import json
-
     try:
         d = json.loads(raw)
     except ValueError as exc:
