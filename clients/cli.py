@@ -7,8 +7,9 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
@@ -16,6 +17,7 @@ from rich.table import Table
 
 from clients.checkpoint import Checkpointer
 from clients.ckpt_format import Manifest, step_of_dir
+from clients.workloads import WORKLOADS
 from tectonic_emu.cli import (
     cluster_option,
     err_console,
@@ -27,6 +29,8 @@ from tectonic_emu.cli import (
 )
 from tectonic_emu.cluster import Cluster
 from tectonic_emu.errors import NotFoundError
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _reader(cluster: Cluster, root: str) -> Checkpointer:
@@ -174,6 +178,13 @@ def rm(cluster_dir: Path, root: str, step: int) -> None:
     run(with_cluster(cluster_dir, lambda c: _reader(c, root).delete(step)))
 
 
+def workload_option(what: str) -> Callable[[F], F]:
+    """``--workload``: one of the MLPerf Storage workloads of ``clients/workloads.py``."""
+    return click.option(
+        "--workload", type=click.Choice(sorted(WORKLOADS)), required=True, help=what
+    )
+
+
 @click.group("data")
 def data() -> None:
     """Training datasets in the store: Parquet shards and an index (docs/dataset.md).
@@ -186,12 +197,7 @@ def data() -> None:
 
 @data.command("generate")
 @cluster_option
-@click.option(
-    "--workload",
-    type=click.Choice(["unet3d", "resnet50", "cosmoflow"]),
-    required=True,
-    help="MLPerf Storage workload whose records to imitate.",
-)
+@workload_option("MLPerf Storage workload whose records to imitate.")
 @click.option("--scale", type=float, required=True, help="Record size and count factor, (0, 1].")
 @click.option("--to", "path", required=True, help="Dataset directory in the store.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random payloads.")
@@ -265,12 +271,7 @@ def simulate() -> None:
 
 @simulate.command("train")
 @cluster_option
-@click.option(
-    "--workload",
-    type=click.Choice(["unet3d", "resnet50", "cosmoflow"]),
-    required=True,
-    help="MLPerf Storage workload (batch size and compute time per batch).",
-)
+@workload_option("MLPerf Storage workload (batch size and compute time per batch).")
 @click.option(
     "--data",
     "path",

@@ -59,35 +59,35 @@ def mount_for_test(cluster: Path, mnt: Path, **kw: object) -> subprocess.Popen[b
     return proc
 
 
-@pytest.fixture(scope="module")
-def mounted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
-    base = tmp_path_factory.mktemp("fuse")
+@contextlib.contextmanager
+def _mounted(
+    tmp_path_factory: pytest.TempPathFactory, name: str, **kw: object
+) -> Iterator[tuple[Path, Path]]:
+    """A fresh rs-6-3 cluster of 64 KiB blocks, mounted (``kw`` go to ``start_mount``)."""
+    base = tmp_path_factory.mktemp(name)
     cluster, mnt = base / "cluster", base / "mnt"
     Cluster.create(cluster, nodes=9, encoding="rs-6-3", block_size=64 << 10)
     mnt.mkdir()
-    proc = mount_for_test(cluster, mnt, log=base / "mount.log")
+    proc = mount_for_test(cluster, mnt, log=base / "mount.log", **kw)
     try:
         yield cluster, mnt
     finally:
         if is_mounted(mnt):
             unmount(mnt)
         proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def mounted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    with _mounted(tmp_path_factory, "fuse") as both:
+        yield both
 
 
 @pytest.fixture(scope="module")
 def mounted_direct(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
     """The same kind of cluster, mounted with --direct-io (no kernel page cache)."""
-    base = tmp_path_factory.mktemp("fuse-direct")
-    cluster, mnt = base / "cluster", base / "mnt"
-    Cluster.create(cluster, nodes=9, encoding="rs-6-3", block_size=64 << 10)
-    mnt.mkdir()
-    proc = mount_for_test(cluster, mnt, direct_io=True, log=base / "mount.log")
-    try:
-        yield cluster, mnt
-    finally:
-        if is_mounted(mnt):
-            unmount(mnt)
-        proc.wait(30)
+    with _mounted(tmp_path_factory, "fuse-direct", direct_io=True) as both:
+        yield both
 
 
 def _test_dir(mnt: Path, request: pytest.FixtureRequest) -> Path:
