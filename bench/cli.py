@@ -11,12 +11,23 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    Progress,
+    SpinnerColumn,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
+from bench.checkpoint import DEFAULT_PATHS
+from bench.models import MODELS
 from tectonic_emu.coding import KNOWN_ENCODINGS, Encoding
 from tectonic_emu.config import DEFAULT_BLOCK_SIZE, parse_size
 
 err_console = Console(stderr=True)
+MODEL_NAMES = tuple(MODELS)
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 
@@ -34,10 +45,27 @@ def dir_option(what: str) -> Callable[[F], F]:
 
 
 def run_bench(name: str, bench_fn: Callable[..., Coroutine[Any, Any, T]], **kwargs: Any) -> T:
-    """Run ``bench_fn(**kwargs, step=...)`` under a status line on stderr that its steps
-    update."""
-    with err_console.status(f"bench {name}") as status:
-        return asyncio.run(bench_fn(**kwargs, step=lambda s: status.update(f"bench {name}: {s}")))
+    """Run ``bench_fn(**kwargs, step=...)`` under a progress bar on stderr. ``step(text)``
+    names the stage; ``step(text, fraction)`` also moves the bar (it pulses until then)."""
+    columns = (
+        SpinnerColumn(),
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=err_console, transient=True) as progress:
+        task = progress.add_task(f"bench {name}", total=None)
+
+        def step(text: str, fraction: float | None = None) -> None:
+            if fraction is None:
+                progress.update(task, description=f"bench {name}: {text}")
+            else:
+                progress.update(
+                    task, description=f"bench {name}: {text}", total=1.0, completed=fraction
+                )
+
+        return asyncio.run(bench_fn(**kwargs, step=step))
 
 
 @click.group()
@@ -301,6 +329,124 @@ def ckpt(size: str, ranks: int, encoding: str, runs: int, directory: Path, as_js
         f"save_async blocked the slowest rank {result.async_blocked_max_s:.3f} s; a synchronous "
         f"save took {result.save_s:.3f} s ({result.async_blocked_vs_save:.2f}x)"
     )
+
+
+def plot_option(f: F) -> F:
+    """``--plot DIR``: also write the bench's PNG plots there."""
+    return click.option(
+        "--plot",
+        "plot_dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Also write PNG plots (matplotlib) into this directory.",
+    )(f)
+
+
+def emit(result: Any, as_json: bool, plot_dir: Path | None, module: Any) -> None:
+    """Print ``result`` as JSON or as the module's tables, and write its plots if asked."""
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        for make in ("table", "targets_table"):
+            if hasattr(module, make):
+                Console().print(getattr(module, make)(result))
+    if plot_dir is not None:
+        for png in module.plot(result, plot_dir):
+            err_console.print(f"wrote {png}")
+
+
+def csv_list(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+@bench.command("checkpoint")
+@click.option(
+    "--model",
+    type=click.Choice(sorted(MODEL_NAMES)),
+    default="llama3-8b",
+    show_default=True,
+    help="MLPerf Storage v2.0 checkpointing model.",
+)
+@click.option("--ranks", type=int, default=None, help="Ranks [default: 8, 64, 512, 1024 by model].")
+@click.option(
+    "--scale",
+    type=float,
+    default=0.005,
+    show_default=True,
+    help="Fraction of the full checkpoint written (llama3-8b: 105 GiB x S).",
+)
+@click.option("--encodings", default="r1,r3,rs-6-3", show_default=True, help="Native and FUSE.")
+@click.option(
+    "--paths",
+    default=",".join(DEFAULT_PATHS),
+    show_default=True,
+    help="Comma-separated paths to measure.",
+)
+@click.option(
+    "--peers",
+    default="",
+    help="Peers to set up on loopback and measure: juicefs, seaweedfs, seaweedfs-r3, "
+    "glusterfs, glusterfs-r3 (each when installed).",
+)
+@click.option("--writes", default=2, show_default=True, help="Checkpoints written per path.")
+@click.option("--reads", type=int, default=None, help="Checkpoints read [default: --writes].")
+@click.option("--pause", default=0.5, show_default=True, help="Seconds between writes.")
+@click.option("--runs", default=1, show_default=True, help="Repeated runs (figures: the mean).")
+@click.option(
+    "--read-shift",
+    default=1,
+    show_default=True,
+    help="Rank r reads rank (r + K)'s files (0: its own).",
+)
+@click.option("--workers", default=8, show_default=True, help="Threads for blocking paths.")
+@dir_option("Where the cluster, mounts, local files and peers go.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/benchmarks.md).")
+@plot_option
+def checkpoint_cmd(
+    model: str,
+    ranks: int | None,
+    scale: float,
+    encodings: str,
+    paths: str,
+    peers: str,
+    writes: int,
+    reads: int | None,
+    pause: float,
+    runs: int,
+    read_shift: int,
+    workers: int,
+    directory: Path,
+    as_json: bool,
+    plot_dir: Path | None,
+) -> None:
+    """MLPerf Storage v2.0 checkpointing, through every path in one run: the raw disk, our
+    client per encoding, the FUSE mount, torch.save and DCP locally, DCP through our plugin
+    and at the mount, and the peers named in --peers.
+
+    \b
+    Example:
+      tectonic-emu bench checkpoint --model llama3-8b --scale 0.01 --peers juicefs,glusterfs-r3
+    """
+    from bench import checkpoint as mod
+
+    result = run_bench(
+        "checkpoint",
+        mod.run_checkpoint_bench,
+        model=model,
+        ranks=ranks,
+        scale=scale,
+        encodings=csv_list(encodings),
+        paths=csv_list(paths),
+        peers=csv_list(peers),
+        writes=writes,
+        reads=reads,
+        pause=pause,
+        runs=runs,
+        read_shift=read_shift,
+        workers=workers,
+        directory=directory,
+    )
+    emit(result, as_json, plot_dir, mod)
 
 
 @bench.command("train")
