@@ -497,3 +497,70 @@ def train_cmd(
         t.add_row(name, str(n))
     Console().print(t)
     click.echo(f"native / local: {result.native_vs_local:.2f}")
+
+
+@bench.command("all")
+@click.option(
+    "--report",
+    "report",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("docs/benchmarks.md"),
+    show_default=True,
+    help="The Markdown report to write.",
+)
+@click.option(
+    "--assets",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the JSON and plots go [default: bench/ beside the report].",
+)
+@click.option("--only", default=None, help="Comma-separated benches [default: all].")
+@click.option("--quick", is_flag=True, help="Tiny sizes: checks that everything runs.")
+@click.option(
+    "--peers",
+    default=None,
+    help="Peers for bench checkpoint [default: every installed one; none with --quick].",
+)
+@dir_option("Where the benches put their clusters and files.")
+def all_cmd(
+    report: Path,
+    assets: Path | None,
+    only: str | None,
+    quick: bool,
+    peers: str | None,
+    directory: Path,
+) -> None:
+    """Run every bench afresh and regenerate the report, its JSON and its plots.
+
+    \b
+    Example:
+      tectonic-emu bench all --report docs/benchmarks.md
+      tectonic-emu bench all --quick --only store,checkpoint --report /tmp/r.md
+    """
+    import datetime
+    import sys
+
+    from bench.report import NAMES, run_all, write_report
+
+    names = csv_list(only) if only else list(NAMES)
+    unknown = sorted(set(names) - set(NAMES))
+    if unknown:
+        raise click.BadParameter(f"unknown benches {unknown}; choose from {list(NAMES)}")
+    assets = assets or report.parent / "bench"
+    started = datetime.datetime.now(datetime.UTC)
+    sections = run_bench(
+        "all",
+        run_all,
+        directory=directory,
+        assets=assets,
+        only=names,
+        quick=quick,
+        peers=None if peers is None else csv_list(peers),
+    )
+    command = (
+        "tectonic-emu bench " + " ".join(sys.argv[sys.argv.index("all") :])
+        if ("all" in sys.argv)
+        else "tectonic-emu bench all"
+    )
+    write_report(report, sections, assets=assets, command=command, started=started, quick=quick)
+    click.echo(f"wrote {report} and {len(sections)} benches' JSON and plots in {assets}")

@@ -8,7 +8,6 @@ import platform
 import shutil
 import sqlite3
 import subprocess
-import sys
 from collections.abc import Sequence
 from importlib import metadata
 
@@ -53,11 +52,10 @@ def versions(peers: Sequence[str] = ()) -> dict[str, str]:
 
 
 def machine() -> dict[str, str]:
-    """The machine: cores, memory, kernel, CPU model, and the file system under /tmp."""
+    """The machine: cores, memory, kernel, CPU model and OS."""
     info = {
         "cpus": str(os.cpu_count() or 0),
         "kernel": platform.release(),
-        "python": sys.version.split()[0],
     }
     try:
         with open("/proc/meminfo") as f:

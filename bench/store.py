@@ -31,6 +31,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.table import Table
+
+from bench.schema import schema_of
 from tectonic_emu import Cluster
 from tectonic_emu.coding import Encoding
 from tectonic_emu.served import Serving
@@ -277,4 +280,102 @@ async def run_store_bench(
         shutil.rmtree(work, ignore_errors=True)
 
 
-__all__ = ["StoreBench", "mb_s", "run_store_bench"]
+def size_text(nbytes: int) -> str:
+    """``536870912`` -> ``'512MiB'``: a size as the command line takes it (binary units)."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):g}{unit}"
+    return f"{nbytes}B"
+
+
+def _mb(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def table(res: StoreBench) -> Table:
+    """The raw disk and each encoding's embedded goodput, with the ratios to the raw disk."""
+    mode = "cold" if res.cold_reads else "warm (page cache; run as root for cold)"
+    t = Table(
+        title=f"bench store: {size_text(res.size)} per encoding, {res.runs} runs (median), "
+        f"reads {mode}"
+    )
+    for col in ("path", "write MB/s", "read MB/s", "write ratio", "read ratio", "read vs raw"):
+        t.add_column(col, justify="right")
+    t.add_row("raw disk", _mb(res.raw_write_mb_s), _mb(res.raw_read_mb_s), "", "", "")
+    for f in res.encodings:
+        t.add_row(
+            f.encoding,
+            _mb(f.write_mb_s),
+            _mb(f.read_mb_s),
+            _ratio(f.write_ratio),
+            _ratio(f.read_ratio),
+            _ratio(f.read_vs_raw),
+        )
+    return t
+
+
+def served_table(res: StoreBench) -> Table | None:
+    """The served path beside the embedded one (None when the served path was not measured)."""
+    if not res.served:
+        return None
+    t = Table(
+        title="served (node processes over TCP) vs embedded, same rounds",
+        caption=f"write acknowledgment: {res.write_ack}; write MB/s counts until every chunk "
+        "is durable, (to ack) until the write returned",
+    )
+    columns = ("encoding", "write MB/s", "(to ack)", "read MB/s", "write vs emb", "read vs emb")
+    for col in columns:
+        t.add_column(col, justify="right")
+    for f in res.encodings:
+        t.add_row(
+            f.encoding,
+            _mb(f.served_write_mb_s),
+            _mb(f.served_write_acked_mb_s),
+            _mb(f.served_read_mb_s),
+            _ratio(f.served_vs_embedded_write),
+            _ratio(f.served_vs_embedded_read),
+        )
+    return t
+
+
+def plot(res: StoreBench, directory: Path) -> list[Path]:
+    """``store-write.png`` and ``store-read.png``: MB/s per encoding (embedded, and served when
+    measured), the raw disk's rate as the limit line."""
+    from bench.plotting import bars
+
+    labels = [f.encoding for f in res.encodings]
+    out = []
+    for rw, raw in (("write", res.raw_write_mb_s), ("read", res.raw_read_mb_s)):
+        series = {"embedded": [getattr(f, f"{rw}_mb_s") for f in res.encodings]}
+        if res.served:
+            series["served"] = [getattr(f, f"served_{rw}_mb_s") or 0.0 for f in res.encodings]
+        out.append(
+            bars(
+                directory / f"store-{rw}.png",
+                title=f"store {rw}: {size_text(res.size)} per encoding, {res.runs} runs (median)",
+                labels=labels,
+                series=series,
+                ylabel="MB/s",
+                limit=raw,
+                limit_label="raw disk",
+            )
+        )
+    return out
+
+
+SCHEMA = schema_of(StoreBench, "tectonic-emu/bench-store/1", "tectonic-emu bench store --json")
+
+__all__ = [
+    "SCHEMA",
+    "StoreBench",
+    "mb_s",
+    "plot",
+    "run_store_bench",
+    "served_table",
+    "size_text",
+    "table",
+]

@@ -1,0 +1,468 @@
+"""``tectonic-emu bench scale``: the same checkpoint saved and loaded by more and more ranks.
+
+One global float32 array of ``size`` random bytes (rows of 256 columns, 1 KiB a row) is split
+evenly by rows over N in-process ranks, each rank's state one ``Shard``; for every N in
+``ranks`` (default 1, 16, 256, 1,024, 4,096), on one cluster, per round:
+
+- **save**: every rank calls ``Checkpointer.save`` at once (a fresh step); timed until the
+  last returns (the step is committed) and ``datapath.drain()`` has made every chunk durable.
+  Retention (``keep_last=1``) runs after the timing (``wait_cleanup``);
+- **load**: the page cache is dropped (when root), then every rank calls
+  ``Checkpointer.load(rank, step)`` at once (its own shard back); timed until the last
+  returns. The bytes are compared with those saved after the timing (``ReadBackError``).
+
+Each round also times the raw disk writing the same bytes (``bench.store.raw_write``:
+pwrite + fdatasync), the machine's limit. One warm-up round, then ``runs`` measured rounds;
+figures are medians. The issue's target: at 4,096 ranks, save and load each take at most
+1.5x their time at 16 ranks.
+
+JSON (``ScaleBench.to_dict()``, schema in ``SCHEMA``); seconds are wall-clock, MB is 10**6
+bytes:
+
+- ``size``: bytes of the checkpoint (``--size`` rounded down to whole 1 KiB rows);
+- ``ranks``: the rank counts measured, ascending;
+- ``encoding``, ``nodes``: the cluster's encoding and node count;
+- ``runs``: measured rounds (after one warm-up);
+- ``cold_reads``: true when every load ran after the page cache was dropped (root only);
+- ``load_in_flight``: ranks loading at once, ``null`` for all of them (the default);
+- ``cpu_count``: ``os.cpu_count()``;
+- ``raw_write_s``, ``raw_write_mb_s``, ``raw_write_runs_s``: the raw disk writing ``size``
+  bytes: median seconds, MB/s at that median, seconds per measured round;
+- ``points``: one object per rank count, ascending:
+  ``ranks``; ``rows_per_rank`` (the most rows a rank holds); ``save_s``, ``load_s`` (median
+  seconds); ``save_mb_s``, ``load_mb_s`` (``size`` over those medians); ``save_vs_16``,
+  ``load_vs_16`` (median seconds over the median at 16 ranks, ``null`` without 16 in
+  ``ranks``); ``save_runs_s``, ``load_runs_s`` (seconds per measured round);
+- ``target``: ``ranks`` (4096), ``baseline_ranks`` (16), ``max_ratio`` (1.5);
+- ``target_met``: ``save`` and ``load``: whether ``*_vs_16`` at 4,096 ranks is at most
+  ``max_ratio``, ``null`` unless both 16 and 4,096 are in ``ranks``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.table import Table
+
+from bench.store import aligned_buffer, drop_caches, mb_s, raw_write
+from clients.checkpoint import Checkpointer, Shard
+from tectonic_emu import Cluster
+from tectonic_emu.coding import Encoding
+from tectonic_emu.errors import InvalidArgumentError
+
+COLUMNS = 256  # float32 columns of the global array: a row is 1 KiB
+ROW_BYTES = COLUMNS * 4
+BASELINE, TARGET_RANKS, MAX_RATIO = 16, 4096, 1.5
+DEFAULT_RANKS = (1, 16, 256, 1024, 4096)
+
+State = dict[str, Shard]
+
+
+class ReadBackError(RuntimeError):
+    """A rank's loaded state differs from what it saved."""
+
+
+@dataclass(slots=True)
+class ScalePoint:
+    """The figures of one rank count (see the module docstring)."""
+
+    ranks: int
+    rows_per_rank: int
+    save_s: float
+    save_mb_s: float
+    save_vs_16: float | None
+    load_s: float
+    load_mb_s: float
+    load_vs_16: float | None
+    save_runs_s: list[float] = field(default_factory=list)
+    load_runs_s: list[float] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ScaleBench:
+    size: int
+    ranks: list[int]
+    encoding: str
+    nodes: int
+    runs: int
+    cold_reads: bool
+    load_in_flight: int | None
+    raw_write_s: float
+    raw_write_mb_s: float
+    raw_write_runs_s: list[float]
+    points: list[ScalePoint]
+    target: dict[str, float] = field(
+        default_factory=lambda: {
+            "ranks": TARGET_RANKS,
+            "baseline_ranks": BASELINE,
+            "max_ratio": MAX_RATIO,
+        }
+    )
+    target_met: dict[str, bool | None] = field(default_factory=dict)
+    cpu_count: int = field(default_factory=lambda: os.cpu_count() or 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _number(minimum: float = 0) -> dict[str, Any]:
+    return {"type": "number", "minimum": minimum}
+
+
+def _ratio() -> dict[str, Any]:
+    return {"type": ["number", "null"], "minimum": 0}
+
+
+def _seconds_list() -> dict[str, Any]:
+    return {"type": "array", "items": _number(), "minItems": 1}
+
+
+_POINT: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": [
+        "ranks",
+        "rows_per_rank",
+        "save_s",
+        "save_mb_s",
+        "save_vs_16",
+        "load_s",
+        "load_mb_s",
+        "load_vs_16",
+        "save_runs_s",
+        "load_runs_s",
+    ],
+    "properties": {
+        "ranks": {"type": "integer", "minimum": 1},
+        "rows_per_rank": {"type": "integer", "minimum": 1},
+        "save_s": _number(),
+        "save_mb_s": _number(),
+        "save_vs_16": _ratio(),
+        "load_s": _number(),
+        "load_mb_s": _number(),
+        "load_vs_16": _ratio(),
+        "save_runs_s": _seconds_list(),
+        "load_runs_s": _seconds_list(),
+    },
+}
+
+SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "tectonic-emu bench scale",
+    "type": "object",
+    "additionalProperties": False,
+    "required": [
+        "size",
+        "ranks",
+        "encoding",
+        "nodes",
+        "runs",
+        "cold_reads",
+        "load_in_flight",
+        "raw_write_s",
+        "raw_write_mb_s",
+        "raw_write_runs_s",
+        "points",
+        "target",
+        "target_met",
+        "cpu_count",
+    ],
+    "properties": {
+        "size": {"type": "integer", "minimum": ROW_BYTES},
+        "ranks": {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 1},
+        "encoding": {"type": "string"},
+        "nodes": {"type": "integer", "minimum": 1},
+        "runs": {"type": "integer", "minimum": 1},
+        "cold_reads": {"type": "boolean"},
+        "load_in_flight": {"type": ["integer", "null"], "minimum": 1},
+        "raw_write_s": _number(),
+        "raw_write_mb_s": _number(),
+        "raw_write_runs_s": _seconds_list(),
+        "points": {"type": "array", "items": _POINT, "minItems": 1},
+        "target": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["ranks", "baseline_ranks", "max_ratio"],
+            "properties": {
+                "ranks": {"type": "integer"},
+                "baseline_ranks": {"type": "integer"},
+                "max_ratio": {"type": "number"},
+            },
+        },
+        "target_met": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["save", "load"],
+            "properties": {
+                "save": {"type": ["boolean", "null"]},
+                "load": {"type": ["boolean", "null"]},
+            },
+        },
+        "cpu_count": {"type": "integer", "minimum": 0},
+    },
+}
+
+
+def split_states(g: np.ndarray[Any, Any], ranks: int) -> list[State]:
+    """``ranks`` states, each ``{"w": Shard}`` of consecutive rows of ``g`` (views, no copy),
+    split as evenly as ``numpy.array_split``."""
+    base, extra = divmod(g.shape[0], ranks)
+    states, lo = [], 0
+    for r in range(ranks):
+        hi = lo + base + (1 if r < extra else 0)
+        states.append({"w": Shard(g[lo:hi], g.shape, (lo, 0))})
+        lo = hi
+    return states
+
+
+def verify(saved: Sequence[Mapping[str, Any]], loaded: Sequence[Mapping[str, Any]]) -> None:
+    """Check that every rank loaded exactly the shard it saved (place and bytes); raises
+    ReadBackError naming the first rank that did not."""
+    if len(saved) != len(loaded):
+        raise ReadBackError(f"{len(saved)} ranks saved, {len(loaded)} loaded")
+    for rank, (want, got) in enumerate(zip(saved, loaded, strict=True)):
+        a, b = want["w"], got.get("w")
+        if not isinstance(b, Shard) or tuple(b.offset) != tuple(a.offset):
+            raise ReadBackError(f"rank {rank}: loaded {b!r}, not its shard at {a.offset}")
+        # Compare bits, not floats: random bytes hold NaNs, and NaN != NaN.
+        if a.array.shape != b.array.shape or not np.array_equal(
+            a.array.view(np.uint32), np.ascontiguousarray(b.array).view(np.uint32)
+        ):
+            raise ReadBackError(f"rank {rank}: the loaded bytes differ from those saved")
+
+
+def _check_args(size: int, ranks: Sequence[int], runs: int, load_in_flight: int | None) -> None:
+    if not ranks or any(not isinstance(n, int) or n < 1 for n in ranks):
+        raise InvalidArgumentError(f"ranks must be positive integers, not {list(ranks)!r}")
+    if runs < 1:
+        raise InvalidArgumentError(f"runs must be at least 1, not {runs}")
+    if load_in_flight is not None and load_in_flight < 1:
+        raise InvalidArgumentError(f"load_in_flight must be at least 1, not {load_in_flight}")
+    if size // ROW_BYTES < max(ranks):
+        raise InvalidArgumentError(
+            f"size {size} gives {size // ROW_BYTES} rows of {ROW_BYTES} B: fewer than "
+            f"{max(ranks)} ranks"
+        )
+
+
+async def _load_all(
+    ckpt: Checkpointer, step: int, ranks: int, in_flight: int | None
+) -> list[dict[str, Any]]:
+    """Every rank's ``load`` at once (at most ``in_flight`` at a time, when given)."""
+    if in_flight is None:
+        return await asyncio.gather(*(ckpt.load(r, step) for r in range(ranks)))
+    sem = asyncio.Semaphore(in_flight)
+
+    async def one(rank: int) -> dict[str, Any]:
+        async with sem:
+            return await ckpt.load(rank, step)
+
+    return await asyncio.gather(*(one(r) for r in range(ranks)))
+
+
+def _ratio_to(values: Mapping[int, float], n: int) -> float | None:
+    return round(values[n] / values[BASELINE], 3) if BASELINE in values else None
+
+
+async def run_scale_bench(
+    *,
+    size: int,
+    directory: Path,
+    ranks: Sequence[int] = DEFAULT_RANKS,
+    encoding: str = "rs-6-3",
+    runs: int = 3,
+    load_in_flight: int | None = None,
+    step: Callable[[str], None] = lambda _: None,
+) -> ScaleBench:
+    """Measure save and load of ``size`` bytes by each rank count (module docstring).
+    ``load_in_flight`` bounds how many ranks load at once (default: all of them).
+
+    Raises InvalidArgumentError (bad arguments, fewer rows than ranks), ReadBackError, and
+    the store's and the Checkpointer's errors. Its temporary directory under ``directory``
+    is removed in every case."""
+    _check_args(size, ranks, runs, load_in_flight)
+    counts = sorted(set(ranks))
+    nodes = max(9, Encoding.parse(encoding).width)
+    work = Path(tempfile.mkdtemp(prefix="tectonic-scale-bench-", dir=directory))
+    try:
+        rows = size // ROW_BYTES
+        data = aligned_buffer(rows * ROW_BYTES)
+        data[:] = os.urandom(len(data))
+        g = np.frombuffer(data, dtype=np.float32).reshape(rows, COLUMNS)
+        states = {n: split_states(g, n) for n in counts}
+        root = work / "cluster"
+        Cluster.create(root, nodes=nodes, encoding=encoding)
+        raw_s: list[float] = []
+        save_s: dict[int, list[float]] = {n: [] for n in counts}
+        load_s: dict[int, list[float]] = {n: [] for n in counts}
+        cold = True
+        async with Cluster.open(root) as cluster:
+            client = cluster.client()
+            # One root for every N: keep_last=1 leaves one checkpoint on disk at a time.
+            ckpts = {n: Checkpointer(client, "/ckpt", world_size=n, keep_last=1) for n in counts}
+            at = 0
+            try:
+                for rnd in range(runs + 1):
+                    label = "warm-up" if rnd == 0 else f"run {rnd}/{runs}"
+                    step(f"{label}: raw disk")
+                    raw = await asyncio.to_thread(raw_write, work / "raw.bin", data)
+                    (work / "raw.bin").unlink()
+                    if rnd:
+                        raw_s.append(raw)
+                    for n in counts:
+                        ckpt, at = ckpts[n], at + 1
+                        step(f"{label}: {n} ranks save")
+                        t0 = time.perf_counter()
+                        await asyncio.gather(
+                            *(ckpt.save(at, r, s) for r, s in enumerate(states[n]))
+                        )
+                        await cluster.datapath.drain()
+                        saved = time.perf_counter() - t0
+                        await ckpt.wait_cleanup()  # retention: in no timing
+                        step(f"{label}: {n} ranks load")
+                        cold = await asyncio.to_thread(drop_caches) and cold
+                        t0 = time.perf_counter()
+                        loaded = await _load_all(ckpt, at, n, load_in_flight)
+                        took = time.perf_counter() - t0
+                        verify(states[n], loaded)
+                        del loaded
+                        if rnd:
+                            save_s[n].append(round(saved, 4))
+                            load_s[n].append(round(took, 4))
+            finally:
+                for ckpt in ckpts.values():
+                    await ckpt.close()
+        return _result(
+            len(data), counts, encoding, nodes, runs, cold, load_in_flight, raw_s, save_s, load_s
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _result(
+    size: int,
+    counts: list[int],
+    encoding: str,
+    nodes: int,
+    runs: int,
+    cold: bool,
+    load_in_flight: int | None,
+    raw_s: list[float],
+    save_s: dict[int, list[float]],
+    load_s: dict[int, list[float]],
+) -> ScaleBench:
+    save_med = {n: statistics.median(v) for n, v in save_s.items()}
+    load_med = {n: statistics.median(v) for n, v in load_s.items()}
+    points = [
+        ScalePoint(
+            ranks=n,
+            rows_per_rank=-(-(size // ROW_BYTES) // n),
+            save_s=round(save_med[n], 4),
+            save_mb_s=mb_s(size, save_med[n]),
+            save_vs_16=_ratio_to(save_med, n),
+            load_s=round(load_med[n], 4),
+            load_mb_s=mb_s(size, load_med[n]),
+            load_vs_16=_ratio_to(load_med, n),
+            save_runs_s=save_s[n],
+            load_runs_s=load_s[n],
+        )
+        for n in counts
+    ]
+    met: dict[str, bool | None] = {"save": None, "load": None}
+    at_target = next((p for p in points if p.ranks == TARGET_RANKS), None)
+    if at_target is not None and at_target.save_vs_16 is not None:
+        met["save"] = at_target.save_vs_16 <= MAX_RATIO
+        met["load"] = at_target.load_vs_16 is not None and at_target.load_vs_16 <= MAX_RATIO
+    raw_med = statistics.median(raw_s)
+    return ScaleBench(
+        size=size,
+        ranks=counts,
+        encoding=Encoding.parse(encoding).name,
+        nodes=nodes,
+        runs=runs,
+        cold_reads=cold,
+        load_in_flight=load_in_flight,
+        raw_write_s=round(raw_med, 4),
+        raw_write_mb_s=mb_s(size, raw_med),
+        raw_write_runs_s=[round(s, 4) for s in raw_s],
+        points=points,
+        target_met=met,
+    )
+
+
+def _fmt_ratio(x: float | None) -> str:
+    return "" if x is None else f"{x:.2f}"
+
+
+def table(result: ScaleBench) -> Table:
+    """A row per rank count: save and load seconds, MB/s and ratio to 16 ranks."""
+    reads = "cold" if result.cold_reads else "warm (page cache; run as root for cold)"
+    t = Table(
+        title=f"bench scale: {result.size / 2**20:.0f} MiB of {result.encoding} over N ranks, "
+        f"{result.runs} runs (median), loads {reads}",
+        caption=f"raw disk write of the same bytes: {result.raw_write_s:.2f} s "
+        f"({result.raw_write_mb_s:.0f} MB/s); target at {TARGET_RANKS} ranks: <= {MAX_RATIO}x "
+        f"the time at {BASELINE}: save {_met(result.target_met['save'])}, "
+        f"load {_met(result.target_met['load'])}",
+    )
+    for col in ("ranks", "save s", "save MB/s", "save vs 16", "load s", "load MB/s", "load vs 16"):
+        t.add_column(col, justify="right")
+    for p in result.points:
+        t.add_row(
+            str(p.ranks),
+            f"{p.save_s:.3f}",
+            f"{p.save_mb_s:.0f}",
+            _fmt_ratio(p.save_vs_16),
+            f"{p.load_s:.3f}",
+            f"{p.load_mb_s:.0f}",
+            _fmt_ratio(p.load_vs_16),
+        )
+    return t
+
+
+def _met(met: bool | None) -> str:
+    return "not measured" if met is None else ("met" if met else "NOT met")
+
+
+def plot(result: ScaleBench, directory: Path) -> list[Path]:
+    """``scale.png`` in ``directory``: save and load seconds against ranks, with the raw disk
+    writing the same bytes as a flat line. Returns the paths written."""
+    from bench.plotting import lines
+
+    xs = [p.ranks for p in result.points]
+    path = lines(
+        directory / "scale.png",
+        title=f"bench scale: {result.size / 2**20:.0f} MiB, {result.encoding}",
+        x=xs,
+        series={
+            "save (to durable)": [p.save_s for p in result.points],
+            "load": [p.load_s for p in result.points],
+            "raw disk write": [result.raw_write_s] * len(xs),
+        },
+        xlabel="ranks",
+        ylabel="seconds (median)",
+    )
+    return [path]
+
+
+__all__ = [
+    "SCHEMA",
+    "ReadBackError",
+    "ScaleBench",
+    "ScalePoint",
+    "plot",
+    "run_scale_bench",
+    "split_states",
+    "table",
+    "verify",
+]
