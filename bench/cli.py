@@ -359,6 +359,13 @@ def csv_list(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
+def int_list(text: str, option: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(t) for t in csv_list(text))
+    except ValueError:
+        raise click.BadParameter("comma-separated integers", param_hint=option) from None
+
+
 @bench.command("checkpoint")
 @click.option(
     "--model",
@@ -497,6 +504,63 @@ def train_cmd(
         t.add_row(name, str(n))
     Console().print(t)
     click.echo(f"native / local: {result.native_vs_local:.2f}")
+
+
+@bench.command("metadata")
+@click.option(
+    "--ranks", default="1,4,16,64,256,1024", show_default=True, help="Comma-separated rank counts."
+)
+@click.option(
+    "--backends",
+    default="sqlite,sqlite-nosync,memory",
+    show_default=True,
+    help="Comma-separated, from sqlite, sqlite-nosync, memory, mount (needs FUSE).",
+)
+@click.option(
+    "--files-total",
+    default=2048,
+    show_default=True,
+    help="Files per rank count, split over the ranks (at least 2 per rank).",
+)
+@click.option("--runs", default=1, show_default=True, help="Runs per point (median).")
+@dir_option("Where the clusters (and the mount point) go.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@plot_option
+def metadata_cmd(
+    ranks: str,
+    backends: str,
+    files_total: int,
+    runs: int,
+    directory: Path,
+    as_json: bool,
+    plot_dir: Path | None,
+) -> None:
+    """mdtest-style metadata rates (create, stat, list, delete) of 1 to 1,024 ranks at once,
+    per metadata backend.
+
+    \b
+    Example:
+      tectonic-emu bench metadata --ranks 1,16,256,1024 --json
+    """
+    from bench import metadata as mod
+
+    names = tuple(csv_list(backends))
+    unknown = [b for b in names if b not in mod.BACKENDS]
+    if unknown:
+        raise click.BadParameter(
+            f"unknown {', '.join(unknown)}; choose from {', '.join(mod.BACKENDS)}",
+            param_hint="--backends",
+        )
+    result = run_bench(
+        "metadata",
+        mod.run_metadata_bench,
+        directory=directory,
+        ranks=int_list(ranks, "--ranks"),
+        backends=names,
+        files_total=files_total,
+        runs=runs,
+    )
+    emit(result, as_json, plot_dir, mod)
 
 
 @bench.command("all")

@@ -66,6 +66,7 @@ def lines(
     xlabel: str,
     ylabel: str,
     logx: bool = True,
+    logy: bool = False,
 ) -> Path:
     """One line (with markers) per series over ``x``. Returns ``path`` (written as PNG)."""
     plt = _pyplot()
@@ -74,6 +75,8 @@ def lines(
         ax.plot(list(x), list(values), marker="o", label=name)
     if logx:
         ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)

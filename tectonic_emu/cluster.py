@@ -42,7 +42,7 @@ from tectonic_emu.config import (
 )
 from tectonic_emu.datapath import DataPath
 from tectonic_emu.errors import AlreadyExistsError, InvalidArgumentError, NodeUnavailableError
-from tectonic_emu.metadata import SQLiteKV
+from tectonic_emu.metadata import KVStore, SQLiteKV
 from tectonic_emu.metadata.layers import Metadata
 from tectonic_emu.metadata.records import BlockRecord
 from tectonic_emu.served import (
@@ -168,13 +168,19 @@ class Cluster:
     @classmethod
     @asynccontextmanager
     async def open(
-        cls, path: str | os.PathLike[str], *, write_ack: str | None = None
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        write_ack: str | None = None,
+        kv: KVStore | None = None,
     ) -> AsyncIterator[Cluster]:
         """Open an existing cluster for the duration of the ``async with`` block.
 
         ``write_ack``: ``"all"`` acknowledges a block once every chunk is durable (the
         embedded default), ``"quorum"`` once all but one are (the served default: a slow or
         dying node does not hold writers back; repair rebuilds a chunk that never lands).
+        ``kv``: the metadata store to use instead of the cluster's SQLite file (``MemoryKV``
+        for benches of the layers alone); it is closed with the cluster.
         Raises ClusterNotFoundError when ``path`` holds no cluster.
         """
         root = Path(path)
@@ -184,7 +190,8 @@ class Cluster:
         cpu_pool = ThreadPoolExecutor(
             max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="tectonic-cpu"
         )
-        kv = SQLiteKV(root / METADATA_FILE, synchronous="full" if config.sync else "normal")
+        if kv is None:
+            kv = SQLiteKV(root / METADATA_FILE, synchronous="full" if config.sync else "normal")
         nodes: list[StorageNode] = []
         monitor: HealthMonitor | None = None
         cluster: Cluster | None = None

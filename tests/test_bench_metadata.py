@@ -1,0 +1,166 @@
+"""``bench metadata``: tiny runs of every backend, checked against the documented schema, and
+checked to have really done (and undone) the operations they report."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from bench import metadata
+from bench.metadata import (
+    DEFAULT_BACKENDS,
+    PHASES,
+    SCHEMA,
+    MetadataBench,
+    MetaOps,
+    files_per_rank,
+    plot,
+    run_metadata_bench,
+    table,
+)
+
+RANKS = (1, 4, 16)
+FILES_TOTAL = 32
+MIN_FILES = 2
+
+
+def _run(tmp: Path, backends: tuple[str, ...], ranks: tuple[int, ...] = RANKS) -> MetadataBench:
+    steps: list[str] = []
+    result = asyncio.run(
+        run_metadata_bench(
+            directory=tmp,
+            ranks=ranks,
+            backends=backends,
+            files_total=FILES_TOTAL,
+            min_files_per_rank=MIN_FILES,
+            step=steps.append,
+        )
+    )
+    assert steps, "step() is called"
+    assert list(tmp.iterdir()) == [], "the work directory is removed"
+    return result
+
+
+def _check(result: MetadataBench, backends: tuple[str, ...], ranks: tuple[int, ...]) -> None:
+    doc = result.to_dict()
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["sqlite"] and doc["python"] and doc["cpu_count"] >= 1
+    assert set(doc["durability"]) == set(backends)
+    assert [(p["backend"], p["ranks"]) for p in doc["points"]] == [
+        (b, r) for b in backends for r in ranks
+    ]
+    for p in doc["points"]:
+        f = files_per_rank(FILES_TOTAL, p["ranks"], MIN_FILES)
+        assert p["files_per_rank"] == f
+        assert p["ops"] == dict.fromkeys(PHASES, p["ranks"] * f)
+        assert all(p["ops_s"][ph] > 0 for ph in PHASES), p
+        assert all(len(p["seconds"][ph]) == 1 for ph in PHASES)
+        assert p["files_left"] == 0
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> MetadataBench:
+    return _run(tmp_path_factory.mktemp("md"), DEFAULT_BACKENDS)
+
+
+def test_tiny_run_matches_schema(tiny: MetadataBench) -> None:
+    _check(tiny, DEFAULT_BACKENDS, RANKS)
+    assert table(tiny).row_count == len(DEFAULT_BACKENDS) * len(RANKS)
+
+
+def test_plot_writes_pngs(tiny: MetadataBench, tmp_path: Path) -> None:
+    paths = plot(tiny, tmp_path / "plots")
+    assert [p.name for p in paths] == [f"metadata-{ph}.png" for ph in PHASES]
+    for p in paths:
+        data = p.read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1000
+
+
+class CountingOps(MetaOps):
+    """Counts the calls that reach a backend, beside the bench's own counters."""
+
+    def __init__(self, inner: MetaOps) -> None:
+        self.inner = inner
+        self.durability = inner.durability
+        self.calls: Counter[str] = Counter()
+
+    def set_ranks(self, ranks: int) -> None:
+        self.inner.set_ranks(ranks)
+
+    async def mkdir(self, path: str) -> None:
+        self.calls["mkdir"] += 1
+        await self.inner.mkdir(path)
+
+    async def rmdir(self, path: str) -> None:
+        self.calls["rmdir"] += 1
+        await self.inner.rmdir(path)
+
+    async def create(self, path: str) -> None:
+        self.calls["create"] += 1
+        await self.inner.create(path)
+
+    async def stat(self, path: str) -> None:
+        self.calls["stat"] += 1
+        await self.inner.stat(path)
+
+    async def listdir(self, path: str) -> list[str]:
+        self.calls["list"] += 1
+        return await self.inner.listdir(path)
+
+    async def delete(self, path: str) -> None:
+        self.calls["delete"] += 1
+        await self.inner.delete(path)
+
+    async def files_left(self) -> int:
+        return await self.inner.files_left()
+
+
+def test_operations_really_happen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every create, stat and delete reaches the client, and the metadata holds nothing but
+    the root directory afterwards."""
+    counted: list[CountingOps] = []
+    keys_after: list[tuple[bytes, bytes]] = []
+
+    @asynccontextmanager
+    async def counting(work: Path) -> AsyncIterator[MetaOps]:
+        async with metadata.BACKEND_FACTORIES["memory"](work) as inner:
+            ops = CountingOps(inner)
+            counted.append(ops)
+            yield ops
+            assert isinstance(inner, metadata.ClientOps)
+            keys_after.extend(await inner.client.meta.kv.scan(b""))
+
+    monkeypatch.setitem(metadata.BACKEND_FACTORIES, "counting", counting)
+    result = _run(tmp_path, ("counting",))
+    _check(result, ("counting",), RANKS)
+    files = sum(r * files_per_rank(FILES_TOTAL, r, MIN_FILES) for r in RANKS)
+    (ops,) = counted
+    assert ops.calls["create"] == ops.calls["stat"] == ops.calls["delete"] == files
+    # one timed listing per rank, one untimed emptiness check per rank after delete
+    assert ops.calls["list"] == 2 * sum(RANKS)
+    assert ops.calls["mkdir"] == ops.calls["rmdir"] == 1 + sum(r + 1 for r in RANKS)
+    assert len(keys_after) == 1  # the root directory's record alone
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
+    reason="needs /dev/fuse and fusermount3",
+)
+def test_mount_backend(tmp_path: Path) -> None:
+    result = _run(tmp_path, ("mount",), ranks=(1, 4))
+    _check(result, ("mount",), (1, 4))
+    with open("/proc/mounts") as f:
+        assert str(tmp_path) not in f.read(), "no mount is left behind"
+
+
+def test_unknown_backend_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(OSError, match="unknown backend"):
+        asyncio.run(run_metadata_bench(directory=tmp_path, backends=("nope",)))
