@@ -28,8 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.table import Table
 
-from bench.store import aligned_buffer, mb_s, raw_write
+from bench.schema import schema_of
+from bench.store import aligned_buffer, mb_s, raw_write, size_text
 from clients.checkpoint import Checkpointer, Shard
 from tectonic_emu import Cluster
 from tectonic_emu.coding import Encoding
@@ -143,4 +145,46 @@ async def run_ckpt_bench(
         shutil.rmtree(work, ignore_errors=True)
 
 
-__all__ = ["CkptBench", "run_ckpt_bench"]
+def _title(res: CkptBench) -> str:
+    return f"{size_text(res.size)} over {res.ranks} ranks, {res.encoding}"
+
+
+def table(res: CkptBench) -> Table:
+    """MB/s of each way to write the bytes against the one writer; the caption gives the time
+    ``save_async`` blocked the slowest rank."""
+    t = Table(
+        title=f"bench ckpt: {_title(res)}, {res.runs} runs (median)",
+        caption=f"save_async blocked the slowest rank {res.async_blocked_max_s:.3f} s; "
+        f"a synchronous save took {res.save_s:.3f} s ({res.async_blocked_vs_save:.2f}x)",
+    )
+    for col in ("path", "MB/s", "vs one writer"):
+        t.add_column(col, justify="right")
+    w = res.writer_mb_s
+    t.add_row("raw disk", f"{res.raw_write_mb_s:.0f}", "")
+    t.add_row("one writer, one file", f"{w:.0f}", "1.00")
+    t.add_row("save (synchronized)", f"{res.save_mb_s:.0f}", f"{res.save_vs_writer:.2f}")
+    t.add_row("save_async, to commit", f"{res.async_mb_s:.0f}", f"{res.async_mb_s / w:.2f}")
+    return t
+
+
+def plot(res: CkptBench, directory: Path) -> list[Path]:
+    """``ckpt-throughput.png``: MB/s of the one writer, save and save_async, the raw disk's
+    write rate as the limit line."""
+    from bench.plotting import bars
+
+    return [
+        bars(
+            directory / "ckpt-throughput.png",
+            title=f"ckpt: {_title(res)}",
+            labels=["one writer, one file", "save (synchronized)", "save_async, to commit"],
+            series={"write": [res.writer_mb_s, res.save_mb_s, res.async_mb_s]},
+            ylabel="MB/s",
+            limit=res.raw_write_mb_s,
+            limit_label="raw disk",
+        )
+    ]
+
+
+SCHEMA = schema_of(CkptBench, "tectonic-emu/bench-ckpt/1", "tectonic-emu bench ckpt --json")
+
+__all__ = ["SCHEMA", "CkptBench", "plot", "run_ckpt_bench", "table"]

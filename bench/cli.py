@@ -19,7 +19,6 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
-from rich.table import Table
 
 from bench.checkpoint import DEFAULT_PATHS
 from bench.models import MODELS
@@ -68,6 +67,42 @@ def run_bench(name: str, bench_fn: Callable[..., Coroutine[Any, Any, T]], **kwar
         return asyncio.run(bench_fn(**kwargs, step=step))
 
 
+def plot_option(f: F) -> F:
+    """``--plot DIR``: also write the bench's PNG plots there."""
+    return click.option(
+        "--plot",
+        "plot_dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Also write PNG plots (matplotlib) into this directory.",
+    )(f)
+
+
+def emit(result: Any, as_json: bool, plot_dir: Path | None, module: Any) -> None:
+    """Print ``result`` as JSON or as the module's tables, and write its plots if asked."""
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        for make in ("table", "served_table", "targets_table"):
+            table = getattr(module, make, lambda _: None)(result)
+            if table is not None:
+                Console().print(table)
+    if plot_dir is not None:
+        for png in module.plot(result, plot_dir):
+            err_console.print(f"wrote {png}")
+
+
+def csv_list(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def int_list(text: str, option: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(t) for t in csv_list(text))
+    except ValueError:
+        raise click.BadParameter("comma-separated integers", param_hint=option) from None
+
+
 @click.group()
 def bench() -> None:
     """Throughput benchmarks, each figure beside this machine's limit.
@@ -102,6 +137,7 @@ def bench() -> None:
     help="Force one ack policy on both paths [default: all embedded, quorum served].",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@plot_option
 def store(
     size: str,
     encodings: str,
@@ -112,6 +148,7 @@ def store(
     served: bool,
     write_ack: str | None,
     as_json: bool,
+    plot_dir: Path | None,
 ) -> None:
     """Store goodput per encoding beside raw pwrite+fdatasync to the same disk.
 
@@ -120,12 +157,12 @@ def store(
       tectonic-emu bench store --size 512MiB --encodings r3,rs-6-3 --json
       tectonic-emu bench store --size 512MiB --encodings r3,rs-6-3 --served
     """
-    from bench.store import run_store_bench
+    from bench import store as mod
 
     encs = [Encoding.parse(e.strip()).name for e in encodings.split(",") if e.strip()]
     result = run_bench(
         "store",
-        run_store_bench,
+        mod.run_store_bench,
         size=parse_size(size),
         encodings=encs,
         directory=directory,
@@ -135,47 +172,7 @@ def store(
         served=served,
         write_ack=write_ack,
     )
-    if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
-        return
-    mode = "cold" if result.cold_reads else "warm (page cache; run as root for cold)"
-    table = Table(
-        title=f"bench store: {size} per encoding, {result.runs} runs (median), reads {mode}"
-    )
-    for col in ("path", "write MB/s", "read MB/s", "write ratio", "read ratio", "read vs raw"):
-        table.add_column(col, justify="right")
-    table.add_row(
-        "raw disk", f"{result.raw_write_mb_s:.0f}", f"{result.raw_read_mb_s:.0f}", "", "", ""
-    )
-    for f in result.encodings:
-        table.add_row(
-            f.encoding,
-            f"{f.write_mb_s:.0f}",
-            f"{f.read_mb_s:.0f}",
-            f"{f.write_ratio:.2f}",
-            f"{f.read_ratio:.2f}",
-            f"{f.read_vs_raw:.2f}",
-        )
-    Console().print(table)
-    if result.served:
-        t = Table(title="served (node processes over TCP) vs embedded, same rounds")
-        columns = ("encoding", "write MB/s", "(to ack)", "read MB/s", "write vs emb", "read vs emb")
-        for col in columns:
-            t.add_column(col, justify="right")
-        for f in result.encodings:
-            t.add_row(
-                f.encoding,
-                f"{f.served_write_mb_s:.0f}",
-                f"{f.served_write_acked_mb_s:.0f}",
-                f"{f.served_read_mb_s:.0f}",
-                f"{f.served_vs_embedded_write:.2f}",
-                f"{f.served_vs_embedded_read:.2f}",
-            )
-        Console().print(t)
-        Console().print(
-            f"write acknowledgment: {result.write_ack}; write MB/s counts until every chunk "
-            "is durable, (to ack) until the write returned"
-        )
+    emit(result, as_json, plot_dir, mod)
 
 
 @bench.command("hedge")
@@ -186,6 +183,7 @@ def store(
 @click.option("--runs", default=2, show_default=True, help="Measured runs after one warm-up.")
 @dir_option("Where the clusters go.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@plot_option
 def hedge(
     size: str,
     encodings: str,
@@ -194,6 +192,7 @@ def hedge(
     runs: int,
     directory: Path,
     as_json: bool,
+    plot_dir: Path | None,
 ) -> None:
     """One slow node, with and without hedged writes and reads (served clusters).
 
@@ -201,13 +200,13 @@ def hedge(
     Example:
       tectonic-emu bench hedge --size 256MiB --delay 200ms --json
     """
-    from bench.hedge import run_hedge_bench
+    from bench import hedge as mod
     from tectonic_emu.cli import parse_duration
 
     encs = [Encoding.parse(e.strip()).name for e in encodings.split(",") if e.strip()]
     result = run_bench(
         "hedge",
-        run_hedge_bench,
+        mod.run_hedge_bench,
         size=parse_size(size),
         encodings=encs,
         delay=parse_duration(delay),
@@ -215,25 +214,7 @@ def hedge(
         block_size=parse_size(block_size),
         runs=runs,
     )
-    if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
-        return
-    for enc, cases in result.encodings.items():
-        t = Table(
-            title=f"bench hedge: {enc} on {result.nodes[enc]} nodes, node 0 slowed by "
-            f"{result.delay_s * 1000:.0f} ms, {size} files, {result.runs} runs (median)"
-        )
-        for col in ("case", "write MB/s", "read MB/s", "write vs base", "read vs base"):
-            t.add_column(col, justify="right")
-        for c in cases:
-            t.add_row(
-                c.case,
-                f"{c.write_mb_s:.0f}",
-                f"{c.read_mb_s:.0f}",
-                f"{c.write_vs_baseline:.2f}",
-                f"{c.read_vs_baseline:.2f}",
-            )
-        Console().print(t)
+    emit(result, as_json, plot_dir, mod)
 
 
 @bench.command("fuse")
@@ -242,7 +223,10 @@ def hedge(
 @click.option("--runs", default=3, show_default=True, help="Measured runs after one warm-up.")
 @dir_option("Where the cluster, the mount point and the local file go.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def fuse(size: str, encoding: str, runs: int, directory: Path, as_json: bool) -> None:
+@plot_option
+def fuse(
+    size: str, encoding: str, runs: int, directory: Path, as_json: bool, plot_dir: Path | None
+) -> None:
     """The FUSE mount (default and --direct-io) beside the native client and the local
     disk (1 MiB I/O).
 
@@ -250,40 +234,18 @@ def fuse(size: str, encoding: str, runs: int, directory: Path, as_json: bool) ->
     Example:
       tectonic-emu bench fuse --size 1GiB --json
     """
-    from bench.fuse import run_fuse_bench
+    from bench import fuse as mod
 
     enc = Encoding.parse(encoding).name
     result = run_bench(
         "fuse",
-        run_fuse_bench,
+        mod.run_fuse_bench,
         size=parse_size(size),
         encoding=enc,
         directory=directory,
         runs=runs,
     )
-    if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
-        return
-    t = Table(title=f"bench fuse: {size} of {enc}, 1 MiB I/O, {runs} runs (median)")
-    for col in ("path", "write MB/s", "read MB/s"):
-        t.add_column(col, justify="right")
-    t.add_row("local disk", f"{result.local_write_mb_s:.0f}", f"{result.local_read_mb_s:.0f}")
-    t.add_row("native client", f"{result.native_write_mb_s:.0f}", f"{result.native_read_mb_s:.0f}")
-    t.add_row("mount", f"{result.mount_write_mb_s:.0f}", f"{result.mount_read_mb_s:.0f}")
-    t.add_row(
-        "mount / native",
-        f"{result.mount_vs_native_write:.2f}",
-        f"{result.mount_vs_native_read:.2f}",
-    )
-    t.add_row(
-        "mount --direct-io", f"{result.direct_write_mb_s:.0f}", f"{result.direct_read_mb_s:.0f}"
-    )
-    t.add_row(
-        "direct-io / native",
-        f"{result.direct_vs_native_write:.2f}",
-        f"{result.direct_vs_native_read:.2f}",
-    )
-    Console().print(t)
+    emit(result, as_json, plot_dir, mod)
 
 
 @bench.command("ckpt")
@@ -293,7 +255,16 @@ def fuse(size: str, encoding: str, runs: int, directory: Path, as_json: bool) ->
 @click.option("--runs", default=3, show_default=True, help="Measured runs after one warm-up.")
 @dir_option("Where the cluster and the raw-disk file go.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def ckpt(size: str, ranks: int, encoding: str, runs: int, directory: Path, as_json: bool) -> None:
+@plot_option
+def ckpt(
+    size: str,
+    ranks: int,
+    encoding: str,
+    runs: int,
+    directory: Path,
+    as_json: bool,
+    plot_dir: Path | None,
+) -> None:
     """A synchronized checkpoint of many ranks (save and save_async) beside one writer
     writing the same bytes as one file, and the raw disk.
 
@@ -301,69 +272,19 @@ def ckpt(size: str, ranks: int, encoding: str, runs: int, directory: Path, as_js
     Example:
       tectonic-emu bench ckpt --size 1GiB --ranks 1024 --json
     """
-    from bench.ckpt import run_ckpt_bench
+    from bench import ckpt as mod
 
     enc = Encoding.parse(encoding).name
     result = run_bench(
         "ckpt",
-        run_ckpt_bench,
+        mod.run_ckpt_bench,
         size=parse_size(size),
         ranks=ranks,
         encoding=enc,
         directory=directory,
         runs=runs,
     )
-    if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
-        return
-    t = Table(title=f"bench ckpt: {size} over {ranks} ranks, {enc}, {runs} runs (median)")
-    for col in ("path", "MB/s", "vs one writer"):
-        t.add_column(col, justify="right")
-    w = result.writer_mb_s
-    t.add_row("raw disk", f"{result.raw_write_mb_s:.0f}", "")
-    t.add_row("one writer, one file", f"{w:.0f}", "1.00")
-    t.add_row("save (synchronized)", f"{result.save_mb_s:.0f}", f"{result.save_vs_writer:.2f}")
-    t.add_row("save_async, to commit", f"{result.async_mb_s:.0f}", f"{result.async_mb_s / w:.2f}")
-    Console().print(t)
-    click.echo(
-        f"save_async blocked the slowest rank {result.async_blocked_max_s:.3f} s; a synchronous "
-        f"save took {result.save_s:.3f} s ({result.async_blocked_vs_save:.2f}x)"
-    )
-
-
-def plot_option(f: F) -> F:
-    """``--plot DIR``: also write the bench's PNG plots there."""
-    return click.option(
-        "--plot",
-        "plot_dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        default=None,
-        help="Also write PNG plots (matplotlib) into this directory.",
-    )(f)
-
-
-def emit(result: Any, as_json: bool, plot_dir: Path | None, module: Any) -> None:
-    """Print ``result`` as JSON or as the module's tables, and write its plots if asked."""
-    if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
-    else:
-        for make in ("table", "targets_table"):
-            if hasattr(module, make):
-                Console().print(getattr(module, make)(result))
-    if plot_dir is not None:
-        for png in module.plot(result, plot_dir):
-            err_console.print(f"wrote {png}")
-
-
-def csv_list(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
-def int_list(text: str, option: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(t) for t in csv_list(text))
-    except ValueError:
-        raise click.BadParameter("comma-separated integers", param_hint=option) from None
+    emit(result, as_json, plot_dir, mod)
 
 
 @bench.command("checkpoint")
@@ -468,6 +389,7 @@ def checkpoint_cmd(
 )
 @dir_option("Where the cluster and the local copy go.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@plot_option
 def train_cmd(
     record_scale: float,
     samples: int,
@@ -475,6 +397,7 @@ def train_cmd(
     sources: str,
     directory: Path,
     as_json: bool,
+    plot_dir: Path | None,
 ) -> None:
     """The largest number of emulated h100 accelerators that keep AU >= 90% on a scaled
     unet3d dataset, through the native client, fsspec and local disk, in one run.
@@ -483,27 +406,18 @@ def train_cmd(
     Example:
       tectonic-emu bench train --json
     """
-    from bench.train import run_train_bench
+    from bench import train as mod
 
     result = run_bench(
         "train",
-        run_train_bench,
+        mod.run_train_bench,
         directory=directory,
         record_scale=record_scale,
         samples=samples,
         epochs=epochs,
         sources=tuple(s.strip() for s in sources.split(",") if s.strip()),
     )
-    if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
-        return
-    t = Table(title=f"bench train: unet3d, {result.samples} records of {result.record_bytes} B")
-    for col in ("source", "accelerators at AU >= 90%"):
-        t.add_column(col, justify="right")
-    for name, n in result.max_accelerators.items():
-        t.add_row(name, str(n))
-    Console().print(t)
-    click.echo(f"native / local: {result.native_vs_local:.2f}")
+    emit(result, as_json, plot_dir, mod)
 
 
 @bench.command("metadata")

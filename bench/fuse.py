@@ -29,7 +29,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.store import aligned_buffer, drop_caches, mb_s
+from rich.table import Table
+
+from bench.schema import schema_of
+from bench.store import aligned_buffer, drop_caches, mb_s, size_text
 from fuse_mount.mount import start_mount, unmount
 from tectonic_emu import Cluster
 from tectonic_emu.coding import Encoding
@@ -176,4 +179,57 @@ async def run_fuse_bench(
         shutil.rmtree(work, ignore_errors=True)
 
 
-__all__ = ["FuseBench", "run_fuse_bench"]
+def _paths(res: FuseBench) -> list[tuple[str, float, float]]:
+    """(path, write MB/s, read MB/s) of every path, in the order of the table."""
+    return [
+        ("local disk", res.local_write_mb_s, res.local_read_mb_s),
+        ("native client", res.native_write_mb_s, res.native_read_mb_s),
+        ("mount", res.mount_write_mb_s, res.mount_read_mb_s),
+        ("mount --direct-io", res.direct_write_mb_s, res.direct_read_mb_s),
+    ]
+
+
+def table(res: FuseBench) -> Table:
+    """MB/s of each path, and the two mounts against the native client."""
+    t = Table(
+        title=f"bench fuse: {size_text(res.size)} of {res.encoding}, 1 MiB I/O, "
+        f"{res.runs} runs (median)"
+    )
+    for col in ("path", "write MB/s", "read MB/s"):
+        t.add_column(col, justify="right")
+    beside_native = {  # each mount is followed by its ratio to the native client
+        "mount": ("mount / native", res.mount_vs_native_write, res.mount_vs_native_read),
+        "mount --direct-io": (
+            "direct-io / native",
+            res.direct_vs_native_write,
+            res.direct_vs_native_read,
+        ),
+    }
+    for name, w, r in _paths(res):
+        t.add_row(name, f"{w:.0f}", f"{r:.0f}")
+        if name in beside_native:
+            label, rw, rr = beside_native[name]
+            t.add_row(label, f"{rw:.2f}", f"{rr:.2f}")
+    return t
+
+
+def plot(res: FuseBench, directory: Path) -> list[Path]:
+    """``fuse-throughput.png``: write and read MB/s of each path."""
+    from bench.plotting import bars
+
+    paths = _paths(res)
+    return [
+        bars(
+            directory / "fuse-throughput.png",
+            title=f"fuse: {size_text(res.size)} of {res.encoding}, 1 MiB I/O, "
+            f"reads {'cold' if res.cold_reads else 'warm'}",
+            labels=[name for name, _, _ in paths],
+            series={"write": [w for _, w, _ in paths], "read": [r for _, _, r in paths]},
+            ylabel="MB/s",
+        )
+    ]
+
+
+SCHEMA = schema_of(FuseBench, "tectonic-emu/bench-fuse/1", "tectonic-emu bench fuse --json")
+
+__all__ = ["SCHEMA", "FuseBench", "plot", "run_fuse_bench", "table"]

@@ -28,7 +28,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.store import aligned_buffer, drop_caches, mb_s
+from rich.table import Table
+
+from bench.schema import schema_of
+from bench.store import aligned_buffer, drop_caches, mb_s, size_text
 from tectonic_emu import Cluster
 from tectonic_emu.coding import Encoding
 from tectonic_emu.served import Serving
@@ -204,4 +207,57 @@ async def run_hedge_bench(
         shutil.rmtree(work, ignore_errors=True)
 
 
-__all__ = ["HedgeBench", "run_hedge_bench"]
+def table(res: HedgeBench) -> Table:
+    """One table for every encoding: a section of the three cases each, with the ratios to the
+    baseline (the encoding and its node count on the section's first row)."""
+    t = Table(
+        title=f"bench hedge: node 0 slowed by {res.delay_s * 1000:.0f} ms, "
+        f"{size_text(res.size)} files, {res.runs} runs (median)"
+    )
+    t.add_column("encoding")
+    columns = ("nodes", "case", "write MB/s", "read MB/s", "write vs base", "read vs base")
+    for col in columns:
+        t.add_column(col, justify="right")
+    for enc, cases in res.encodings.items():
+        for i, c in enumerate(cases):
+            t.add_row(
+                enc if i == 0 else "",
+                str(res.nodes[enc]) if i == 0 else "",
+                c.case,
+                f"{c.write_mb_s:.0f}",
+                f"{c.read_mb_s:.0f}",
+                f"{c.write_vs_baseline:.2f}",
+                f"{c.read_vs_baseline:.2f}",
+                end_section=i == len(cases) - 1,
+            )
+    return t
+
+
+def plot(res: HedgeBench, directory: Path) -> list[Path]:
+    """``hedge-write.png`` and ``hedge-read.png``: MB/s per case, one bar per encoding."""
+    from bench.plotting import bars
+
+    by_case = {enc: {f.case: f for f in fs} for enc, fs in res.encodings.items()}
+    cases = [c for c in CASES if any(c in figs for figs in by_case.values())]
+    out = []
+    for rw in ("write", "read"):
+        series = {
+            enc: [getattr(figs[c], f"{rw}_mb_s") if c in figs else 0.0 for c in cases]
+            for enc, figs in by_case.items()
+        }
+        out.append(
+            bars(
+                directory / f"hedge-{rw}.png",
+                title=f"hedge {rw}: node 0 slowed by {res.delay_s * 1000:.0f} ms, "
+                f"{size_text(res.size)} files",
+                labels=cases,
+                series=series,
+                ylabel="MB/s",
+            )
+        )
+    return out
+
+
+SCHEMA = schema_of(HedgeBench, "tectonic-emu/bench-hedge/1", "tectonic-emu bench hedge --json")
+
+__all__ = ["SCHEMA", "HedgeBench", "plot", "run_hedge_bench", "table"]

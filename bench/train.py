@@ -27,6 +27,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.table import Table
+
+from bench.schema import schema_of
 from bench.store import drop_caches
 from clients.dataset import generate
 from clients.simulate import FsspecSource, LocalSource, TrainReport, train
@@ -43,7 +46,7 @@ class TrainBench:
     epochs: int
     max_accelerators: dict[str, int]
     native_vs_local: float
-    trials: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    trials: dict[str, list[TrainReport]] = field(default_factory=dict)  # every trial run
     cpu_count: int = field(default_factory=lambda: os.cpu_count() or 0)
 
     def to_dict(self) -> dict[str, Any]:
@@ -97,7 +100,7 @@ async def run_train_bench(
         # unet3d with enough files that ``samples`` records remain after scaling.
         shaped = dataclasses.replace(UNET3D, files=math.ceil(samples / record_scale))
         results: dict[str, int] = {}
-        trials: dict[str, list[dict[str, Any]]] = {}
+        trials: dict[str, list[TrainReport]] = {}
         async with Cluster.open(root) as cluster:
             client = cluster.client()
             step("generating the dataset")
@@ -133,8 +136,7 @@ async def run_train_bench(
                         source_name=name,
                     )
 
-                results[name], reports = await largest_passing(trial)
-                trials[name] = [r.to_dict() for r in reports]
+                results[name], trials[name] = await largest_passing(trial)
         native, local_n = results.get("native", 0), results.get("local", 0)
         return TrainBench(
             record_bytes=index.nbytes // max(1, index.rows),
@@ -148,4 +150,36 @@ async def run_train_bench(
         shutil.rmtree(work, ignore_errors=True)
 
 
-__all__ = ["TrainBench", "largest_passing", "run_train_bench"]
+def table(res: TrainBench) -> Table:
+    """The largest accelerator count that kept AU >= 90%, per source; native / local in the
+    caption."""
+    t = Table(
+        title=f"bench train: unet3d, {res.samples} records of {res.record_bytes} B",
+        caption=f"native / local: {res.native_vs_local:.2f}",
+    )
+    for col in ("source", "accelerators at AU >= 90%"):
+        t.add_column(col, justify="right")
+    for name, n in res.max_accelerators.items():
+        t.add_row(name, str(n))
+    return t
+
+
+def plot(res: TrainBench, directory: Path) -> list[Path]:
+    """``train-accelerators.png``: the largest accelerator count at AU >= 90%, per source."""
+    from bench.plotting import bars
+
+    return [
+        bars(
+            directory / "train-accelerators.png",
+            title=f"train: unet3d, {res.samples} records of {res.record_bytes / 1e6:.1f} MB, "
+            f"{res.epochs} epochs",
+            labels=list(res.max_accelerators),
+            series={"accelerators": [float(n) for n in res.max_accelerators.values()]},
+            ylabel="accelerators at AU >= 90%",
+        )
+    ]
+
+
+SCHEMA = schema_of(TrainBench, "tectonic-emu/bench-train/1", "tectonic-emu bench train --json")
+
+__all__ = ["SCHEMA", "TrainBench", "largest_passing", "plot", "run_train_bench", "table"]
