@@ -503,9 +503,9 @@ def _glusterfs(rig: _Rig, copies: int) -> Path:
         _delete_volume(gluster, volume)
     bricks = [f"{GLUSTER_HOST}:{rig.subdir(f'brick{i}')}" for i in range(copies)]
     replica = ["replica", str(copies)] if copies > 1 else []
-    rig.run("cli", [*gluster, "volume", "create", volume, *replica, *bricks, "force"])
+    rig.run("gluster", [*gluster, "volume", "create", volume, *replica, *bricks, "force"])
     rig.stack.callback(_delete_volume, gluster, volume)
-    rig.run("cli", [*gluster, "volume", "start", volume])
+    rig.run("gluster", [*gluster, "volume", "start", volume])
     mnt = rig.subdir("mnt")
     log = f"log-file={rig.logs / 'client.log'}"
     rig.run("mount", ["mount", "-t", "glusterfs", "-o", log, f"{GLUSTER_HOST}:/{volume}", str(mnt)])
