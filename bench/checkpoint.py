@@ -815,11 +815,16 @@ async def _peer_route(
     if reason:
         return reason
     peer = peers.PEERS[name]
-    step(f"setting up {peer.title}")
+    title = f"{peer.title} {peers.version(name) or ''}".strip()
+    step(f"setting up {title}")
     cm = peers.mounted(name, work / f"peer-{name}")
     where = await asyncio.to_thread(cm.__enter__)
     stack.push_async_callback(asyncio.to_thread, cm.__exit__, None, None, None)
-    return FilesRoute(pool, f"peer/{name}", peer.title, where, peer.copies - 1, float(peer.copies))
+    # A fresh peer makes its volumes on the first write (SeaweedFS: 7 of them): not measured.
+    warm = where / "warm-up"
+    await asyncio.to_thread(write_durably, warm, memoryview(os.urandom(8 << 20)))
+    await asyncio.to_thread(warm.unlink)
+    return FilesRoute(pool, f"peer/{name}", title, where, peer.copies - 1, float(peer.copies))
 
 
 # -- what the issue asks of the figures --------------------------------------------------------

@@ -10,8 +10,11 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     command -v fusermount3 >/dev/null || need_apt+=(fuse3)
     # fio drives the mount in its tests (sequential and random writes with verification).
     command -v fio >/dev/null || need_apt+=(fio)
+    # GlusterFS is one of the peers bench checkpoint compares against (issue 7).
+    command -v glusterd >/dev/null || need_apt+=(glusterfs-server)
     if [ ${#need_apt[@]} -gt 0 ]; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            --no-install-recommends "${need_apt[@]}" >/dev/null
     fi
 fi
 
@@ -19,7 +22,7 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
-extras=dev,fuse,bench,clients
+extras=dev,fuse,bench,clients,peers
 find_links=()
 # torch (the optional extra, pinned to 2.13.0) only from the CPU wheel on this machine's disk,
 # which pip prefers to PyPI's release of the same version (a CUDA build of several GB).
