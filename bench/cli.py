@@ -477,6 +477,87 @@ def metadata_cmd(
     emit(result, as_json, plot_dir, mod)
 
 
+@bench.command("scale")
+@click.option("--size", default="256MiB", show_default=True, help="Checkpoint bytes (every N).")
+@click.option(
+    "--ranks", default="1,16,256,1024,4096", show_default=True, help="Comma-separated rank counts."
+)
+@click.option("--encoding", default="rs-6-3", show_default=True, help="Encoding of the files.")
+@click.option("--runs", default=3, show_default=True, help="Measured runs after one warm-up.")
+@click.option(
+    "--load-in-flight",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Ranks loading at once [default: all].",
+)
+@dir_option("Where the cluster and the raw-disk file go.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@plot_option
+def scale_cmd(
+    size: str,
+    ranks: str,
+    encoding: str,
+    runs: int,
+    load_in_flight: int | None,
+    directory: Path,
+    as_json: bool,
+    plot_dir: Path | None,
+) -> None:
+    """The same checkpoint saved and loaded by 1 to 4,096 ranks, against the time at 16.
+
+    \b
+    Example:
+      tectonic-emu bench scale --size 256MiB --ranks 1,16,256,1024,4096 --json --plot plots/
+    """
+    from bench import scale as mod
+
+    result = run_bench(
+        "scale",
+        mod.run_scale_bench,
+        size=parse_size(size),
+        ranks=int_list(ranks, "--ranks"),
+        encoding=Encoding.parse(encoding).name,
+        directory=directory,
+        runs=runs,
+        load_in_flight=load_in_flight,
+    )
+    emit(result, as_json, plot_dir, mod)
+
+
+SCHEMA_MODULES = ("store", "hedge", "fuse", "ckpt", "train", "checkpoint", "metadata", "scale")
+
+
+@bench.command("schema")
+@click.argument("name", type=click.Choice(SCHEMA_MODULES), required=False)
+@click.option(
+    "--write",
+    "write_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write every bench's schema as DIR/bench-<name>.schema.json instead.",
+)
+def schema_cmd(name: str | None, write_dir: Path | None) -> None:
+    """The JSON Schema of a bench's --json output (committed in docs/schemas/).
+
+    \b
+    Example:
+      tectonic-emu bench schema checkpoint
+      tectonic-emu bench schema --write docs/schemas
+    """
+    import importlib
+
+    if write_dir is None:
+        if name is None:
+            raise click.UsageError("name a bench, or pass --write DIR")
+        click.echo(json.dumps(importlib.import_module(f"bench.{name}").SCHEMA, indent=2))
+        return
+    write_dir.mkdir(parents=True, exist_ok=True)
+    for n in (name,) if name else SCHEMA_MODULES:
+        doc = json.dumps(importlib.import_module(f"bench.{n}").SCHEMA, indent=2) + "\n"
+        (write_dir / f"bench-{n}.schema.json").write_text(doc)
+        click.echo(f"wrote {write_dir / f'bench-{n}.schema.json'}")
+
+
 @bench.command("all")
 @click.option(
     "--report",

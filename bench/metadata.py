@@ -326,7 +326,8 @@ _POINT_SCHEMA: dict[str, Any] = {
 
 SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": "tectonic-emu bench metadata",
+    "$id": "tectonic-emu/bench-metadata/1",
+    "title": "tectonic-emu bench metadata --json",
     "type": "object",
     "properties": {
         "schema_version": {"const": SCHEMA_VERSION},

@@ -158,7 +158,8 @@ _POINT: dict[str, Any] = {
 
 SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": "tectonic-emu bench scale",
+    "$id": "tectonic-emu/bench-scale/1",
+    "title": "tectonic-emu bench scale --json",
     "type": "object",
     "additionalProperties": False,
     "required": [
@@ -232,8 +233,10 @@ def verify(saved: Sequence[Mapping[str, Any]], loaded: Sequence[Mapping[str, Any
         raise ReadBackError(f"{len(saved)} ranks saved, {len(loaded)} loaded")
     for rank, (want, got) in enumerate(zip(saved, loaded, strict=True)):
         a, b = want["w"], got.get("w")
-        if not isinstance(b, Shard) or tuple(b.offset) != tuple(a.offset):
-            raise ReadBackError(f"rank {rank}: loaded {b!r}, not its shard at {a.offset}")
+        if not isinstance(b, Shard):
+            raise ReadBackError(f"rank {rank}: loaded no shard 'w'")
+        if tuple(b.offset) != tuple(a.offset):
+            raise ReadBackError(f"rank {rank}: loaded the shard at {b.offset}, not {a.offset}")
         # Compare bits, not floats: random bytes hold NaNs, and NaN != NaN.
         if a.array.shape != b.array.shape or not np.array_equal(
             a.array.view(np.uint32), np.ascontiguousarray(b.array).view(np.uint32)
@@ -435,24 +438,29 @@ def _met(met: bool | None) -> str:
 
 
 def plot(result: ScaleBench, directory: Path) -> list[Path]:
-    """``scale.png`` in ``directory``: save and load seconds against ranks, with the raw disk
-    writing the same bytes as a flat line. Returns the paths written."""
+    """``scale-save.png`` and ``scale-load.png`` in ``directory``: seconds against ranks, with
+    the raw disk writing the same bytes as a flat line. Two figures, not one: when loads grow
+    a hundredfold, a shared linear axis flattens the save curve. Returns the paths written."""
     from bench.plotting import lines
 
     xs = [p.ranks for p in result.points]
-    path = lines(
-        directory / "scale.png",
-        title=f"bench scale: {result.size / 2**20:.0f} MiB, {result.encoding}",
-        x=xs,
-        series={
-            "save (to durable)": [p.save_s for p in result.points],
-            "load": [p.load_s for p in result.points],
-            "raw disk write": [result.raw_write_s] * len(xs),
-        },
-        xlabel="ranks",
-        ylabel="seconds (median)",
-    )
-    return [path]
+    raw = [result.raw_write_s] * len(xs)
+    title = f"bench scale: {result.size / 2**20:.0f} MiB of {result.encoding}"
+    figures = {
+        "save": [p.save_s for p in result.points],
+        "load": [p.load_s for p in result.points],
+    }
+    return [
+        lines(
+            directory / f"scale-{what}.png",
+            title=f"{title}, {what}",
+            x=xs,
+            series={f"{what} ({result.runs}-run median)": secs, "raw disk write": raw},
+            xlabel="ranks",
+            ylabel="seconds",
+        )
+        for what, secs in figures.items()
+    ]
 
 
 __all__ = [

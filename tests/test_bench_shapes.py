@@ -273,3 +273,17 @@ def test_committed_store_json_validates() -> None:
     # recorded before the served path; its served fields were added as "not measured"
     doc = json.loads((DOCS / "bench-store-512MiB.json").read_text())
     jsonschema.validate(doc, store.SCHEMA)
+
+
+@pytest.mark.parametrize(
+    "name", ["store", "hedge", "fuse", "ckpt", "train", "checkpoint", "metadata", "scale"]
+)
+def test_committed_schema_is_the_code_schema(name: str) -> None:
+    """docs/schemas/ is the documented JSON: a change in the code must be made there too
+    (``tectonic-emu bench schema --write docs/schemas``), deliberately."""
+    import importlib
+
+    committed = json.loads((DOCS / "schemas" / f"bench-{name}.schema.json").read_text())
+    module = importlib.import_module(f"bench.{name}")
+    assert committed == json.loads(json.dumps(module.SCHEMA)), f"bench {name}: schema changed"
+    jsonschema.Draft202012Validator.check_schema(committed)
