@@ -53,6 +53,7 @@ from clients.ckpt_format import (
     step_of_dir,
     step_of_manifest,
 )
+from clients.ckpt_reads import MergedReader
 from clients.ckpt_region import even_rows, plan, region
 from tectonic_emu.chunkstore.remote import aligned_buffer
 from tectonic_emu.client import Client
@@ -64,6 +65,8 @@ log = logging.getLogger(__name__)
 PART_BYTES = 4 << 20  # values are cut into parts of whole rows of at most this many bytes
 _POLL_FIRST, _POLL_MAX = 0.005, 0.1  # seconds between looks at the store, growing
 _READS_IN_FLIGHT = 16
+_APPEND_GROUP = 16 << 20  # bytes of small parts handed to the writer at once
+_MANIFESTS_KEPT = 4  # decoded manifests a Checkpointer keeps (the newest steps asked for)
 
 Value = Any  # numpy array, bytes-like, or Shard
 
@@ -157,6 +160,9 @@ class Checkpointer:
         self._pool: dict[int, list[memoryview]] = {}  # staging buffers by size
         self._made_root = False
         self._cleanup: asyncio.Future[None] | None = None  # retention after the last commit
+        self._manifests: dict[int, _Indexed] = {}  # decoded, by step
+        self._reader = MergedReader(client)  # the reads of ranks loading at once, merged
+        self._fetching: dict[int, asyncio.Future[_Indexed]] = {}
 
     async def __aenter__(self) -> Checkpointer:
         return self
@@ -370,8 +376,9 @@ class Checkpointer:
         previous = _parts_by_key(st.previous)
         entries: list[Entry] = []
         written = {s.rank: 0 for s in batch}
-        pos = 0
+        pos = appended = 0
         async with self.client.open_writer(self._path(data), encoding=self.encoding) as w:
+            pending: list[memoryview] = []  # appended together: one fencing check per group
             for s in batch:
                 for item in s.items:
                     parts = []
@@ -383,11 +390,15 @@ class Checkpointer:
                         if digest is not None and same is not None and same.digest == digest:
                             parts.append(same)  # unchanged since the previous checkpoint
                             continue
-                        await w.append(piece)
+                        pending.append(piece)
                         parts.append(Part(data, pos, len(piece), crc, part.row0, part.row1, digest))
                         pos += len(piece)
                         written[s.rank] += len(piece)
+                        if pos - appended >= _APPEND_GROUP:
+                            await w.append_many(pending)
+                            pending, appended = [], pos
                     entries.append(dataclasses.replace(item.entry, parts=tuple(parts)))
+            await w.append_many(pending)
         index = {"ranks": sorted(written), "entries": [e.to_json() for e in entries]}
         name = f"{step_dir(st.step)}/index-{self._writer_id}-{st.batches}.json"
         await self.client.write_file(self._path(name), _json(index))
@@ -505,16 +516,39 @@ class Checkpointer:
 
     async def manifest(self, step: int | None = None) -> Manifest:
         """The manifest of ``step`` (default: the latest). Raises CheckpointNotFoundError."""
+        return (await self._indexed(step)).manifest
+
+    async def _indexed(self, step: int | None) -> _Indexed:
+        """The manifest of ``step`` with its entries indexed. Callers that ask while it is
+        being fetched share one fetch, and a manifest already decoded is reused while its
+        file is the same (one stat): 4,096 ranks loading at once read and decode it once."""
         if step is None:
             step = await self.latest()
             if step is None:
                 raise CheckpointNotFoundError("no committed checkpoint", self.root)
+        flight = self._fetching.get(step)
+        if flight is None:
+            flight = asyncio.ensure_future(self._fetch_manifest(step))
+            self._fetching[step] = flight
+            flight.add_done_callback(lambda _: self._fetching.pop(step, None))
+        return await asyncio.shield(flight)
+
+    async def _fetch_manifest(self, step: int) -> _Indexed:
         path = self._path(manifest_name(step))
         try:
-            raw = await self.client.read_file(path)
+            st = await self.client.stat(path)
+            cached = self._manifests.get(step)
+            if cached is not None and cached.file_id == st.id:
+                return cached
+            raw = bytearray(st.size)
+            await self.client.read_id_into(st.id, 0, raw)  # the version stat named
         except NotFoundError:
             raise CheckpointNotFoundError(f"step {step} is not committed", self.root) from None
-        return Manifest.decode(raw, path)
+        indexed = _Indexed(st.id, Manifest.decode(bytes(raw), path))
+        self._manifests[step] = indexed
+        while len(self._manifests) > _MANIFESTS_KEPT:
+            del self._manifests[min(self._manifests)]
+        return indexed
 
     async def load(
         self, rank: int, step: int | None = None, world_size: int | None = None
@@ -524,15 +558,16 @@ class Checkpointer:
         axis 0; a value every rank saved alike comes back as saved; a value that differs
         between ranks raises CheckpointError. Every part read whole is checked against its
         CRC32C: CheckpointCorruptError names the rank, the value and the step."""
-        m = await self.manifest(step)
+        ix = await self._indexed(step)
+        m = ix.manifest
         ws = m.world_size if world_size is None else world_size
         if not 0 <= rank < ws:
             raise CheckpointError(f"rank {rank} is not in [0, {ws})")
         out: dict[str, Value] = {}
         sem = asyncio.Semaphore(_READS_IN_FLIGHT)
-        for name, entries in _by_name(m).items():
+        for name, entries in ix.by_name.items():
             kind = entries[0].kind
-            own = next((e for e in entries if e.rank == rank), None)
+            own = ix.own.get((name, rank))
             if kind == "shard":
                 if ws == m.world_size:
                     if own is not None:
@@ -563,8 +598,9 @@ class Checkpointer:
         """A region of the global array ``name`` at ``step``: ``index`` is a numpy basic
         index (ints, slices, ...), and only the rows it needs are read. For a value saved per
         rank, ``rank`` picks whose (needed when they differ)."""
-        m = await self.manifest(step)
-        entries = _by_name(m).get(name)
+        ix = await self._indexed(step)
+        m = ix.manifest
+        entries = ix.by_name.get(name)
         if not entries:
             raise CheckpointNotFoundError(f"step {step} has no {name!r}", self.root)
         sem = asyncio.Semaphore(_READS_IN_FLIGHT)
@@ -608,7 +644,7 @@ class Checkpointer:
     ) -> None:
         async with sem:
             try:
-                n = await self.client.read_into(self._path(p.file), p.pos, dest)
+                n = await self._reader.read(self._path(p.file), p.pos, dest)
             except TectonicError as exc:
                 raise CheckpointCorruptError(
                     f"step {m.step}, rank {e.rank}, {e.name!r}: cannot read {p.file}: {exc}",
@@ -637,7 +673,7 @@ class Checkpointer:
                 await self._read_part(m, r.entry, r.part, dest, sem)
             else:  # part of a part: the store's chunk checksums cover these bytes
                 async with sem:
-                    await self.client.read_into(self._path(r.file), r.pos, dest)
+                    await self._reader.read(self._path(r.file), r.pos, dest)
             out[r.dest] = rows[r.source]
 
         await asyncio.gather(*(one(r) for r in plan(_distinct(entries), box)))
@@ -745,11 +781,18 @@ def _parts_by_key(m: Manifest | None) -> dict[tuple[int, str], dict[tuple[int, i
     return out
 
 
-def _by_name(m: Manifest) -> dict[str, list[Entry]]:
-    out: dict[str, list[Entry]] = {}
-    for e in m.entries:
-        out.setdefault(e.name, []).append(e)
-    return out
+class _Indexed:
+    """A committed manifest, the file id it was read from, and its entries by name and by
+    (name, rank)."""
+
+    def __init__(self, file_id: int, manifest: Manifest) -> None:
+        self.file_id = file_id
+        self.manifest = manifest
+        self.by_name: dict[str, list[Entry]] = {}
+        self.own: dict[tuple[str, int], Entry] = {}
+        for e in manifest.entries:
+            self.by_name.setdefault(e.name, []).append(e)
+            self.own.setdefault((e.name, e.rank), e)
 
 
 def _alike(entries: Sequence[Entry]) -> bool:

@@ -495,3 +495,45 @@ def test_checkpoints_on_a_served_cluster(tmp_path: Path) -> None:
                 await body(cluster.client(), "/served")
 
         asyncio.run(main())
+
+
+def test_ranks_loading_at_once_read_the_manifest_once_and_a_replaced_one_is_seen(
+    cluster_dir: Path,
+) -> None:
+    """The decoded manifest is shared by concurrent loads (4,096 ranks would otherwise decode
+    it 4,096 times) and reused while its file is the same; deleted and saved again (by another
+    Checkpointer), the step's new manifest is what loads see."""
+    world = 64
+
+    async def body(client: Client, root: str) -> None:
+        reads: list[int] = []
+        real = client.read_id_into
+
+        async def counting(file_id: int, offset: int, buf: Any) -> int:
+            reads.append(file_id)
+            return await real(file_id, offset, buf)
+
+        client.read_id_into = counting  # type: ignore[method-assign]
+        g = global_array(1, (256, 4))
+        async with Checkpointer(client, root, world_size=world) as ckpt:
+            await save_all(ckpt, 1, [rank_state(1, r, world, g) for r in range(world)])
+            got = await asyncio.gather(*(ckpt.load(r, 1) for r in range(world)))
+            assert all(
+                np.array_equal(got[r]["w"].array, rank_state(1, r, world, g)["w"].array)
+                for r in range(world)
+            )
+            manifest_id = (await client.stat(f"{root}/{manifest_name(1)}")).id
+            assert reads.count(manifest_id) == 1
+            await ckpt.load(5, 1)
+            assert reads.count(manifest_id) == 1  # the same file: one stat, no read
+            async with Checkpointer(client, root, world_size=world) as other:
+                await other.delete(1)
+                g2 = global_array(2, (256, 4))
+                await save_all(other, 1, [rank_state(2, r, world, g2) for r in range(world)])
+            again = await ckpt.load(7, 1)
+            assert np.array_equal(again["w"].array, rank_state(2, 7, world, g2)["w"].array)
+            await ckpt.delete(1)
+            with pytest.raises(CheckpointNotFoundError):
+                await ckpt.load(7, 1)
+
+    run(cluster_dir, body)

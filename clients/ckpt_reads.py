@@ -1,0 +1,117 @@
+"""Reads of many ranks loading at once, merged into few large reads.
+
+A checkpoint's data file holds every rank's parts back to back, so when 4,096 ranks in one
+process load their parts at the same moment, each asking the store for 4 KiB costs a path
+lookup, a block lookup and a chunk read apiece: per-rank overhead, not bandwidth, sets the
+time. ``MergedReader`` collects the reads asked for in the same event-loop iteration, sorts
+them by file and position, and reads each run of adjacent ranges (up to ``MERGE_BYTES``) as
+one; each caller gets its own slice, copied out of a reused buffer. A lone read, or one too
+big to merge, goes straight into the caller's buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from tectonic_emu.chunkstore.remote import aligned_buffer
+from tectonic_emu.client import Client
+
+MERGE_BYTES = 16 << 20  # the largest merged read
+IN_FLIGHT = 16  # merged reads at once
+
+
+@dataclass(slots=True)
+class _Want:
+    path: str
+    pos: int
+    dest: memoryview
+    done: asyncio.Future[int] = field(repr=False)
+
+    @property
+    def end(self) -> int:
+        return self.pos + len(self.dest)
+
+
+class MergedReader:
+    """``read(path, pos, dest)`` like ``Client.read_into``, merged with the reads asked for in
+    the same loop iteration. Errors of a merged read go to every read it served."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self._queue: list[_Want] = []
+        self._sem = asyncio.Semaphore(IN_FLIGHT)
+        self._buffers: list[memoryview] = []  # MERGE_BYTES each, reused
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.reads = 0  # store reads made (for tests and benches)
+
+    async def read(self, path: str, pos: int, dest: memoryview) -> int:
+        loop = asyncio.get_running_loop()
+        want = _Want(path, pos, dest, loop.create_future())
+        if not self._queue:
+            loop.call_soon(self._flush)  # after this iteration's other callers queued theirs
+        self._queue.append(want)
+        return await want.done
+
+    def _flush(self) -> None:
+        batch, self._queue = self._queue, []
+        for run in _runs(batch):
+            task = asyncio.ensure_future(self._read_run(run))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _read_run(self, run: list[_Want]) -> None:
+        async with self._sem:
+            try:
+                if len(run) == 1:
+                    self.reads += 1
+                    _resolve(
+                        run[0], await self.client.read_into(run[0].path, run[0].pos, run[0].dest)
+                    )
+                    return
+                buf = self._buffers.pop() if self._buffers else aligned_buffer(MERGE_BYTES)
+                try:
+                    start, end = run[0].pos, max(w.end for w in run)
+                    self.reads += 1
+                    got = await self.client.read_into(run[0].path, start, buf[: end - start])
+                    for w in run:
+                        n = max(0, min(len(w.dest), start + got - w.pos))
+                        w.dest[:n] = buf[w.pos - start : w.pos - start + n]
+                        _resolve(w, n)
+                finally:
+                    self._buffers.append(buf)
+            except BaseException as exc:
+                for w in run:
+                    if not w.done.done():
+                        w.done.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+
+
+def _resolve(want: _Want, n: int) -> None:
+    if not want.done.done():
+        want.done.set_result(n)
+
+
+def _runs(batch: list[_Want]) -> list[list[_Want]]:
+    """The reads grouped into runs of adjacent or overlapping ranges of one file, each at
+    most MERGE_BYTES long."""
+    runs: list[list[_Want]] = []
+    end = 0  # of the last run
+    for w in sorted(batch, key=lambda w: (w.path, w.pos)):
+        last = runs[-1] if runs else None
+        if (
+            last is not None
+            and last[0].path == w.path
+            and w.pos <= end
+            and max(end, w.end) - last[0].pos <= MERGE_BYTES
+        ):
+            last.append(w)
+            end = max(end, w.end)
+        else:
+            runs.append([w])
+            end = w.end
+    return runs
+
+
+__all__ = ["MERGE_BYTES", "MergedReader"]
