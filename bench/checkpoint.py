@@ -4,16 +4,20 @@ every path a user could take, in one run.
 The files are those DLIO writes for the model (``bench/models.py``: fp16 weights, fp32
 optimizer state, the TP/PP/DP layout and ZeRO stage of MLPerf's llama3 configs), every file
 scaled by ``scale``, filled from one buffer of random bytes (so no path can compress or skip
-zeros). For each path, one round is:
+zeros). The run is ``runs`` x ``writes`` rounds; in each round every path in turn:
 
-1. ``writes`` checkpoints, one after another with ``pause_s`` between them: all ranks start
-   together; each rank writes its files and makes them durable (fsync, or the store's fdatasync
-   before commit); a rank's duration runs from the common start to the moment its own save
-   returned.
-2. The page cache is dropped (as root; otherwise reads are warm and ``cold_reads`` says so).
-3. ``reads`` checkpoint loads, each rank reading rank ``(r + read_shift) % ranks``'s files (a
-   shift of 0 reads its own), into buffers allocated once; the bytes are checked afterwards,
-   outside the timing.
+1. writes one checkpoint: all ranks start together; each rank writes its files and makes them
+   durable (fsync, or the store's fdatasync before commit); a rank's duration runs from the
+   common start to the moment its own save returned;
+2. (in the first ``reads`` rounds of every ``writes``) drops the page cache (as root; otherwise
+   reads are warm and ``cold_reads`` says so) and loads it, each rank reading rank
+   ``(r + read_shift) % ranks``'s files (0: its own), into buffers allocated once; the bytes
+   are checked afterwards, outside the timing;
+3. deletes it.
+
+Paths take turns round by round, so that a disk whose speed drifts during the run (this
+shared VM's does, by 2x within minutes) weighs on all of them alike, and the disk holds one
+checkpoint at a time. ``pause_s`` separates rounds.
 
 Ranks are concurrent: asyncio tasks for our native client (a ``Checkpointer`` shared by every
 rank, which commits the step once all ranks wrote); a pool of ``workers`` threads for the
@@ -588,8 +592,8 @@ async def run_checkpoint_bench(
 
     plan = checkpoint_plan(model, ranks, scale)
     reads = writes if reads is None else reads
-    if writes < 1 or reads < 0 or runs < 1:
-        raise BenchError("writes and runs must be at least 1, reads at least 0")
+    if writes < 1 or not 0 <= reads <= writes or runs < 1:
+        raise BenchError("writes and runs must be at least 1, reads from 0 to writes")
     unknown = [p for p in paths if p not in DEFAULT_PATHS]
     if unknown:
         raise BenchError(f"unknown paths {unknown}; choose from {', '.join(DEFAULT_PATHS)}")
@@ -651,42 +655,41 @@ async def run_checkpoint_bench(
                 else:
                     routes.append(routes_or_reason)
 
-            n = 0
-            done, todo = 0, runs * len(routes) * (writes + reads)
-            for run in range(1, runs + 1):
+            samples: dict[str, tuple[list[Sample], list[Sample]]] = {
+                r.key: ([], []) for r in routes
+            }
+            done, todo = 0, runs * writes * len(routes)
+            for k in range(runs * writes):  # round k: every path writes (and reads) once
+                if k:
+                    await asyncio.sleep(pause)
                 for route in routes:
-                    label = f"run {run}/{runs}, {route.key}"
-                    ws: list[Sample] = []
-                    rs: list[Sample] = []
-                    first = n + 1
-                    for w in range(writes):
-                        if w:
-                            await asyncio.sleep(pause)
-                        n += 1
-                        step(f"{label}: checkpoint {w + 1}/{writes}", done / todo)
-                        done += 1
-                        t0 = time.perf_counter()
-                        ends, wall = await route.save(n, pl)
-                        ws.append(Sample.of(pl.total, t0, ends, wall))
-                    for i in range(reads):
+                    step(f"checkpoint {k + 1}/{runs * writes}: {route.key}", done / todo)
+                    done += 1
+                    ws, rs = samples[route.key]
+                    t0 = time.perf_counter()
+                    ends, wall = await route.save(k + 1, pl)
+                    ws.append(Sample.of(pl.total, t0, ends, wall))
+                    if k % writes < reads:
                         cold = drop_caches() and cold
-                        step(f"{label}: load {i + 1}/{reads}", done / todo)
-                        done += 1
                         pl.clear_back()
                         t0 = time.perf_counter()
-                        ends, wall = await route.load(first + i % writes, pl, read_shift)
+                        ends, wall = await route.load(k + 1, pl, read_shift)
                         rs.append(Sample.of(pl.total, t0, ends, wall))
                         if route.verified:
                             pl.check_back(route.key)
-                    for k in range(first, n + 1):
-                        await route.remove(k)
-                    res = results.setdefault(
-                        route.key,
-                        PathResult(route.key, route.title, route.tolerates, route.overhead, True),
-                    )
-                    res.write = Figures.mean([*(res.write.samples if res.write else []), *ws])
-                    if rs:
-                        res.read = Figures.mean([*(res.read.samples if res.read else []), *rs])
+                    await route.remove(k + 1)
+            for route in routes:
+                ws, rs = samples[route.key]
+                results[route.key] = PathResult(
+                    route.key,
+                    route.title,
+                    route.tolerates,
+                    route.overhead,
+                    True,
+                    None,
+                    Figures.mean(ws),
+                    Figures.mean(rs) if rs else None,
+                )
             for route in routes:
                 route.close()
             for route in routes:

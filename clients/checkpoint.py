@@ -62,10 +62,14 @@ from tectonic_emu.errors import NotFoundError, TectonicError
 
 log = logging.getLogger(__name__)
 
+WRITERS = 2  # data files a batch of ranks is written to at once
 PART_BYTES = 4 << 20  # values are cut into parts of whole rows of at most this many bytes
 _POLL_FIRST, _POLL_MAX = 0.005, 0.1  # seconds between looks at the store, growing
 _READS_IN_FLIGHT = 16
-_APPEND_GROUP = 16 << 20  # bytes of small parts handed to the writer at once
+_APPEND_GROUP = 16 << 20
+_RUN_BYTES = (
+    64 << 20
+)  # adjacent parts read at once, at most  # bytes of small parts handed to the writer at once
 _MANIFESTS_KEPT = 4  # decoded manifests a Checkpointer keeps (the newest steps asked for)
 
 Value = Any  # numpy array, bytes-like, or Shard
@@ -111,6 +115,10 @@ class _Staged:
     buffers: list[memoryview] = field(default_factory=list)  # staging copies to give back
     blocked_s: float | None = None  # save_async: how long staging held the caller
 
+    @property
+    def nbytes(self) -> int:
+        return sum(len(p) for item in self.items for p in item.pieces)
+
 
 @dataclass(slots=True)
 class _Step:
@@ -143,9 +151,12 @@ class Checkpointer:
         keep_last: int | None = None,
         timeout: float = 300.0,
         part_bytes: int = PART_BYTES,
+        writers: int = WRITERS,
     ) -> None:
         if world_size < 1:
             raise CheckpointError(f"world_size must be at least 1, not {world_size}")
+        if writers < 1:
+            raise CheckpointError(f"writers must be at least 1, not {writers}")
         if keep_last is not None and keep_last < 1:
             raise CheckpointError(f"keep_last must be at least 1, not {keep_last}")
         self.client = client
@@ -155,6 +166,7 @@ class Checkpointer:
         self.keep_last = keep_last
         self.timeout = timeout
         self.part_bytes = part_bytes
+        self.writers = writers
         self._writer_id = secrets.token_hex(4)
         self._steps: dict[int, _Step] = {}
         self._pool: dict[int, list[memoryview]] = {}  # staging buffers by size
@@ -371,15 +383,46 @@ class Checkpointer:
                     self._give_back(s.buffers)
 
     async def _write_batch(self, st: _Step, batch: list[_Staged]) -> None:
+        """The batch's ranks split by bytes over up to ``writers`` data files written at once
+        (one writer streams 0.65 GB/s here, two 0.9), then one index file naming them all."""
         st.batches += 1
-        data = f"{step_dir(st.step)}/data-{self._writer_id}-{st.batches}"
         previous = _parts_by_key(st.previous)
-        entries: list[Entry] = []
+        groups: list[list[_Staged]] = [[] for _ in range(min(self.writers, len(batch)))]
+        sizes = [0] * len(groups)
+        for s in sorted(batch, key=lambda s: -s.nbytes):  # largest first, to the emptiest
+            k = sizes.index(min(sizes))
+            groups[k].append(s)
+            sizes[k] += s.nbytes
         written = {s.rank: 0 for s in batch}
+        names = [f"{step_dir(st.step)}/data-{self._writer_id}-{st.batches}"]
+        names += [f"{names[0]}.{k}" for k in range(1, len(groups))]
+        done = await asyncio.gather(
+            *(
+                self._write_data(name, group, previous, written)
+                for name, group in zip(names, groups, strict=True)
+            )
+        )
+        entries = [e for part in done for e in part]
+        index = {"ranks": sorted(written), "entries": [e.to_json() for e in entries]}
+        name = f"{step_dir(st.step)}/index-{self._writer_id}-{st.batches}.json"
+        await self.client.write_file(self._path(name), _json(index))
+        for s in batch:
+            if not s.written.done():
+                s.written.set_result(written[s.rank])
+
+    async def _write_data(
+        self,
+        data: str,
+        group: list[_Staged],
+        previous: dict[tuple[int, str], dict[tuple[int, int, int], Part]],
+        written: dict[int, int],
+    ) -> list[Entry]:
+        """The parts of ``group``'s ranks into the data file ``data``; their entries."""
+        entries: list[Entry] = []
         pos = appended = 0
         async with self.client.open_writer(self._path(data), encoding=self.encoding) as w:
             pending: list[memoryview] = []  # appended together: one fencing check per group
-            for s in batch:
+            for s in group:
                 for item in s.items:
                     parts = []
                     old = previous.get((s.rank, item.entry.name), {})
@@ -399,12 +442,7 @@ class Checkpointer:
                             pending, appended = [], pos
                     entries.append(dataclasses.replace(item.entry, parts=tuple(parts)))
             await w.append_many(pending)
-        index = {"ranks": sorted(written), "entries": [e.to_json() for e in entries]}
-        name = f"{step_dir(st.step)}/index-{self._writer_id}-{st.batches}.json"
-        await self.client.write_file(self._path(name), _json(index))
-        for s in batch:
-            if not s.written.done():
-                s.written.set_result(written[s.rank])
+        return entries
 
     async def _finish(self, st: _Step, staged: _Staged) -> SaveResult:
         """One rank's wait: its parts durable, then the step committed."""
@@ -631,31 +669,57 @@ class Checkpointer:
             arr = np.empty(e.shape, dtype=np.dtype(e.dtype))
             buf = arr.reshape(-1).view(np.uint8)  # type: ignore[assignment]
         view = memoryview(buf).cast("B")
-        at = 0
-        reads = []
+        runs: list[list[Part]] = []  # parts back to back in one file: one read each
         for p in e.parts:
-            reads.append(self._read_part(m, e, p, view[at : at + p.length], sem))
-            at += p.length
+            last = runs[-1][-1] if runs else None
+            if (
+                last is not None
+                and last.file == p.file
+                and last.pos + last.length == p.pos
+                and sum(q.length for q in runs[-1]) + p.length <= _RUN_BYTES
+            ):
+                runs[-1].append(p)
+            else:
+                runs.append([p])
+        reads = []
+        at = 0
+        for run in runs:
+            n = sum(p.length for p in run)
+            reads.append(self._read_parts(m, e, run, view[at : at + n], sem))
+            at += n
         await asyncio.gather(*reads)
         return bytes(buf) if e.kind == "bytes" else arr
 
     async def _read_part(
         self, m: Manifest, e: Entry, p: Part, dest: memoryview, sem: asyncio.Semaphore
     ) -> None:
+        await self._read_parts(m, e, [p], dest, sem)
+
+    async def _read_parts(
+        self, m: Manifest, e: Entry, parts: list[Part], dest: memoryview, sem: asyncio.Semaphore
+    ) -> None:
+        """Parts that lie back to back in one file, read at once into ``dest`` (a part cut
+        short of its block would make the store read that block whole for each part), then
+        each checked against its CRC32C."""
+        first = parts[0]
         async with sem:
             try:
-                n = await self._reader.read(self._path(p.file), p.pos, dest)
+                n = await self._reader.read(self._path(first.file), first.pos, dest)
             except TectonicError as exc:
                 raise CheckpointCorruptError(
-                    f"step {m.step}, rank {e.rank}, {e.name!r}: cannot read {p.file}: {exc}",
+                    f"step {m.step}, rank {e.rank}, {e.name!r}: cannot read {first.file}: {exc}",
                     self.root,
                 ) from exc
-        if n != p.length or await _checksum(dest) != p.crc32c:
-            raise CheckpointCorruptError(
-                f"step {m.step}, rank {e.rank}, {e.name!r}: rows {p.row0}-{p.row1} in "
-                f"{p.file} do not match their checksum",
-                self.root,
-            )
+        at = 0
+        for p in parts:
+            piece = dest[at : at + p.length]
+            if n < at + p.length or await _checksum(piece) != p.crc32c:
+                raise CheckpointCorruptError(
+                    f"step {m.step}, rank {e.rank}, {e.name!r}: rows {p.row0}-{p.row1} in "
+                    f"{p.file} do not match their checksum",
+                    self.root,
+                )
+            at += p.length
 
     async def _assemble(
         self, m: Manifest, entries: Sequence[Entry], box: Any, sem: asyncio.Semaphore

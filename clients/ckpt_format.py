@@ -2,8 +2,8 @@
 
 A checkpoint root holds one directory per step and, once the step is committed, one manifest::
 
-    ROOT/step-000000000042/data-<writer>-<n>        pieces of the ranks one writer staged
-    ROOT/step-000000000042/index-<writer>-<n>.json  which ranks that data file completes
+    ROOT/step-000000000042/data-<writer>-<n>[.<k>]  pieces of the ranks one writer staged
+    ROOT/step-000000000042/index-<writer>-<n>.json  which ranks batch n (its data files) completes
     ROOT/step-000000000042/abort-<rank>             a rank gave up: the step cannot commit
     ROOT/manifest-000000000042.json                 the commit: every piece of every rank
 

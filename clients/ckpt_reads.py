@@ -3,10 +3,10 @@
 A checkpoint's data file holds every rank's parts back to back, so when 4,096 ranks in one
 process load their parts at the same moment, each asking the store for 4 KiB costs a path
 lookup, a block lookup and a chunk read apiece: per-rank overhead, not bandwidth, sets the
-time. ``MergedReader`` collects the reads asked for in the same event-loop iteration, sorts
-them by file and position, and reads each run of adjacent ranges (up to ``MERGE_BYTES``) as
-one; each caller gets its own slice, copied out of a reused buffer. A lone read, or one too
-big to merge, goes straight into the caller's buffer.
+time. ``MergedReader`` collects the small reads (under ``SMALL``) asked for in the same
+event-loop iteration, sorts them by file and position, and reads each run of adjacent ranges
+(up to ``MERGE_BYTES``) as one; each caller gets its own slice, copied out of a reused
+buffer. Big reads, and a lone small one, go straight into the caller's buffer.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from tectonic_emu.chunkstore.remote import aligned_buffer
 from tectonic_emu.client import Client
 
 MERGE_BYTES = 16 << 20  # the largest merged read
+SMALL = 1 << 20  # reads at least this big go straight to the store: merging buys them nothing
 IN_FLIGHT = 16  # merged reads at once
 
 
@@ -46,6 +47,9 @@ class MergedReader:
         self.reads = 0  # store reads made (for tests and benches)
 
     async def read(self, path: str, pos: int, dest: memoryview) -> int:
+        if len(dest) >= SMALL:
+            self.reads += 1
+            return await self.client.read_into(path, pos, dest)
         loop = asyncio.get_running_loop()
         want = _Want(path, pos, dest, loop.create_future())
         if not self._queue:

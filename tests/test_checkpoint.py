@@ -448,12 +448,14 @@ def test_a_chunk_lost_beyond_repair_is_an_error_naming_rank_name_and_step(
     loading fails clearly, naming the rank, the value and the step."""
     root = f"{ROOT}{next(_roots)}"
 
-    async def save(client: Client) -> Path:
+    async def save(client: Client) -> list[Path]:
         async with Checkpointer(client, root, world_size=2, encoding="r1") as ckpt:
             await save_all(ckpt, 3, [{"w": np.arange(1000) + 1000 * r} for r in range(2)])
-            part = next(e for e in (await ckpt.manifest(3)).entries if e.rank == 1).parts[0]
-            (block,) = await client.layout(f"{root}/{part.file}")  # both ranks' parts
-            return Path(block.chunk_paths[0] or "")
+            chunks = []
+            for data_file in sorted((await ckpt.manifest(3)).files()):  # one per writer
+                (block,) = await client.layout(f"{root}/{data_file}")
+                chunks.append(Path(block.chunk_paths[0] or ""))
+            return chunks
 
     async def load(client: Client, rank: int) -> Any:
         return await Checkpointer(client, root, world_size=2).load(rank)
@@ -462,10 +464,10 @@ def test_a_chunk_lost_beyond_repair_is_an_error_naming_rank_name_and_step(
         async with Cluster.open(cluster_dir) as cluster:
             return await fn(cluster.client(), *args)
 
-    chunk = asyncio.run(main(save))
-    raw = bytearray(chunk.read_bytes())
-    raw[-10] ^= 0xFF
-    chunk.write_bytes(raw)
+    for chunk in asyncio.run(main(save)):
+        raw = bytearray(chunk.read_bytes())
+        raw[-10] ^= 0xFF
+        chunk.write_bytes(raw)
     for rank in (0, 1):
         with pytest.raises(CheckpointCorruptError, match=rf"step 3, rank {rank}, 'w'"):
             asyncio.run(main(load, rank))

@@ -74,6 +74,9 @@ def test_adjacent_reads_are_one_store_read_and_big_runs_are_split(cluster_dir: P
             assert b"".join(bytes(b) for b in bufs) == DATA[: 512 * piece]
             # three runs of 1 MiB with the merge limit at 1 MiB
             old, ckpt_reads.MERGE_BYTES = ckpt_reads.MERGE_BYTES, 1 << 20
+            reader.reads = 0
+            await reader.read("/g", 0, memoryview(bytearray(ckpt_reads.SMALL)))  # not merged
+            assert reader.reads == 1
             try:
                 reader.reads = 0
                 bufs = [memoryview(bytearray(1 << 16)) for _ in range(48)]
