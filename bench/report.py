@@ -224,14 +224,16 @@ async def run_all(
 
 
 def target_lines(sections: Sequence[Section]) -> list[str]:
-    """Every target a bench reports, as Markdown list items."""
+    """Every target a bench's ``targets(result)`` reports, as Markdown list items."""
     lines = []
     for s in sections:
-        for t in getattr(s.result, "targets", []) or []:
+        found = getattr(importlib.import_module(f"bench.{s.bench.module}"), "targets", None)
+        for t in found(s.result) if found else []:
             t = t if isinstance(t, dict) else {k: getattr(t, k) for k in t.__slots__}
             met = "n/a" if t["met"] is None else ("**met**" if t["met"] else "**not met**")
             value = "-" if t["value"] is None else f"{t['value']:.2f}"
-            lines.append(f"- {s.bench.name}: {t['name']}: {value} (goal >= {t['goal']:g}): {met}")
+            goal = f"{'<=' if t.get('at_most') else '>='} {t['goal']:g}"
+            lines.append(f"- {s.bench.name}: {t['name']}: {value} (goal {goal}): {met}")
     return lines
 
 

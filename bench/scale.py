@@ -437,6 +437,23 @@ def _met(met: bool | None) -> str:
     return "not measured" if met is None else ("met" if met else "NOT met")
 
 
+def targets(result: ScaleBench) -> list[dict[str, Any]]:
+    """The issue's goal for ``bench all --report``: at most ``max_ratio`` x the time at 16."""
+    at = next((p for p in result.points if p.ranks == TARGET_RANKS), None)
+    goal = result.target["max_ratio"]
+    return [
+        {
+            "name": f"{what} at {TARGET_RANKS} ranks vs 16 ranks (time)",
+            "value": None if at is None else getattr(at, f"{what}_vs_16"),
+            "goal": goal,
+            "at_most": True,
+            "met": result.target_met.get(what),
+            "detail": "the same bytes, more ranks: the cost of ranks",
+        }
+        for what in ("save", "load")
+    ]
+
+
 def plot(result: ScaleBench, directory: Path) -> list[Path]:
     """``scale-save.png`` and ``scale-load.png`` in ``directory``: seconds against ranks, with
     the raw disk writing the same bytes as a flat line. Two figures, not one: when loads grow
@@ -464,6 +481,7 @@ def plot(result: ScaleBench, directory: Path) -> list[Path]:
 
 
 __all__ = [
+    "targets",
     "SCHEMA",
     "ReadBackError",
     "ScaleBench",
