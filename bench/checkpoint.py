@@ -89,6 +89,10 @@ MAX_TOTAL = parse_size("6GiB")  # the payload and the read buffers both live in 
 STORE_ROOT = "/bench-ckpt"
 DEFAULT_PATHS = ("raw", "native", "fuse", "torch.save", "dcp/local", "dcp/plugin", "dcp/fuse")
 SCHEMA_ID = "tectonic-emu/bench-checkpoint/1"
+# Peers whose fsync on the mount leaves the bytes in their own storage's page cache: JuiceFS's
+# local-directory object store writes objects without fsync; SeaweedFS's volume servers fsync
+# an appended needle only when the upload asks for it, which weed mount's uploads do not.
+NOT_DURABLE_AT_FSYNC = ("juicefs", "seaweedfs", "seaweedfs-r3")
 
 
 class BenchError(RuntimeError):
@@ -325,7 +329,13 @@ def read_whole(path: Path, buf: memoryview) -> None:
 
 
 class FilesRoute(ThreadedRoute):
-    """Each rank's files as plain files in ``root/ckpt-<n>/`` (a mount, or a peer's mount)."""
+    """Each rank's files as plain files in ``root/ckpt-<n>/`` (a mount, or a peer's mount).
+
+    ``sync_after``: for a peer whose fsync on the mount does not make the bytes durable in its
+    own storage (``NOT_DURABLE_AT_FSYNC``), every save ends with ``sync``, counted in every
+    rank's duration, so that all paths are timed to the same durability. JuiceFS's
+    local-directory object store, for one, writes each object to a temporary file and renames
+    it, never fsyncing (its pkg/object/file.go, ``Put``)."""
 
     def __init__(
         self,
@@ -335,17 +345,25 @@ class FilesRoute(ThreadedRoute):
         root: Path,
         tolerates: int,
         overhead: float,
+        *,
+        sync_after: bool = False,
     ) -> None:
         super().__init__(pool)
         self.key, self.title, self.root = key, title, root
         self.tolerates, self.overhead = tolerates, overhead
+        self.sync_after = sync_after
 
     def _dir(self, n: int) -> Path:
         return self.root / f"ckpt-{n}"
 
     async def save(self, n: int, pl: Payload) -> tuple[list[float], float]:
         await asyncio.to_thread(self._dir(n).mkdir, exist_ok=True)
-        return await super().save(n, pl)
+        ends, wall = await super().save(n, pl)
+        if self.sync_after:
+            await asyncio.to_thread(os.sync)
+            wall = time.perf_counter()
+            ends = [wall] * len(ends)  # no rank's checkpoint is durable before this
+        return ends, wall
 
     def save_rank(self, n: int, rank: int, pl: Payload) -> None:
         for p in pl.ranks[rank]:
@@ -827,7 +845,15 @@ async def _peer_route(
     warm = where / "warm-up"
     await asyncio.to_thread(write_durably, warm, memoryview(os.urandom(8 << 20)))
     await asyncio.to_thread(warm.unlink)
-    return FilesRoute(pool, f"peer/{name}", title, where, peer.copies - 1, float(peer.copies))
+    return FilesRoute(
+        pool,
+        f"peer/{name}",
+        title,
+        where,
+        peer.copies - 1,
+        float(peer.copies),
+        sync_after=name in NOT_DURABLE_AT_FSYNC,
+    )
 
 
 # -- what the issue asks of the figures --------------------------------------------------------
