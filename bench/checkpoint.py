@@ -77,7 +77,7 @@ import numpy as np
 
 from bench.models import CheckpointFile, CheckpointPlan, checkpoint_plan
 from bench.schema import schema_of
-from bench.store import aligned_buffer, drop_caches, raw_read, raw_write
+from bench.store import aligned_buffer, drop_caches, raw_read, raw_write, read_whole, write_durably
 from clients.checkpoint import Checkpointer
 from tectonic_emu import Client, Cluster
 from tectonic_emu.coding import Encoding
@@ -304,28 +304,6 @@ class ThreadedRoute(Route):
         )
         self.settle(pl)
         return timed
-
-
-def write_durably(path: Path, data: memoryview) -> None:
-    """``data`` to a new file at ``path`` in 1 MiB writes, then fsync."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for off in range(0, len(data), IO):
-            os.write(fd, data[off : off + IO])
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def read_whole(path: Path, buf: memoryview) -> None:
-    """The file at ``path`` into ``buf`` in 1 MiB reads; it must fill ``buf`` exactly."""
-    with open(path, "rb", buffering=0) as f:
-        off = 0
-        while off < len(buf):
-            got = f.readinto(buf[off : off + IO])
-            if not got:
-                raise BenchError(f"{path}: {off} bytes, {len(buf)} expected")
-            off += got
 
 
 class FilesRoute(ThreadedRoute):

@@ -328,7 +328,7 @@ def ckpt(
 )
 @click.option("--workers", default=8, show_default=True, help="Threads for blocking paths.")
 @dir_option("Where the cluster, mounts, local files and peers go.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/benchmarks.md).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema: docs/schemas/).")
 @plot_option
 def checkpoint_cmd(
     model: str,

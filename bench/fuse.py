@@ -32,7 +32,7 @@ from typing import Any
 from rich.table import Table
 
 from bench.schema import schema_of
-from bench.store import aligned_buffer, drop_caches, mb_s, size_text
+from bench.store import aligned_buffer, drop_caches, mb_s, size_text, write_durably
 from fuse_mount.mount import start_mount, unmount
 from tectonic_emu import Cluster
 from tectonic_emu.coding import Encoding
@@ -67,13 +67,7 @@ class FuseBench:
 
 def _write_file(path: Path, data: memoryview) -> float:
     t0 = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for off in range(0, len(data), IO):
-            os.write(fd, data[off : off + IO])
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_durably(path, data)
     return time.perf_counter() - t0
 
 

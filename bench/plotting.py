@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 
 def _pyplot():  # type: ignore[no-untyped-def]
@@ -46,15 +47,8 @@ def bars(
         ax.axhline(limit, linestyle="--", color="black", linewidth=1, label=limit_label)
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, rotation=30, ha="right")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize="small")
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path, title, ylabel)
 
 
 def lines(
@@ -78,10 +72,15 @@ def lines(
     if logy:
         ax.set_yscale("log")
     ax.set_xlabel(xlabel)
+    ax.grid(alpha=0.3)
+    return _save(plt, fig, ax, path, title, ylabel)
+
+
+def _save(plt: Any, fig: Any, ax: Any, path: Path, title: str, ylabel: str) -> Path:
+    """Title, y label and legend, then the PNG at ``path``; the figure is closed."""
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize="small")
-    ax.grid(alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

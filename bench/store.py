@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import mmap
 import os
 import shutil
@@ -39,6 +40,7 @@ from tectonic_emu.coding import Encoding
 from tectonic_emu.served import Serving
 
 PIECE = 8 << 20
+MIB = 1 << 20  # the I/O size of the file-level paths (mounts, peers)
 
 
 def drop_caches() -> bool:
@@ -59,6 +61,28 @@ def aligned_buffer(size: int) -> memoryview:
     for off in range(0, len(mv), mmap.PAGESIZE):
         mv[off] = 0
     return mv
+
+
+def write_durably(path: Path, data: memoryview) -> None:
+    """``data`` to a new file at ``path`` in 1 MiB writes, then fsync."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for off in range(0, len(data), MIB):
+            os.write(fd, data[off : off + MIB])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_whole(path: Path, buf: memoryview) -> None:
+    """The file at ``path`` into ``buf`` in 1 MiB reads; it must fill ``buf`` exactly."""
+    with open(path, "rb", buffering=0) as f:
+        off = 0
+        while off < len(buf):
+            got = f.readinto(buf[off : off + MIB])
+            if not got:
+                raise OSError(errno.EIO, f"{off} bytes, {len(buf)} expected", str(path))
+            off += got
 
 
 def raw_write(path: Path, data: memoryview) -> float:

@@ -14,7 +14,7 @@ import pytest
 
 from bench import peers
 from bench.peers import PEERS, PeerError, is_mounted, missing, mounted, version
-from bench.store import drop_caches
+from bench.store import drop_caches, write_durably
 
 SIZE = 16 << 20
 IO = 1 << 20
@@ -64,13 +64,7 @@ def _round_trip(mnt: Path, data: bytes) -> tuple[float, float]:
     """Write in 1 MiB writes, fsync, drop the page cache, read back; (write, read) MB/s."""
     path = mnt / "ckpt.bin"
     t0 = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for off in range(0, len(data), IO):
-            os.write(fd, data[off : off + IO])
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_durably(path, memoryview(data))
     wrote = time.perf_counter() - t0
     drop_caches()
     t0 = time.perf_counter()
