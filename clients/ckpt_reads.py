@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from tectonic_emu.chunkstore.remote import aligned_buffer
 from tectonic_emu.client import Client
 
-MERGE_BYTES = 16 << 20  # the largest merged read
-SMALL = 1 << 20  # reads at least this big go straight to the store: merging buys them nothing
+MERGE_BYTES = 64 << 20  # the largest merged read
+SMALL = 8 << 20  # reads at least a chunk long go straight to the store
 IN_FLIGHT = 16  # merged reads at once
 
 
