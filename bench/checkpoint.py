@@ -239,6 +239,12 @@ class CheckpointBench:
         return next((p for p in self.paths if p.key == key and p.available), None)
 
 
+def redundancy(encoding: str) -> tuple[int, float]:
+    """(failures tolerated, bytes stored per byte) of an encoding."""
+    enc = Encoding.parse(encoding)
+    return enc.tolerance, enc.overhead
+
+
 # -- paths -------------------------------------------------------------------------------------
 class Route:
     """One way to write and read the checkpoint. ``save``/``load`` return the monotonic time at
@@ -249,6 +255,9 @@ class Route:
     tolerates: int = 0
     overhead: float = 1.0
     verified = True  # loads fill the read buffer, checked against the payload
+
+    def __init__(self) -> None:
+        self._held: list[tuple[Placed, Any]] = []  # loaded values not yet in the read buffer
 
     async def save(self, n: int, pl: Payload) -> tuple[list[float], float]:
         raise NotImplementedError
@@ -264,10 +273,11 @@ class Route:
 
     def hold(self, p: Placed, value: Any) -> None:
         """Keep a loaded value; ``settle`` copies it into the read buffer after the timing."""
-        self.__dict__.setdefault("_held", []).append((p, value))
+        self._held.append((p, value))  # list.append: safe from the worker threads
 
     def settle(self, pl: Payload) -> None:
-        for p, value in self.__dict__.pop("_held", []):
+        held, self._held = self._held, []
+        for p, value in held:
             pl.dst(p)[:] = memoryview(np.asarray(value)).cast("B")
 
 
@@ -275,6 +285,7 @@ class ThreadedRoute(Route):
     """A route of blocking calls: ranks run ``save_rank``/``load_rank`` on a thread pool."""
 
     def __init__(self, pool: concurrent.futures.ThreadPoolExecutor) -> None:
+        super().__init__()
         self.pool = pool
 
     def save_rank(self, n: int, rank: int, pl: Payload) -> None:
@@ -361,6 +372,7 @@ class RawRoute(Route):
     key, title = "raw", "raw disk"
 
     def __init__(self, directory: Path) -> None:
+        super().__init__()
         self.file = directory / "raw.bin"
         self.fio = shutil.which("fio")
         self.verified = self.fio is None  # fio reads into its own buffers
@@ -408,12 +420,13 @@ class NativeRoute(Route):
     state (``load(rank=src)``) are checked against the payload."""
 
     def __init__(self, cluster: Cluster, client: Client, encoding: str, ranks: int) -> None:
-        enc = Encoding.parse(encoding)
-        self.key, self.title = f"native/{enc.name}", f"native Checkpointer, {enc.name}"
-        self.tolerates, self.overhead = enc.tolerance, enc.overhead
+        super().__init__()
+        enc = Encoding.parse(encoding).name
+        self.key, self.title = f"native/{enc}", f"native Checkpointer, {enc}"
+        self.tolerates, self.overhead = redundancy(enc)
         self.cluster = cluster
         self.ckpt = Checkpointer(
-            client, f"{STORE_ROOT}/native-{enc.name}", world_size=ranks, encoding=enc.name
+            client, f"{STORE_ROOT}/native-{enc}", world_size=ranks, encoding=enc
         )
 
     async def save(self, n: int, pl: Payload) -> tuple[list[float], float]:
@@ -548,12 +561,6 @@ def _array(view: memoryview) -> np.ndarray[Any, np.dtype[np.uint8]]:
 
 
 # -- the run -----------------------------------------------------------------------------------
-def redundancy(encoding: str) -> tuple[int, float]:
-    """(failures tolerated, bytes stored per byte) of an encoding."""
-    enc = Encoding.parse(encoding)
-    return enc.tolerance, enc.overhead
-
-
 def _torch_missing() -> str | None:
     try:
         import torch.distributed.checkpoint  # noqa: F401
