@@ -29,6 +29,7 @@ import dataclasses
 import errno
 import json
 import logging
+import mmap
 import os
 import stat as stat_mod
 import tempfile
@@ -39,15 +40,18 @@ from typing import Any
 from mfusepy import FuseOSError, Operations
 
 from fuse_mount import replybuf
+from fuse_mount.bufpool import BufferPool
 from tectonic_emu.bridge import Bridge
-from tectonic_emu.chunkstore.remote import aligned_buffer
 from tectonic_emu.errors import NotFoundError, TectonicError
+from tectonic_emu.reader import FileReader
 from tectonic_emu.writer import FileWriter, VersionWriter
 
 log = logging.getLogger(__name__)
 
 # How much of a file a read handle fetches ahead of the reader, in segments (chunks).
 READAHEAD_SEGMENTS = 8
+# Free segment buffers the mount keeps for reuse: enough for this many handles reading at once.
+POOLED_READERS = 8
 # Bytes copied per step between a staging file and the store.
 COPY_STEP = 8 << 20
 MAX_IO = 1 << 20  # reads, writes and readahead negotiated with the kernel
@@ -55,43 +59,69 @@ XATTR_LAYOUT = "user.tectonic.layout"
 XATTR_ENCODING = "user.tectonic.encoding"
 
 
-def _copy_out(dest: int, src: Any, n: int) -> None:
+def _copy_out(dest: int, src: int, n: int) -> None:
     ctypes.memmove(dest, src, n)  # ctypes releases the GIL for the copy
 
 
 @dataclasses.dataclass(slots=True, eq=False)
 class _Segment:
-    buf: memoryview  # page-aligned, ``segment`` bytes
-    fetched: concurrent.futures.Future[int]  # bytes read into it
+    buf: mmap.mmap  # page-aligned, ``segment`` bytes, from the mount's pool
+    address: int  # of ``buf``'s first byte
+    fetched: concurrent.futures.Future[int] | None = None  # bytes read into it
     pins: int = 0  # reads copying out of it right now
+    settled: bool = False  # its fetch has ended: nothing more lands in ``buf``
+    dropped: bool = False  # out of the handle: ``buf`` goes back once unpinned and settled
 
 
 class ReadHandle:
-    """A file opened for reading: segments of ``segment`` bytes fetched ahead."""
+    """A file opened for reading: segments of ``segment`` bytes fetched ahead, in buffers
+    lent by the mount's pool (``fuse_mount.bufpool``)."""
 
-    def __init__(self, fs: TectonicFS, path: str, file_id: int, size: int) -> None:
+    def __init__(self, fs: TectonicFS, path: str, reader: FileReader) -> None:
         self.fs = fs
         self.path = path
-        self.file_id = file_id  # the version opened: it stays readable if replaced
-        self.size = size
+        self.reader = reader  # the version opened: it stays readable if replaced
+        self.file_id = reader.file_id
+        self.size = reader.size
         self.segment = fs.segment
         self._lock = threading.Lock()
         self._segments: dict[int, _Segment] = {}
-        self._free: list[memoryview] = []
 
     def _want(self, index: int) -> _Segment:
+        """Segment ``index``, its fetch started if it was not there (lock held)."""
         seg = self._segments.get(index)
         if seg is None:
             start = index * self.segment
             length = min(self.segment, self.size - start)
-            # Page-aligned buffers, reused once the reader has passed them: fresh memory is
-            # slow to touch here, and copies into a buffer that is not page-aligned (a plain
-            # bytearray) run 5x slower (../shared/MACHINE.md).
-            buf = self._free.pop() if self._free else aligned_buffer(self.segment)
-            # Fewer bytes than asked when the file was replaced by a shorter version meanwhile.
-            read = self.fs.bridge.client.read_id_into(self.file_id, start, buf[:length])
-            seg = self._segments[index] = _Segment(buf, self.fs.bridge.submit(read))
+            buf = self.fs.pool.take()
+            address = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+            seg = self._segments[index] = _Segment(buf, address)
+            seg.fetched = self.fs.bridge.submit(self._fetch(seg, start, length))
         return seg
+
+    async def _fetch(self, seg: _Segment, start: int, length: int) -> int:
+        try:
+            return await self.reader.read_into(start, memoryview(seg.buf)[:length])
+        finally:
+            # The store's reads settle before they end, even when cancelled: from here on
+            # nothing writes into the buffer, and it may go back to the pool.
+            with self._lock:
+                seg.settled = True
+                self._give_back(seg)
+
+    def _drop(self, seg: _Segment) -> None:
+        """``seg`` leaves the handle (lock held): its fetch is cancelled if still running and
+        no read waits for it."""
+        seg.dropped = True
+        assert seg.fetched is not None
+        if not seg.settled and seg.pins == 0:
+            seg.fetched.cancel()
+        self._give_back(seg)
+
+    def _give_back(self, seg: _Segment) -> None:
+        if seg.dropped and seg.settled and seg.pins == 0:
+            self.fs.pool.give(seg.buf)
+            seg.pins = -1  # given: never twice
 
     def read_into(self, dest: int, size: int, offset: int) -> int:
         """Copy up to ``size`` bytes at ``offset`` to the address ``dest``; the count."""
@@ -107,33 +137,35 @@ class ReadHandle:
                 if i * self.segment < self.size:
                     self._want(i)
             for i in [i for i in self._segments if i < first - 1]:
-                seg = self._segments.pop(i)  # behind the reader: recycle its buffer
-                done = seg.fetched.done() and not seg.fetched.cancelled()
-                if done and seg.pins == 0 and len(self._free) < 2:
-                    self._free.append(seg.buf)
+                self._drop(self._segments.pop(i))  # behind the reader
         copied = 0
         try:
             for k, i in enumerate(range(first, last + 1)):
                 lo = max(offset, i * self.segment) - i * self.segment
                 try:
-                    fetched = segs[k].fetched.result()
+                    fetched = self._result(segs[k])
                 except Exception:
                     # Fetched ahead, perhaps before a node came back: fetch it once more now,
                     # and fail (EIO) only if that fails too.
                     segs[k] = self._refetch(i, segs[k])
-                    fetched = segs[k].fetched.result()
+                    fetched = self._result(segs[k])
                 seg = segs[k]
                 hi = min(end - i * self.segment, self.segment, fetched)
                 if lo >= hi:
                     break
-                chunk = (ctypes.c_char * (hi - lo)).from_buffer(seg.buf[lo:hi])
-                _copy_out(dest + copied, chunk, hi - lo)
+                _copy_out(dest + copied, seg.address + lo, hi - lo)
                 copied += hi - lo
         finally:
             with self._lock:
                 for seg in segs:
                     seg.pins -= 1
+                    self._give_back(seg)
         return copied
+
+    @staticmethod
+    def _result(seg: _Segment) -> int:
+        assert seg.fetched is not None
+        return seg.fetched.result()
 
     def _refetch(self, index: int, failed: _Segment) -> _Segment:
         """A fresh fetch of segment ``index`` in place of ``failed`` (pinned for the caller,
@@ -142,15 +174,17 @@ class ReadHandle:
         with self._lock:
             failed.pins -= 1
             if self._segments.get(index) is failed:
-                del self._segments[index]
+                self._drop(self._segments.pop(index))
+            else:
+                self._give_back(failed)
             seg = self._want(index)
             seg.pins += 1
         try:
-            seg.fetched.result()
+            self._result(seg)
         except Exception:
             with self._lock:
                 if self._segments.get(index) is seg:
-                    del self._segments[index]
+                    self._drop(self._segments.pop(index))
         return seg
 
     def read(self, size: int, offset: int) -> bytes:
@@ -163,7 +197,7 @@ class ReadHandle:
     def close(self) -> None:
         with self._lock:
             for seg in self._segments.values():
-                seg.fetched.cancel()
+                self._drop(seg)
             self._segments.clear()
 
 
@@ -334,6 +368,7 @@ class TectonicFS(Operations):  # type: ignore[misc]
         self.encoding = encoding
         config = bridge.client.config
         self.segment = config.block_size
+        self.pool = BufferPool(self.segment, keep=POOLED_READERS * (READAHEAD_SEGMENTS + 2))
         self.staging_dir = tempfile.mkdtemp(prefix="tectonic-fuse-")
         self._handles: dict[int, ReadHandle | WriteHandle] = {}
         # Versions open for reading here (file id -> handles), and those of them that were
@@ -513,10 +548,8 @@ class TectonicFS(Operations):  # type: ignore[misc]
 
     def open(self, path: str, flags: int) -> int:
         if flags & os.O_ACCMODE == os.O_RDONLY:
-            st = self._stat(path)
-            if st.kind == "dir":
-                raise FuseOSError(errno.EISDIR)
-            return self._add(ReadHandle(self, path, st.id, st.size))
+            # Raises IsADirectoryError_ (EISDIR) for a directory.
+            return self._add(ReadHandle(self, path, self._call(self.bridge.client.reader(path))))
         return self._open_for_write(path, flags, created=False)
 
     def _open_for_write(self, path: str, flags: int, *, created: bool) -> int:
@@ -615,6 +648,7 @@ class TectonicFS(Operations):  # type: ignore[misc]
                 self.release("", fh)
             except (OSError, TectonicError) as e:
                 log.warning("a file open at unmount could not be completed: %s", e)
+        self.pool.close()
         with contextlib.suppress(OSError):
             os.rmdir(self.staging_dir)
 

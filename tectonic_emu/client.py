@@ -43,6 +43,7 @@ from tectonic_emu.metadata.records import (
     FileRecord,
 )
 from tectonic_emu.paths import join_path, split_path
+from tectonic_emu.reader import FileReader
 from tectonic_emu.writer import FileWriter, VersionWriter, WriterOpener
 
 if TYPE_CHECKING:
@@ -438,8 +439,30 @@ class Client:
         def place(at: int, piece: BytesLike) -> None:
             out[at - offset : at - offset + len(piece)] = piece
 
-        await self._read_blocks(blocks, recs, offset, end, place, into=out[: end - offset])
+        await self.read_blocks(blocks, recs, offset, end, place, into=out[: end - offset])
         return end - offset
+
+    async def reader(self, path: str) -> FileReader:
+        """A ``FileReader`` of the file now at ``path``: its bytes as of now, read with the
+        block map looked up once (for many reads of one file)."""
+        if not split_path(path):
+            raise IsADirectoryError_("is a directory", "/")
+        async with self.meta.transaction() as m:
+            _, e = await self._lookup(m, path)
+            if e.kind == "dir":
+                raise IsADirectoryError_("is a directory", path)
+            return await self._reader(m, e.id)
+
+    async def reader_id(self, file_id: int) -> FileReader:
+        """``reader`` by file id (a nameless or unsealed version too)."""
+        async with self.meta.transaction() as m:
+            return await self._reader(m, file_id)
+
+    async def _reader(self, m: MetaTxn, file_id: int) -> FileReader:
+        f = await m.files.get(file_id)
+        if f is None:
+            raise NotFoundError(f"no file {file_id:016x}")
+        return FileReader(self, file_id, f.size, await m.files.blocks(file_id))
 
     async def read_file(self, path: str) -> bytes:
         """The whole file (its committed bytes, for a file still being written)."""
@@ -456,7 +479,7 @@ class Client:
         if end <= offset:
             return b""
         parts: dict[int, BytesLike] = {}
-        await self._read_blocks(blocks, recs, offset, end, parts.__setitem__)
+        await self.read_blocks(blocks, recs, offset, end, parts.__setitem__)
         return b"".join(parts[k] for k in sorted(parts))
 
     async def read_into(self, path: str, offset: int, buf: BytesLike) -> int:
@@ -471,10 +494,10 @@ class Client:
         def place(at: int, piece: BytesLike) -> None:
             out[at - offset : at - offset + len(piece)] = piece
 
-        await self._read_blocks(blocks, recs, offset, end, place, into=out)
+        await self.read_blocks(blocks, recs, offset, end, place, into=out)
         return end - offset
 
-    async def _read_blocks(
+    async def read_blocks(
         self,
         blocks: list[BlockEntry],
         recs: list[BlockRecord],
@@ -484,8 +507,10 @@ class Client:
         *,
         into: memoryview | None = None,
     ) -> None:
-        """Read file bytes [start, end), handing ``sink(file offset, piece)`` each piece, or
-        with ``into`` (the destination of [start, end)) receiving them straight there."""
+        """Read file bytes [start, end) of the given blocks (entries and their records),
+        handing ``sink(file offset, piece)`` each piece, or with ``into`` (the destination of
+        [start, end)) receiving them straight there. Raises DataUnavailableError rather than
+        hand over wrong bytes."""
         wanted = [
             (b, r) for b, r in zip(blocks, recs, strict=True) if b.end > start and b.offset < end
         ]

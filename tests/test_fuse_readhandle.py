@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("mfusepy")
 
+import fuse_mount.bufpool as bufpool_module
 import fuse_mount.fs as fs_module
 from fuse_mount.fs import READAHEAD_SEGMENTS, TectonicFS
 from tectonic_emu import Cluster
@@ -66,5 +67,44 @@ def test_a_segment_being_copied_out_is_not_recycled(
         go_on.set()
         slow.join(30)
         assert got == [data[:SEG]]
+    finally:
+        bridge.close()
+
+
+def test_segment_buffers_go_back_to_the_pool_and_are_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading a file twice maps its segment buffers once: every buffer a closed handle
+    held comes back to the mount's pool, each once, and the second read takes them again."""
+    Cluster.create(tmp_path / "c", nodes=4, encoding="r3", block_size=SEG)
+    data = os.urandom(SEG * (READAHEAD_SEGMENTS + 8) + 123)
+
+    async def put() -> None:
+        async with Cluster.open(tmp_path / "c") as cluster:
+            await cluster.client().write_file("/f", data)
+
+    asyncio.run(put())
+    mapped: list[object] = []
+    real_mmap = bufpool_module.mmap.mmap
+
+    def counting_mmap(*args: object) -> object:
+        mapped.append(real_mmap(*args))  # type: ignore[arg-type]
+        return mapped[-1]
+
+    monkeypatch.setattr(bufpool_module.mmap, "mmap", counting_mmap)
+    bridge = Bridge(tmp_path / "c")
+    try:
+        fs = TectonicFS(bridge)
+        counts = []
+        for attempt in range(2):
+            fh = fs.open("/f", os.O_RDONLY)
+            handle = fs._handles[fh]
+            got = b"".join(_read(handle, 100_000, off) for off in range(0, len(data), 100_000))
+            assert got == data
+            fs.release("/f", fh)
+            free = fs.pool._free
+            assert len({id(b) for b in free}) == len(free) == len(mapped), attempt
+            counts.append(len(mapped))
+        assert counts[0] == counts[1] < 2 * (READAHEAD_SEGMENTS + 2)
     finally:
         bridge.close()

@@ -1,0 +1,100 @@
+"""Readers of one file version that look its block map up once.
+
+``Client.read_into`` looks the path, the file record and the file's block list up in a
+metadata transaction on every call. A program reading a file in pieces (the mount's 8 MiB
+segments, a checkpoint's parts) paid that per piece: for a 140 MB file 17 transactions, each
+scanning all of the file's block entries, which made the mount's event loop, not the disks,
+the limit of its reads. Tectonic's clients cache a file's block map instead, and so does
+``FileReader``:
+
+- A file's block list never changes once committed (files are append-only, and a replaced
+  file is a new version with an id of its own), so the entries for [0, size) are read once.
+- A block's record, where its chunks live, can change under repair. Records are fetched in
+  batches as reads reach them, and a read that fails is retried once with its records looked
+  up afresh, so a record moved by repair costs one retry, never a wrong or failed read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from typing import TYPE_CHECKING
+
+from tectonic_emu.chunkstore.base import BytesLike
+from tectonic_emu.errors import DataUnavailableError, InvalidArgumentError, NotFoundError
+from tectonic_emu.metadata.records import BlockEntry, BlockRecord
+
+if TYPE_CHECKING:
+    from tectonic_emu.client import Client
+
+# Block records fetched in one transaction when a read needs one that is not held yet.
+RECORD_BATCH = 32
+
+
+class FileReader:
+    """The committed bytes [0, ``size``) of file ``file_id`` as of when it was opened
+    (``Client.reader``), readable from many tasks at once."""
+
+    def __init__(self, client: Client, file_id: int, size: int, blocks: list[BlockEntry]) -> None:
+        self.client = client
+        self.file_id = file_id
+        self.size = size
+        self._blocks = [b for b in blocks if b.offset < size]
+        self._ends = [b.end for b in self._blocks]
+        self._records: dict[int, BlockRecord] = {}
+        self._fetching = asyncio.Lock()
+
+    def _covering(self, start: int, end: int) -> list[BlockEntry]:
+        first = bisect.bisect_right(self._ends, start)
+        last = first
+        while last < len(self._blocks) and self._blocks[last].offset < end:
+            last += 1
+        return self._blocks[first:last]
+
+    async def _records_for(self, blocks: list[BlockEntry]) -> list[BlockRecord]:
+        if any(b.block_id not in self._records for b in blocks):
+            async with self._fetching:  # one fetch for readers wanting the same batch
+                while missing := [b for b in blocks if b.block_id not in self._records]:
+                    await self._fetch_from(missing[0])
+        return [self._records[b.block_id] for b in blocks]
+
+    async def _fetch_from(self, first: BlockEntry) -> None:
+        """Records of up to RECORD_BATCH blocks from ``first`` on, in one transaction."""
+        at = bisect.bisect_left(self._ends, first.end)
+        batch = [b for b in self._blocks[at : at + RECORD_BATCH] if b.block_id not in self._records]
+        async with self.client.meta.transaction() as m:
+            for b in batch:
+                rec = await m.blocks.get(b.block_id)
+                if rec is None:
+                    raise NotFoundError(f"file {self.file_id:016x} was deleted")
+                self._records[b.block_id] = rec
+
+    async def read_into(self, offset: int, buf: BytesLike) -> int:
+        """Read into ``buf`` (writable) from ``offset``; returns the byte count (0 at or past
+        ``size``). Raises DataUnavailableError rather than return wrong bytes, NotFoundError
+        once the file is deleted."""
+        if offset < 0:
+            raise InvalidArgumentError("negative offset", f"file {self.file_id:016x}")
+        out = memoryview(buf).cast("B")
+        end = min(self.size, offset + len(out))
+        if end <= offset:
+            return 0
+        blocks = self._covering(offset, end)
+        into = out[: end - offset]
+
+        def place(at: int, piece: BytesLike) -> None:
+            into[at - offset : at - offset + len(piece)] = piece
+
+        records = await self._records_for(blocks)
+        try:
+            await self.client.read_blocks(blocks, records, offset, end, place, into=into)
+        except DataUnavailableError:
+            # Perhaps repair moved a chunk since its record was fetched: once more, afresh.
+            for b in blocks:
+                self._records.pop(b.block_id, None)
+            records = await self._records_for(blocks)
+            await self.client.read_blocks(blocks, records, offset, end, place, into=into)
+        return end - offset
+
+
+__all__ = ["RECORD_BATCH", "FileReader"]
