@@ -53,7 +53,7 @@ from clients.ckpt_format import (
     step_of_dir,
     step_of_manifest,
 )
-from clients.ckpt_reads import MergedReader
+from clients.ckpt_reads import FileReaders, MergedReader
 from clients.ckpt_region import even_rows, plan, region
 from tectonic_emu.chunkstore.remote import aligned_buffer
 from tectonic_emu.client import Client
@@ -586,7 +586,7 @@ class Checkpointer:
             await self.client.read_id_into(st.id, 0, raw)  # the version stat named
         except NotFoundError:
             raise CheckpointNotFoundError(f"step {step} is not committed", self.root) from None
-        indexed = _Indexed(st.id, Manifest.decode(bytes(raw), path))
+        indexed = _Indexed(st.id, Manifest.decode(bytes(raw), path), FileReaders(self.client))
         self._manifests[step] = indexed
         while len(self._manifests) > _MANIFESTS_KEPT:
             del self._manifests[min(self._manifests)]
@@ -613,19 +613,19 @@ class Checkpointer:
             if kind == "shard":
                 if ws == m.world_size:
                     if own is not None:
-                        value = await self._value(m, own, sem)
+                        value = await self._value(ix, own, sem)
                         out[name] = Shard(value, own.global_shape, own.offset)
                     continue
                 g = entries[0].global_shape
                 lo, hi = even_rows(g[0], ws, rank)
                 box = ((lo, hi), *((0, n) for n in g[1:]))
-                arr = await self._assemble(m, entries, box, sem)
+                arr = await self._assemble(ix, entries, box, sem)
                 out[name] = Shard(arr, g, (lo,) + (0,) * (len(g) - 1))
             elif ws == m.world_size:
                 if own is not None:
-                    out[name] = await self._value(m, own, sem)
+                    out[name] = await self._value(ix, own, sem)
             elif _alike(entries):
-                out[name] = await self._value(m, entries[0], sem)
+                out[name] = await self._value(ix, entries[0], sem)
             else:
                 raise CheckpointError(
                     f"step {m.step}: {name!r} differs between ranks, so it cannot be loaded at "
@@ -641,7 +641,6 @@ class Checkpointer:
         index (ints, slices, ...), and only the rows it needs are read. For a value saved per
         rank, ``rank`` picks whose (needed when they differ)."""
         ix = await self._indexed(step)
-        m = ix.manifest
         entries = ix.by_name.get(name)
         if not entries:
             raise CheckpointNotFoundError(f"step {step} has no {name!r}", self.root)
@@ -654,18 +653,18 @@ class Checkpointer:
             elif not _alike(entries):
                 raise CheckpointError(f"{name!r} differs between ranks: pass rank=", self.root)
             if entries[0].kind == "bytes":
-                value = await self._value(m, entries[0], sem)
+                value = await self._value(ix, entries[0], sem)
                 return value if index is None else value[index]
             entries = entries[:1]
         shape = entries[0].global_shape if entries[0].kind == "shard" else entries[0].shape
         if not shape:  # a 0-d array
-            value = await self._value(m, entries[0], sem)
+            value = await self._value(ix, entries[0], sem)
             return value if index is None else value[index]
         box, inner = region(index, shape)
-        arr = await self._assemble(m, entries, box, sem)
+        arr = await self._assemble(ix, entries, box, sem)
         return arr[inner]
 
-    async def _value(self, m: Manifest, e: Entry, sem: asyncio.Semaphore) -> Value:
+    async def _value(self, ix: _Indexed, e: Entry, sem: asyncio.Semaphore) -> Value:
         """One rank's whole value, every part checked."""
         if e.kind == "bytes":
             buf = bytearray(e.nbytes)
@@ -689,26 +688,26 @@ class Checkpointer:
         at = 0
         for run in runs:
             n = sum(p.length for p in run)
-            reads.append(self._read_parts(m, e, run, view[at : at + n], sem))
+            reads.append(self._read_parts(ix, e, run, view[at : at + n], sem))
             at += n
         await asyncio.gather(*reads)
         return bytes(buf) if e.kind == "bytes" else arr
 
     async def _read_part(
-        self, m: Manifest, e: Entry, p: Part, dest: memoryview, sem: asyncio.Semaphore
+        self, ix: _Indexed, e: Entry, p: Part, dest: memoryview, sem: asyncio.Semaphore
     ) -> None:
-        await self._read_parts(m, e, [p], dest, sem)
+        await self._read_parts(ix, e, [p], dest, sem)
 
     async def _read_parts(
-        self, m: Manifest, e: Entry, parts: list[Part], dest: memoryview, sem: asyncio.Semaphore
+        self, ix: _Indexed, e: Entry, parts: list[Part], dest: memoryview, sem: asyncio.Semaphore
     ) -> None:
         """Parts that lie back to back in one file, read at once into ``dest`` (a part cut
         short of its block would make the store read that block whole for each part), then
         each checked against its CRC32C."""
-        first = parts[0]
+        first, m = parts[0], ix.manifest
         async with sem:
             try:
-                n = await self._reader.read(self._path(first.file), first.pos, dest)
+                n = await self._reader.read(self._path(first.file), first.pos, dest, ix.files)
             except TectonicError as exc:
                 raise CheckpointCorruptError(
                     f"step {m.step}, rank {e.rank}, {e.name!r}: cannot read {first.file}: {exc}",
@@ -726,7 +725,7 @@ class Checkpointer:
             at += p.length
 
     async def _assemble(
-        self, m: Manifest, entries: Sequence[Entry], box: Any, sem: asyncio.Semaphore
+        self, ix: _Indexed, entries: Sequence[Entry], box: Any, sem: asyncio.Semaphore
     ) -> np.ndarray[Any, Any]:
         """The array ``box`` of a global array from the values (boxes) ``entries``."""
         dtype = np.dtype(entries[0].dtype)
@@ -738,10 +737,10 @@ class Checkpointer:
             rows = np.empty(r.rows_shape, dtype=dtype)
             dest = rows.reshape(-1).view(np.uint8).data
             if r.whole_part:
-                await self._read_part(m, r.entry, r.part, dest, sem)
+                await self._read_part(ix, r.entry, r.part, dest, sem)
             else:  # part of a part: the store's chunk checksums cover these bytes
                 async with sem:
-                    await self._reader.read(self._path(r.file), r.pos, dest)
+                    await self._reader.read(self._path(r.file), r.pos, dest, ix.files)
             out[r.dest] = rows[r.source]
 
         await asyncio.gather(*(one(r) for r in plan(_distinct(entries), box)))
@@ -752,11 +751,12 @@ class Checkpointer:
     ) -> Manifest:
         """Read every part of a checkpoint and check it; raises CheckpointCorruptError.
         ``progress(nbytes)`` is called as values are checked."""
-        m = await self.manifest(step)
+        ix = await self._indexed(step)
+        m = ix.manifest
         sem = asyncio.Semaphore(_READS_IN_FLIGHT)
 
         async def one(e: Entry) -> None:
-            await self._value(m, e, sem)
+            await self._value(ix, e, sem)
             if progress is not None:
                 progress(e.nbytes)
 
@@ -850,12 +850,13 @@ def _parts_by_key(m: Manifest | None) -> dict[tuple[int, str], dict[tuple[int, i
 
 
 class _Indexed:
-    """A committed manifest, the file id it was read from, and its entries by name and by
-    (name, rank)."""
+    """A committed manifest, the file id it was read from, its entries by name and by
+    (name, rank), and readers of the data files it names (immutable once it is committed)."""
 
-    def __init__(self, file_id: int, manifest: Manifest) -> None:
+    def __init__(self, file_id: int, manifest: Manifest, files: FileReaders) -> None:
         self.file_id = file_id
         self.manifest = manifest
+        self.files = files
         self.by_name: dict[str, list[Entry]] = {}
         self.own: dict[tuple[str, int], Entry] = {}
         for e in manifest.entries:

@@ -7,6 +7,10 @@ time. ``MergedReader`` collects the small reads (under ``SMALL``) asked for in t
 event-loop iteration, sorts them by file and position, and reads each run of adjacent ranges
 (up to ``MERGE_BYTES``) as one; each caller gets its own slice, copied out of a reused
 buffer. Big reads, and a lone small one, go straight into the caller's buffer.
+
+The files of a committed checkpoint never change, so reads can go through ``FileReaders``:
+one ``FileReader`` per file, whose block map is looked up once, instead of a path lookup and
+a scan of the file's block list per read.
 """
 
 from __future__ import annotations
@@ -16,10 +20,33 @@ from dataclasses import dataclass, field
 
 from tectonic_emu.chunkstore.remote import aligned_buffer
 from tectonic_emu.client import Client
+from tectonic_emu.reader import FileReader
 
 MERGE_BYTES = 64 << 20  # the largest merged read
 SMALL = 8 << 20  # reads at least a chunk long go straight to the store
 IN_FLIGHT = 16  # merged reads at once
+
+
+class FileReaders:
+    """A ``FileReader`` per path, each opened once (concurrent callers share the opening):
+    for files that do not change while this is in use."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self._open: dict[str, asyncio.Future[FileReader]] = {}
+
+    async def read_into(self, path: str, pos: int, dest: memoryview) -> int:
+        """``Client.read_into`` through the file's reader. A failed opening is not kept."""
+        flight = self._open.get(path)
+        if flight is None:
+            flight = self._open[path] = asyncio.ensure_future(self.client.reader(path))
+        try:
+            reader = await asyncio.shield(flight)
+        except Exception:
+            if self._open.get(path) is flight:
+                del self._open[path]
+            raise
+        return await reader.read_into(pos, dest)
 
 
 @dataclass(slots=True)
@@ -28,6 +55,7 @@ class _Want:
     pos: int
     dest: memoryview
     done: asyncio.Future[int] = field(repr=False)
+    files: FileReaders | None = None
 
     @property
     def end(self) -> int:
@@ -46,12 +74,16 @@ class MergedReader:
         self._tasks: set[asyncio.Task[None]] = set()
         self.reads = 0  # store reads made (for tests and benches)
 
-    async def read(self, path: str, pos: int, dest: memoryview) -> int:
+    async def read(
+        self, path: str, pos: int, dest: memoryview, files: FileReaders | None = None
+    ) -> int:
+        """``dest`` filled from ``path`` at ``pos`` (the byte count); through ``files`` when
+        given (a file read there is assumed unchanged)."""
         if len(dest) >= SMALL:
             self.reads += 1
-            return await self.client.read_into(path, pos, dest)
+            return await self._read_into(files, path, pos, dest)
         loop = asyncio.get_running_loop()
-        want = _Want(path, pos, dest, loop.create_future())
+        want = _Want(path, pos, dest, loop.create_future(), files)
         if not self._queue:
             loop.call_soon(self._flush)  # after this iteration's other callers queued theirs
         self._queue.append(want)
@@ -69,15 +101,16 @@ class MergedReader:
             try:
                 if len(run) == 1:
                     self.reads += 1
-                    _resolve(
-                        run[0], await self.client.read_into(run[0].path, run[0].pos, run[0].dest)
-                    )
+                    w = run[0]
+                    _resolve(w, await self._read_into(w.files, w.path, w.pos, w.dest))
                     return
                 buf = self._buffers.pop() if self._buffers else aligned_buffer(MERGE_BYTES)
                 try:
                     start, end = run[0].pos, max(w.end for w in run)
                     self.reads += 1
-                    got = await self.client.read_into(run[0].path, start, buf[: end - start])
+                    got = await self._read_into(
+                        run[0].files, run[0].path, start, buf[: end - start]
+                    )
                     for w in run:
                         n = max(0, min(len(w.dest), start + got - w.pos))
                         w.dest[:n] = buf[w.pos - start : w.pos - start + n]
@@ -90,6 +123,14 @@ class MergedReader:
                         w.done.set_exception(exc)
                 if not isinstance(exc, Exception):
                     raise
+
+
+    async def _read_into(
+        self, files: FileReaders | None, path: str, pos: int, dest: memoryview
+    ) -> int:
+        if files is None:
+            return await self.client.read_into(path, pos, dest)
+        return await files.read_into(path, pos, dest)
 
 
 def _resolve(want: _Want, n: int) -> None:
@@ -107,6 +148,7 @@ def _runs(batch: list[_Want]) -> list[list[_Want]]:
         if (
             last is not None
             and last[0].path == w.path
+            and last[0].files is w.files
             and w.pos <= end
             and max(end, w.end) - last[0].pos <= MERGE_BYTES
         ):
@@ -118,4 +160,4 @@ def _runs(batch: list[_Want]) -> list[list[_Want]]:
     return runs
 
 
-__all__ = ["MERGE_BYTES", "MergedReader"]
+__all__ = ["MERGE_BYTES", "FileReaders", "MergedReader"]

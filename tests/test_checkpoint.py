@@ -539,3 +539,44 @@ def test_ranks_loading_at_once_read_the_manifest_once_and_a_replaced_one_is_seen
                 await ckpt.load(7, 1)
 
     run(cluster_dir, body)
+
+
+def test_loads_open_each_data_file_once_and_a_step_saved_again_reads_its_new_files(
+    cluster_dir: Path,
+) -> None:
+    """Ranks loading a step share one reader per data file (one block-map lookup per file,
+    not per read). The step deleted and saved again under the same data file names (another
+    Checkpointer given the first one's writer id, the worst case), the first one's loads read
+    the new files, not through the readers it held for the deleted ones."""
+    world = 32
+
+    async def body(client: Client, root: str) -> None:
+        opened: list[str] = []
+        real = client.reader
+
+        async def counting(path: str) -> Any:
+            opened.append(path)
+            return await real(path)
+
+        client.reader = counting  # type: ignore[method-assign]
+        async with (
+            Checkpointer(client, root, world_size=world) as ckpt,
+            Checkpointer(client, root, world_size=world) as other,
+        ):
+            other._writer_id = ckpt._writer_id
+            names: list[list[str]] = []
+            for seed, saver in ((1, ckpt), (2, other)):
+                if seed == 2:
+                    await ckpt.delete(1)
+                g = global_array(seed, (256, 4))
+                await save_all(saver, 1, [rank_state(seed, r, world, g) for r in range(world)])
+                opened.clear()
+                got = await asyncio.gather(*(ckpt.load(r, 1) for r in range(world)))
+                for r in range(world):
+                    want = rank_state(seed, r, world, g)["w"].array
+                    assert np.array_equal(got[r]["w"].array, want)
+                assert opened and len(opened) == len(set(opened)), opened
+                names.append(sorted(opened))
+            assert names[0] == names[1]
+
+    run(cluster_dir, body)
