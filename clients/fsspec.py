@@ -503,10 +503,11 @@ class TectonicFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec ships
         """The first ``size`` bytes of file ``file_id``, a chunk at a time, in one reused
         buffer: use each piece before asking for the next."""
         client = await self._client()
+        reader = await client.reader_id(file_id)  # its block map looked up once
         buf = memoryview(bytearray(min(TRANSFER_CHUNK, max(size, 1))))
         offset = 0
         while offset < size:
-            n = await client.read_id_into(file_id, offset, buf[: size - offset])
+            n = await reader.read_into(offset, buf[: size - offset])
             if n == 0:
                 return
             yield buf[:n]
