@@ -132,6 +132,11 @@ class _Step:
     batches: int = 0
     previous: int | None = None  # the latest committed step when this one began
     prepared: asyncio.Task[None] | None = None
+    # Index files this instance wrote, by name, and a wake-up for the commit's wait: when
+    # every rank is in this process, the step commits as its last index lands, not at the
+    # next look at the store.
+    indexes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    indexed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class Checkpointer:
@@ -408,8 +413,10 @@ class Checkpointer:
         )
         entries = [e for part in done for e in part]
         index = {"ranks": sorted(written), "entries": [e.to_json() for e in entries]}
-        name = f"{step_dir(st.step)}/index-{self._writer_id}-{st.batches}.json"
-        await self.client.write_file(self._path(name), _json(index))
+        name = f"index-{self._writer_id}-{st.batches}.json"
+        await self.client.write_file(self._path(step_dir(st.step), name), _json(index))
+        st.indexes[name] = index
+        st.indexed.set()
         for s in batch:
             if not s.written.done():
                 s.written.set_result(written[s.rank])
@@ -481,6 +488,7 @@ class Checkpointer:
         deadline = time.monotonic() + self.timeout
         sdir = self._path(step_dir(st.step))
         while True:
+            st.indexed.clear()  # before looking: an index written from now on wakes the wait
             try:
                 names = await self.client.listdir(sdir)
             except NotFoundError:
@@ -489,7 +497,12 @@ class Checkpointer:
             if 0 in st.ranks:
                 for n in names:
                     if n.startswith("index-") and n not in indexes:
-                        indexes[n] = _parse_json(await self.client.read_file(f"{sdir}/{n}"), n)
+                        own = st.indexes.get(n)  # written here: no need to read it back
+                        indexes[n] = (
+                            own
+                            if own is not None
+                            else _parse_json(await self.client.read_file(f"{sdir}/{n}"), n)
+                        )
                 covered = {r for ix in indexes.values() for r in ix["ranks"]}
                 if not aborts and len(covered) == self.world_size:
                     await self._publish(st, indexes)
@@ -510,7 +523,8 @@ class Checkpointer:
                 raise CheckpointTimeoutError(
                     f"step {st.step}: {who} within {self.timeout:g} s", self.root
                 )
-            await asyncio.sleep(delay)
+            with contextlib.suppress(TimeoutError):  # or at once, when an index is written here
+                await asyncio.wait_for(st.indexed.wait(), delay)
             delay = min(_POLL_MAX, delay * 1.5)
 
     async def _reason(self, path: str) -> str:
