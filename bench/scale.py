@@ -9,12 +9,14 @@ evenly by rows over N in-process ranks, each rank's state one ``Shard``; for eve
   Retention (``keep_last=1``) runs after the timing (``wait_cleanup``);
 - **load**: the page cache is dropped (when root), then every rank calls
   ``Checkpointer.load(rank, step)`` at once (its own shard back); timed until the last
-  returns. The bytes are compared with those saved after the timing (``ReadBackError``).
+  returns. The bytes are compared with those saved after the timing (``ReadBackError``);
+- **load_many**: the same, with one ``Checkpointer.load_many(ranks, step)`` call for all the
+  ranks, as a process hosting many ranks loads them (no coroutine per rank).
 
 Each round also times the raw disk writing the same bytes (``bench.store.raw_write``:
 pwrite + fdatasync), the machine's limit. One warm-up round, then ``runs`` measured rounds;
 figures are medians. The issue's target: at 4,096 ranks, save and load each take at most
-1.5x their time at 16 ranks.
+1.5x their time at 16 ranks (reported for ``load`` and ``load_many`` alike).
 
 JSON (``ScaleBench.to_dict()``, schema in ``SCHEMA``); seconds are wall-clock, MB is 10**6
 bytes:
@@ -32,10 +34,11 @@ bytes:
   ``ranks``; ``rows_per_rank`` (the most rows a rank holds); ``save_s``, ``load_s`` (median
   seconds); ``save_mb_s``, ``load_mb_s`` (``size`` over those medians); ``save_vs_16``,
   ``load_vs_16`` (median seconds over the median at 16 ranks, ``null`` without 16 in
-  ``ranks``); ``save_runs_s``, ``load_runs_s`` (seconds per measured round);
+  ``ranks``); ``save_runs_s``, ``load_runs_s`` (seconds per measured round); and
+  ``load_many_s``, ``load_many_mb_s``, ``load_many_vs_16``, ``load_many_runs_s`` alike;
 - ``target``: ``ranks`` (4096), ``baseline_ranks`` (16), ``max_ratio`` (1.5);
-- ``target_met``: ``save`` and ``load``: whether ``*_vs_16`` at 4,096 ranks is at most
-  ``max_ratio``, ``null`` unless both 16 and 4,096 are in ``ranks``.
+- ``target_met``: ``save``, ``load`` and ``load_many``: whether ``*_vs_16`` at 4,096 ranks is
+  at most ``max_ratio``, ``null`` unless both 16 and 4,096 are in ``ranks``.
 """
 
 from __future__ import annotations
@@ -84,8 +87,12 @@ class ScalePoint:
     load_s: float
     load_mb_s: float
     load_vs_16: float | None
+    load_many_s: float
+    load_many_mb_s: float
+    load_many_vs_16: float | None
     save_runs_s: list[float] = field(default_factory=list)
     load_runs_s: list[float] = field(default_factory=list)
+    load_many_runs_s: list[float] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -139,8 +146,12 @@ _POINT: dict[str, Any] = {
         "load_s",
         "load_mb_s",
         "load_vs_16",
+        "load_many_s",
+        "load_many_mb_s",
+        "load_many_vs_16",
         "save_runs_s",
         "load_runs_s",
+        "load_many_runs_s",
     ],
     "properties": {
         "ranks": {"type": "integer", "minimum": 1},
@@ -151,8 +162,12 @@ _POINT: dict[str, Any] = {
         "load_s": _number(),
         "load_mb_s": _number(),
         "load_vs_16": _ratio(),
+        "load_many_s": _number(),
+        "load_many_mb_s": _number(),
+        "load_many_vs_16": _ratio(),
         "save_runs_s": _seconds_list(),
         "load_runs_s": _seconds_list(),
+        "load_many_runs_s": _seconds_list(),
     },
 }
 
@@ -203,10 +218,11 @@ SCHEMA: dict[str, Any] = {
         "target_met": {
             "type": "object",
             "additionalProperties": False,
-            "required": ["save", "load"],
+            "required": ["save", "load", "load_many"],
             "properties": {
                 "save": {"type": ["boolean", "null"]},
                 "load": {"type": ["boolean", "null"]},
+                "load_many": {"type": ["boolean", "null"]},
             },
         },
         "cpu_count": {"type": "integer", "minimum": 0},
@@ -308,6 +324,7 @@ async def run_scale_bench(
         raw_s: list[float] = []
         save_s: dict[int, list[float]] = {n: [] for n in counts}
         load_s: dict[int, list[float]] = {n: [] for n in counts}
+        many_s: dict[int, list[float]] = {n: [] for n in counts}
         cold = True
         async with Cluster.open(root) as cluster:
             client = cluster.client()
@@ -339,14 +356,30 @@ async def run_scale_bench(
                         took = time.perf_counter() - t0
                         verify(states[n], loaded)
                         del loaded
+                        step(f"{label}: {n} ranks load_many")
+                        cold = await asyncio.to_thread(drop_caches) and cold
+                        t0 = time.perf_counter()
+                        loaded = await ckpt.load_many(range(n), at)
+                        took_many = time.perf_counter() - t0
+                        verify(states[n], loaded)
+                        del loaded
                         if rnd:
                             save_s[n].append(round(saved, 4))
                             load_s[n].append(round(took, 4))
+                            many_s[n].append(round(took_many, 4))
             finally:
                 for ckpt in ckpts.values():
                     await ckpt.close()
         return _result(
-            len(data), counts, encoding, nodes, runs, cold, load_in_flight, raw_s, save_s, load_s
+            len(data),
+            counts,
+            encoding,
+            nodes,
+            runs,
+            cold,
+            load_in_flight,
+            raw_s,
+            {"save": save_s, "load": load_s, "load_many": many_s},
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -361,31 +394,25 @@ def _result(
     cold: bool,
     load_in_flight: int | None,
     raw_s: list[float],
-    save_s: dict[int, list[float]],
-    load_s: dict[int, list[float]],
+    seconds: dict[str, dict[int, list[float]]],
 ) -> ScaleBench:
-    save_med = {n: statistics.median(v) for n, v in save_s.items()}
-    load_med = {n: statistics.median(v) for n, v in load_s.items()}
-    points = [
-        ScalePoint(
-            ranks=n,
-            rows_per_rank=-(-(size // ROW_BYTES) // n),
-            save_s=round(save_med[n], 4),
-            save_mb_s=mb_s(size, save_med[n]),
-            save_vs_16=_ratio_to(save_med, n),
-            load_s=round(load_med[n], 4),
-            load_mb_s=mb_s(size, load_med[n]),
-            load_vs_16=_ratio_to(load_med, n),
-            save_runs_s=save_s[n],
-            load_runs_s=load_s[n],
-        )
-        for n in counts
-    ]
-    met: dict[str, bool | None] = {"save": None, "load": None}
+    """``seconds``: per measured phase (save, load, load_many), per rank count, per round."""
+    med = {what: {n: statistics.median(v) for n, v in s.items()} for what, s in seconds.items()}
+    points = []
+    for n in counts:
+        figures: dict[str, Any] = {}
+        for what in ("save", "load", "load_many"):
+            figures[f"{what}_s"] = round(med[what][n], 4)
+            figures[f"{what}_mb_s"] = mb_s(size, med[what][n])
+            figures[f"{what}_vs_16"] = _ratio_to(med[what], n)
+            figures[f"{what}_runs_s"] = seconds[what][n]
+        points.append(ScalePoint(ranks=n, rows_per_rank=-(-(size // ROW_BYTES) // n), **figures))
+    met: dict[str, bool | None] = {"save": None, "load": None, "load_many": None}
     at_target = next((p for p in points if p.ranks == TARGET_RANKS), None)
     if at_target is not None and at_target.save_vs_16 is not None:
-        met["save"] = at_target.save_vs_16 <= MAX_RATIO
-        met["load"] = at_target.load_vs_16 is not None and at_target.load_vs_16 <= MAX_RATIO
+        for what in met:
+            ratio = getattr(at_target, f"{what}_vs_16")
+            met[what] = ratio is not None and ratio <= MAX_RATIO
     raw_med = statistics.median(raw_s)
     return ScaleBench(
         size=size,
@@ -416,19 +443,25 @@ def table(result: ScaleBench) -> Table:
         caption=f"raw disk write of the same bytes: {result.raw_write_s:.2f} s "
         f"({result.raw_write_mb_s:.0f} MB/s); target at {TARGET_RANKS} ranks: <= {MAX_RATIO}x "
         f"the time at {BASELINE}: save {_met(result.target_met['save'])}, "
-        f"load {_met(result.target_met['load'])}",
+        f"load {_met(result.target_met['load'])}, "
+        f"load_many {_met(result.target_met.get('load_many'))}",
     )
-    for col in ("ranks", "save s", "save MB/s", "save vs 16", "load s", "load MB/s", "load vs 16"):
-        t.add_column(col, justify="right")
+    t.add_column("ranks", justify="right")
+    for what in ("save", "load", "load_many"):
+        for col in ("s", "MB/s", "vs 16"):
+            t.add_column(f"{what} {col}", justify="right")
     for p in result.points:
         t.add_row(
             str(p.ranks),
-            f"{p.save_s:.3f}",
-            f"{p.save_mb_s:.0f}",
-            _fmt_ratio(p.save_vs_16),
-            f"{p.load_s:.3f}",
-            f"{p.load_mb_s:.0f}",
-            _fmt_ratio(p.load_vs_16),
+            *(
+                cell
+                for what in ("save", "load", "load_many")
+                for cell in (
+                    f"{getattr(p, f'{what}_s'):.3f}",
+                    f"{getattr(p, f'{what}_mb_s'):.0f}",
+                    _fmt_ratio(getattr(p, f"{what}_vs_16")),
+                )
+            ),
         )
     return t
 
@@ -448,35 +481,41 @@ def targets(result: ScaleBench) -> list[dict[str, Any]]:
             "goal": goal,
             "at_most": True,
             "met": result.target_met.get(what),
-            "detail": "the same bytes, more ranks: the cost of ranks",
+            "detail": "the same bytes, more ranks: the cost of ranks, "
+            + ("one load_many call for all of them" if what == "load_many" else "a call per rank"),
         }
-        for what in ("save", "load")
+        for what in ("save", "load", "load_many")
     ]
 
 
 def plot(result: ScaleBench, directory: Path) -> list[Path]:
-    """``scale-save.png`` and ``scale-load.png`` in ``directory``: seconds against ranks, with
-    the raw disk writing the same bytes as a flat line. Two figures, not one: when loads grow
-    a hundredfold, a shared linear axis flattens the save curve. Returns the paths written."""
+    """``scale-save.png`` and ``scale-load.png`` (``load`` and ``load_many``) in ``directory``:
+    seconds against ranks, with the raw disk writing the same bytes as a flat line. Two
+    figures, not one: when loads grow a hundredfold, a shared linear axis flattens the save
+    curve. Returns the paths written."""
     from bench.plotting import lines
 
     xs = [p.ranks for p in result.points]
     raw = [result.raw_write_s] * len(xs)
     title = f"bench scale: {result.size / 2**20:.0f} MiB of {result.encoding}"
+    median = f"{result.runs}-run median"
     figures = {
-        "save": [p.save_s for p in result.points],
-        "load": [p.load_s for p in result.points],
+        "save": {f"save ({median})": [p.save_s for p in result.points]},
+        "load": {
+            f"load, a call per rank ({median})": [p.load_s for p in result.points],
+            f"load_many, one call ({median})": [p.load_many_s for p in result.points],
+        },
     }
     return [
         lines(
             directory / f"scale-{what}.png",
             title=f"{title}, {what}",
             x=xs,
-            series={f"{what} ({result.runs}-run median)": secs, "raw disk write": raw},
+            series={**series, "raw disk write": raw},
             xlabel="ranks",
             ylabel="seconds",
         )
-        for what, secs in figures.items()
+        for what, series in figures.items()
     ]
 
 

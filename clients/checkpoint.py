@@ -680,32 +680,58 @@ class Checkpointer:
 
     async def _value(self, ix: _Indexed, e: Entry, sem: asyncio.Semaphore) -> Value:
         """One rank's whole value, every part checked."""
-        if e.kind == "bytes":
-            buf = bytearray(e.nbytes)
-        else:
-            arr = np.empty(e.shape, dtype=np.dtype(e.dtype))
-            buf = arr.reshape(-1).view(np.uint8)  # type: ignore[assignment]
-        view = memoryview(buf).cast("B")
-        runs: list[list[Part]] = []  # parts back to back in one file: one read each
-        for p in e.parts:
-            last = runs[-1][-1] if runs else None
-            if (
-                last is not None
-                and last.file == p.file
-                and last.pos + last.length == p.pos
-                and sum(q.length for q in runs[-1]) + p.length <= _RUN_BYTES
-            ):
-                runs[-1].append(p)
-            else:
-                runs.append([p])
-        reads = []
-        at = 0
-        for run in runs:
-            n = sum(p.length for p in run)
-            reads.append(self._read_parts(ix, e, run, view[at : at + n], sem))
-            at += n
-        await asyncio.gather(*reads)
-        return bytes(buf) if e.kind == "bytes" else arr
+        value, runs = _empty_value(e)
+        await asyncio.gather(*(self._read_parts(ix, e, run, dest, sem) for run, dest in runs))
+        return bytes(value) if isinstance(value, bytearray) else value
+
+    async def load_many(
+        self, ranks: Sequence[int], step: int | None = None
+    ) -> list[dict[str, Value]]:
+        """``[load(r, step) for r in ranks]`` at the world size saved, for a process hosting
+        many ranks: the same values, but one call plans every read, merges the small ones
+        and checks every part, where each ``load`` costs its own coroutines and futures
+        (``bench scale``: about 0.1 ms of Python per rank at 4,096 ranks). Raises what
+        ``load`` raises; nothing is returned unless every part read checks."""
+        ix = await self._indexed(step)
+        m = ix.manifest
+        for rank in ranks:
+            if not 0 <= rank < m.world_size:
+                raise CheckpointError(f"rank {rank} is not in [0, {m.world_size})")
+        outs: list[dict[str, Value]] = []
+        reads: list[tuple[Entry, list[Part], memoryview]] = []
+        for rank in ranks:
+            out: dict[str, Value] = {}
+            for name in ix.by_name:
+                e = ix.own.get((name, rank))
+                if e is None:
+                    continue
+                value, runs = _empty_value(e)
+                out[name] = (
+                    Shard(value, e.global_shape, e.offset) if e.kind == "shard" else value
+                )
+                reads += [(e, run, dest) for run, dest in runs]
+            outs.append(out)
+        try:
+            got = await self._reader.read_many(
+                [(self._path(run[0].file), run[0].pos, dest) for _, run, dest in reads],
+                ix.files,
+            )
+        except TectonicError as exc:
+            raise CheckpointCorruptError(
+                f"step {m.step}: cannot read the data of ranks being loaded: {exc}", self.root
+            ) from exc
+        checked = list(zip(reads, got, strict=True))
+        for (e, run, dest), n in checked:  # small runs here, without a task each
+            if len(dest) < 1 << 20 and (bad := _first_bad(run, dest, n)) is not None:
+                raise self._corrupt(m, e, bad)
+        await asyncio.gather(  # big ones in worker threads
+            *(self._check_parts(m, e, r, d, n) for (e, r, d), n in checked if len(d) >= 1 << 20)
+        )
+        for out in outs:
+            for name, value in out.items():
+                if isinstance(value, bytearray):
+                    out[name] = bytes(value)
+        return outs
 
     async def _read_part(
         self, ix: _Indexed, e: Entry, p: Part, dest: memoryview, sem: asyncio.Semaphore
@@ -727,16 +753,26 @@ class Checkpointer:
                     f"step {m.step}, rank {e.rank}, {e.name!r}: cannot read {first.file}: {exc}",
                     self.root,
                 ) from exc
-        at = 0
-        for p in parts:
-            piece = dest[at : at + p.length]
-            if n < at + p.length or await _checksum(piece) != p.crc32c:
-                raise CheckpointCorruptError(
-                    f"step {m.step}, rank {e.rank}, {e.name!r}: rows {p.row0}-{p.row1} in "
-                    f"{p.file} do not match their checksum",
-                    self.root,
-                )
-            at += p.length
+        await self._check_parts(m, e, parts, dest, n)
+
+    async def _check_parts(
+        self, m: Manifest, e: Entry, parts: list[Part], dest: memoryview, n: int
+    ) -> None:
+        """Each of ``parts``, read back to back into ``dest`` (``n`` bytes of it), against
+        its CRC32C; CheckpointCorruptError names the first that does not match."""
+        if len(dest) >= 1 << 20:
+            bad = await asyncio.to_thread(_first_bad, parts, dest, n)
+        else:
+            bad = _first_bad(parts, dest, n)
+        if bad is not None:
+            raise self._corrupt(m, e, bad)
+
+    def _corrupt(self, m: Manifest, e: Entry, bad: Part) -> CheckpointCorruptError:
+        return CheckpointCorruptError(
+            f"step {m.step}, rank {e.rank}, {e.name!r}: rows {bad.row0}-{bad.row1} in "
+            f"{bad.file} do not match their checksum",
+            self.root,
+        )
 
     async def _assemble(
         self, ix: _Indexed, entries: Sequence[Entry], box: Any, sem: asyncio.Semaphore
@@ -838,6 +874,48 @@ class Checkpointer:
 # -- helpers ---------------------------------------------------------------------------------
 def _succeeded(task: asyncio.Future[Any] | None) -> bool:
     return task is not None and task.done() and not task.cancelled() and not task.exception()
+
+
+def _empty_value(e: Entry) -> tuple[Any, list[tuple[list[Part], memoryview]]]:
+    """A value to read ``e`` into (a numpy array, or a bytearray for bytes), and its parts
+    in runs that lie back to back in one file (one read each, at most _RUN_BYTES), each with
+    the slice of the value's bytes it fills."""
+    if e.kind == "bytes":
+        value: Any = bytearray(e.nbytes)
+        view = memoryview(value)
+    else:
+        value = np.empty(e.shape, dtype=np.dtype(e.dtype))
+        view = memoryview(value.reshape(-1).view(np.uint8)).cast("B")
+    runs: list[list[Part]] = []
+    for p in e.parts:
+        last = runs[-1][-1] if runs else None
+        if (
+            last is not None
+            and last.file == p.file
+            and last.pos + last.length == p.pos
+            and sum(q.length for q in runs[-1]) + p.length <= _RUN_BYTES
+        ):
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    out = []
+    at = 0
+    for run in runs:
+        n = sum(p.length for p in run)
+        out.append((run, view[at : at + n]))
+        at += n
+    return value, out
+
+
+def _first_bad(parts: list[Part], dest: memoryview, n: int) -> Part | None:
+    """The first of ``parts`` (back to back in ``dest``, ``n`` bytes of it read) that is
+    short or does not match its CRC32C."""
+    at = 0
+    for p in parts:
+        if n < at + p.length or crc32c(dest[at : at + p.length]) != p.crc32c:
+            return p
+        at += p.length
+    return None
 
 
 async def _checksum(piece: memoryview) -> int:

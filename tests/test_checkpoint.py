@@ -472,6 +472,12 @@ def test_a_chunk_lost_beyond_repair_is_an_error_naming_rank_name_and_step(
         with pytest.raises(CheckpointCorruptError, match=rf"step 3, rank {rank}, 'w'"):
             asyncio.run(main(load, rank))
 
+    async def load_many(client: Client) -> Any:
+        return await Checkpointer(client, root, world_size=2).load_many([0, 1])
+
+    with pytest.raises(CheckpointCorruptError, match=r"step 3: cannot read"):
+        asyncio.run(main(load_many))
+
 
 def test_checkpoints_on_a_served_cluster(tmp_path: Path) -> None:
     """The same API over node processes on TCP."""
@@ -578,5 +584,35 @@ def test_loads_open_each_data_file_once_and_a_step_saved_again_reads_its_new_fil
                 assert opened and len(opened) == len(set(opened)), opened
                 names.append(sorted(opened))
             assert names[0] == names[1]
+
+    run(cluster_dir, body)
+
+
+def test_load_many_returns_what_load_returns_for_each_rank(cluster_dir: Path) -> None:
+    """Ranks loaded in one call get the values ``load`` gives each: shards, per-rank and
+    alike arrays, 0-d arrays and bytes, from values cut into many parts, in the order asked
+    (repeats included)."""
+    world = 24
+
+    async def body(client: Client, root: str) -> None:
+        g = global_array(4, (4096, 16))
+        async with Checkpointer(client, root, world_size=world, part_bytes=4096) as ckpt:
+            await save_all(ckpt, 4, [rank_state(4, r, world, g) for r in range(world)])
+            rng = np.random.default_rng(0)
+            asks = [[], [5], list(range(world)), [3, 3, 0], list(rng.permutation(world)[:9])]
+            for ranks in asks:
+                many = await ckpt.load_many([int(r) for r in ranks])
+                one = [await ckpt.load(int(r)) for r in ranks]
+                assert len(many) == len(one)
+                for a, b in zip(many, one, strict=True):
+                    assert a.keys() == b.keys()
+                    assert a["meta"] == b["meta"] and isinstance(a["meta"], bytes)
+                    for name in ("opt", "lr"):
+                        assert np.array_equal(a[name], b[name]) and a[name].shape == b[name].shape
+                    assert np.array_equal(a["w"].array, b["w"].array)
+                    assert a["w"].global_shape == b["w"].global_shape
+                    assert a["w"].offset == b["w"].offset
+            with pytest.raises(CheckpointError, match="rank 24 is not in"):
+                await ckpt.load_many([0, world])
 
     run(cluster_dir, body)
