@@ -16,7 +16,6 @@ a scan of the file's block list per read.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tectonic_emu.chunkstore.remote import aligned_buffer
@@ -90,20 +89,6 @@ class MergedReader:
         self._queue.append(want)
         return await want.done
 
-    async def read_many(
-        self, reads: Sequence[tuple[str, int, memoryview]], files: FileReaders | None = None
-    ) -> list[int]:
-        """``read`` for each ``(path, pos, dest)`` of a plan made at once: the reads merged
-        into runs of adjacent ranges in one pass, without a coroutine per read. The byte
-        counts, in order; raises the first error."""
-        loop = asyncio.get_running_loop()
-        wants = [_Want(path, pos, dest, loop.create_future(), files) for path, pos, dest in reads]
-        await asyncio.gather(*(self._read_run(run) for run in _runs(wants)))
-        errors = [e for e in (w.done.exception() for w in wants) if e is not None]
-        if errors:
-            raise errors[0]
-        return [w.done.result() for w in wants]
-
     def _flush(self) -> None:
         batch, self._queue = self._queue, []
         for run in _runs(batch):
@@ -138,7 +123,6 @@ class MergedReader:
                         w.done.set_exception(exc)
                 if not isinstance(exc, Exception):
                     raise
-
 
     async def _read_into(
         self, files: FileReaders | None, path: str, pos: int, dest: memoryview

@@ -4,6 +4,7 @@ ranks, resharding, failures before the commit, incremental saves, retention, cor
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import subprocess
@@ -25,6 +26,7 @@ from clients.ckpt_format import (
     CheckpointError,
     CheckpointNotFoundError,
     CheckpointTimeoutError,
+    Manifest,
     manifest_name,
     step_dir,
 )
@@ -597,7 +599,12 @@ def test_load_many_returns_what_load_returns_for_each_rank(cluster_dir: Path) ->
     async def body(client: Client, root: str) -> None:
         g = global_array(4, (4096, 16))
         async with Checkpointer(client, root, world_size=world, part_bytes=4096) as ckpt:
-            await save_all(ckpt, 4, [rank_state(4, r, world, g) for r in range(world)])
+            await asyncio.gather(  # incremental: with digests, for step 5 below
+                *(
+                    ckpt.save(4, r, rank_state(4, r, world, g), incremental=True)
+                    for r in range(world)
+                )
+            )
             rng = np.random.default_rng(0)
             asks = [[], [5], list(range(world)), [3, 3, 0], list(rng.permutation(world)[:9])]
             for ranks in asks:
@@ -614,5 +621,55 @@ def test_load_many_returns_what_load_returns_for_each_rank(cluster_dir: Path) ->
                     assert a["w"].offset == b["w"].offset
             with pytest.raises(CheckpointError, match="rank 24 is not in"):
                 await ckpt.load_many([0, world])
+            # An incremental save whose first rows changed: some values now lie partly in
+            # step 4's file and partly in step 5's, or wholly in step 4's; plus an empty one.
+            g5 = g.copy()
+            g5[:100] += 1
+            states = [
+                {**rank_state(5, r, world, g5), "none": np.zeros((0, 3))} for r in range(world)
+            ]
+            await asyncio.gather(
+                *(ckpt.save(5, r, s, incremental=True) for r, s in enumerate(states))
+            )
+            m5 = await ckpt.manifest(5)
+            dirs = {p.file.split("/")[0] for e in m5.entries if e.rank == 0 for p in e.parts}
+            assert dirs == {"step-000000000004", "step-000000000005"}
+            many = await ckpt.load_many(range(world), 5)
+            for r, a in enumerate(many):
+                b = await ckpt.load(r, 5)
+                assert np.array_equal(a["w"].array, b["w"].array)
+                assert np.array_equal(a["w"].array, states[r]["w"].array)
+                assert a["none"].shape == (0, 3)
+
+    run(cluster_dir, body)
+
+
+def test_a_part_whose_bytes_differ_from_the_manifest_is_named_by_load_and_load_many(
+    cluster_dir: Path,
+) -> None:
+    """The store returns its bytes (its chunk checksums hold), but they are not what the
+    manifest recorded for a part: both loads name the step, the rank and the value."""
+    world = 8
+
+    async def body(client: Client, root: str) -> None:
+        g = global_array(6, (512, 8))
+        async with Checkpointer(client, root, world_size=world, part_bytes=1024) as ckpt:
+            await save_all(ckpt, 6, [rank_state(6, r, world, g) for r in range(world)])
+            path = f"{root}/{manifest_name(6)}"
+            m = Manifest.decode(await client.read_file(path), path)
+            bad = [
+                dataclasses.replace(
+                    e, parts=(*e.parts[:-1], dataclasses.replace(e.parts[-1], crc32c=12345))
+                )
+                if (e.rank, e.name) == (5, "w")
+                else e
+                for e in m.entries
+            ]
+            await client.write_file(path, dataclasses.replace(m, entries=tuple(bad)).encode())
+            with pytest.raises(CheckpointCorruptError, match=r"step 6, rank 5, 'w'"):
+                await ckpt.load(5, 6)
+            with pytest.raises(CheckpointCorruptError, match=r"step 6, rank 5, 'w'"):
+                await ckpt.load_many(range(world), 6)
+            assert (await ckpt.load_many([4], 6))[0]["w"].offset == (256, 0)
 
     run(cluster_dir, body)

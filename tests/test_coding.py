@@ -28,6 +28,7 @@ from tectonic_emu.coding import (
     Encoding,
     codec_for,
     crc32c,
+    crc32c_many,
     decompress,
     maybe_compress,
 )
@@ -444,6 +445,24 @@ def test_crc32c_buffer_types_agree(size: int) -> None:
 def test_crc32c_extends(a: bytes, b: bytes) -> None:
     assert crc32c(b, crc32c(a)) == crc32c(a + b) == google_crc32c.value(a + b)
     assert crc32c(memoryview(b), crc32c(bytearray(a))) == crc32c(a + b)
+
+
+@given(
+    st.binary(max_size=3000),
+    st.lists(st.tuples(st.integers(0, 3000), st.integers(0, 3000)), max_size=20),
+)
+def test_crc32c_many_matches_crc32c_of_each_span(data: bytes, spans: list[tuple[int, int]]) -> None:
+    inside = [(at, n) for at, n in spans if at + n <= len(data)]
+    assert crc32c_many(bytearray(data), inside) == [crc32c(data[at : at + n]) for at, n in inside]
+    if len(inside) < len(spans):
+        with pytest.raises(InvalidArgumentError):
+            crc32c_many(data, spans)
+
+
+def test_crc32c_many_releases_the_gil_for_big_spans() -> None:
+    data = rand(3 << 20)
+    spans = [(0, 1 << 20), (5, 300_000), (1 << 20, 2 << 20)]
+    assert crc32c_many(memoryview(data), spans) == [crc32c(data[a : a + n]) for a, n in spans]
 
 
 def test_crc32c_bad_input() -> None:

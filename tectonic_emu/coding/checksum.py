@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import google_crc32c
 
 from tectonic_emu.chunkstore.base import BytesLike
@@ -36,4 +38,25 @@ def crc32c(data: BytesLike, value: int = 0) -> int:
         raise InvalidArgumentError(f"cannot checksum a non-contiguous buffer: {exc}") from exc
 
 
-__all__ = ["crc32c"]
+def crc32c_many(data: BytesLike, spans: Sequence[tuple[int, int]]) -> list[int]:
+    """CRC32C of each ``(offset, length)`` span of ``data``, with the buffer pinned once: for
+    thousands of small pieces of one buffer, where a ``crc32c`` call each costs more in
+    Python than the checksum. Raises InvalidArgumentError for a span outside ``data``."""
+    native = crc32c_extend()
+    view = memoryview(data).cast("B")
+    for at, n in spans:
+        if at < 0 or n < 0 or at + n > view.nbytes:
+            raise InvalidArgumentError(f"span ({at}, {n}) outside {view.nbytes} bytes")
+    if native is None:
+        return [crc32c(view[at : at + n]) for at, n in spans]
+    try:
+        with pinned([view]) as [(address, _)]:
+            return [
+                (native[0] if n >= _RELEASE_GIL_FROM else native[1])(0, address + at, n)
+                for at, n in spans
+            ]
+    except BufferError as exc:
+        raise InvalidArgumentError(f"cannot checksum a non-contiguous buffer: {exc}") from exc
+
+
+__all__ = ["crc32c", "crc32c_many"]
