@@ -10,13 +10,14 @@ evenly by rows over N in-process ranks, each rank's state one ``Shard``; for eve
 - **load**: the page cache is dropped (when root), then every rank calls
   ``Checkpointer.load(rank, step)`` at once (its own shard back); timed until the last
   returns. The bytes are compared with those saved after the timing (``ReadBackError``);
-- **load_many**: the same, with one ``Checkpointer.load_many(ranks, step)`` call for all the
-  ranks, as a process hosting many ranks loads them (no coroutine per rank).
+- **save_many** and **load_many**: the same, each with one call for all the ranks
+  (``Checkpointer.save_many(step, states)``, ``Checkpointer.load_many(ranks, step)``), as a
+  process hosting many ranks saves and loads them (no coroutine per rank).
 
 Each round also times the raw disk writing the same bytes (``bench.store.raw_write``:
 pwrite + fdatasync), the machine's limit. One warm-up round, then ``runs`` measured rounds;
 figures are medians. The issue's target: at 4,096 ranks, save and load each take at most
-1.5x their time at 16 ranks (reported for ``load`` and ``load_many`` alike).
+1.5x their time at 16 ranks (reported for a call per rank and one call alike).
 
 JSON (``ScaleBench.to_dict()``, schema in ``SCHEMA``); seconds are wall-clock, MB is 10**6
 bytes:
@@ -34,11 +35,11 @@ bytes:
   ``ranks``; ``rows_per_rank`` (the most rows a rank holds); ``save_s``, ``load_s`` (median
   seconds); ``save_mb_s``, ``load_mb_s`` (``size`` over those medians); ``save_vs_16``,
   ``load_vs_16`` (median seconds over the median at 16 ranks, ``null`` without 16 in
-  ``ranks``); ``save_runs_s``, ``load_runs_s`` (seconds per measured round); and
-  ``load_many_s``, ``load_many_mb_s``, ``load_many_vs_16``, ``load_many_runs_s`` alike;
+  ``ranks``); ``save_runs_s``, ``load_runs_s`` (seconds per measured round); and the same
+  four for ``save_many`` and ``load_many``;
 - ``target``: ``ranks`` (4096), ``baseline_ranks`` (16), ``max_ratio`` (1.5);
-- ``target_met``: ``save``, ``load`` and ``load_many``: whether ``*_vs_16`` at 4,096 ranks is
-  at most ``max_ratio``, ``null`` unless both 16 and 4,096 are in ``ranks``.
+- ``target_met``: ``save``, ``load``, ``save_many`` and ``load_many``: whether ``*_vs_16`` at
+  4,096 ranks is at most ``max_ratio``, ``null`` unless both 16 and 4,096 are in ``ranks``.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ COLUMNS = 256  # float32 columns of the global array: a row is 1 KiB
 ROW_BYTES = COLUMNS * 4
 BASELINE, TARGET_RANKS, MAX_RATIO = 16, 4096, 1.5
 DEFAULT_RANKS = (1, 16, 256, 1024, 4096)
+PHASES = ("save", "load", "save_many", "load_many")  # timed per rank count and round
 
 State = dict[str, Shard]
 
@@ -87,11 +89,15 @@ class ScalePoint:
     load_s: float
     load_mb_s: float
     load_vs_16: float | None
+    save_many_s: float
+    save_many_mb_s: float
+    save_many_vs_16: float | None
     load_many_s: float
     load_many_mb_s: float
     load_many_vs_16: float | None
     save_runs_s: list[float] = field(default_factory=list)
     load_runs_s: list[float] = field(default_factory=list)
+    save_many_runs_s: list[float] = field(default_factory=list)
     load_many_runs_s: list[float] = field(default_factory=list)
 
 
@@ -146,11 +152,15 @@ _POINT: dict[str, Any] = {
         "load_s",
         "load_mb_s",
         "load_vs_16",
+        "save_many_s",
+        "save_many_mb_s",
+        "save_many_vs_16",
         "load_many_s",
         "load_many_mb_s",
         "load_many_vs_16",
         "save_runs_s",
         "load_runs_s",
+        "save_many_runs_s",
         "load_many_runs_s",
     ],
     "properties": {
@@ -162,11 +172,15 @@ _POINT: dict[str, Any] = {
         "load_s": _number(),
         "load_mb_s": _number(),
         "load_vs_16": _ratio(),
+        "save_many_s": _number(),
+        "save_many_mb_s": _number(),
+        "save_many_vs_16": _ratio(),
         "load_many_s": _number(),
         "load_many_mb_s": _number(),
         "load_many_vs_16": _ratio(),
         "save_runs_s": _seconds_list(),
         "load_runs_s": _seconds_list(),
+        "save_many_runs_s": _seconds_list(),
         "load_many_runs_s": _seconds_list(),
     },
 }
@@ -218,10 +232,11 @@ SCHEMA: dict[str, Any] = {
         "target_met": {
             "type": "object",
             "additionalProperties": False,
-            "required": ["save", "load", "load_many"],
+            "required": ["save", "load", "save_many", "load_many"],
             "properties": {
                 "save": {"type": ["boolean", "null"]},
                 "load": {"type": ["boolean", "null"]},
+                "save_many": {"type": ["boolean", "null"]},
                 "load_many": {"type": ["boolean", "null"]},
             },
         },
@@ -322,9 +337,9 @@ async def run_scale_bench(
         root = work / "cluster"
         Cluster.create(root, nodes=nodes, encoding=encoding)
         raw_s: list[float] = []
-        save_s: dict[int, list[float]] = {n: [] for n in counts}
-        load_s: dict[int, list[float]] = {n: [] for n in counts}
-        many_s: dict[int, list[float]] = {n: [] for n in counts}
+        seconds: dict[str, dict[int, list[float]]] = {
+            what: {n: [] for n in counts} for what in PHASES
+        }
         cold = True
         async with Cluster.open(root) as cluster:
             client = cluster.client()
@@ -340,46 +355,40 @@ async def run_scale_bench(
                     if rnd:
                         raw_s.append(raw)
                     for n in counts:
-                        ckpt, at = ckpts[n], at + 1
-                        step(f"{label}: {n} ranks save")
-                        t0 = time.perf_counter()
-                        await asyncio.gather(
-                            *(ckpt.save(at, r, s) for r, s in enumerate(states[n]))
-                        )
-                        await cluster.datapath.drain()
-                        saved = time.perf_counter() - t0
-                        await ckpt.wait_cleanup()  # retention: in no timing
-                        step(f"{label}: {n} ranks load")
-                        cold = await asyncio.to_thread(drop_caches) and cold
-                        t0 = time.perf_counter()
-                        loaded = await _load_all(ckpt, at, n, load_in_flight)
-                        took = time.perf_counter() - t0
-                        verify(states[n], loaded)
-                        del loaded
-                        step(f"{label}: {n} ranks load_many")
-                        cold = await asyncio.to_thread(drop_caches) and cold
-                        t0 = time.perf_counter()
-                        loaded = await ckpt.load_many(range(n), at)
-                        took_many = time.perf_counter() - t0
-                        verify(states[n], loaded)
-                        del loaded
+                        ckpt, took = ckpts[n], {}
+                        for many in (False, True):  # a call per rank, then one call
+                            at += 1
+                            what = "save_many" if many else "save"
+                            step(f"{label}: {n} ranks {what}")
+                            t0 = time.perf_counter()
+                            if many:
+                                await ckpt.save_many(at, dict(enumerate(states[n])))
+                            else:
+                                await asyncio.gather(
+                                    *(ckpt.save(at, r, s) for r, s in enumerate(states[n]))
+                                )
+                            await cluster.datapath.drain()
+                            took[what] = time.perf_counter() - t0
+                            await ckpt.wait_cleanup()  # retention: in no timing
+                            what = "load_many" if many else "load"
+                            step(f"{label}: {n} ranks {what}")
+                            cold = await asyncio.to_thread(drop_caches) and cold
+                            t0 = time.perf_counter()
+                            if many:
+                                loaded = await ckpt.load_many(range(n), at)
+                            else:
+                                loaded = await _load_all(ckpt, at, n, load_in_flight)
+                            took[what] = time.perf_counter() - t0
+                            verify(states[n], loaded)
+                            del loaded
                         if rnd:
-                            save_s[n].append(round(saved, 4))
-                            load_s[n].append(round(took, 4))
-                            many_s[n].append(round(took_many, 4))
+                            for what, secs in took.items():
+                                seconds[what][n].append(round(secs, 4))
             finally:
                 for ckpt in ckpts.values():
                     await ckpt.close()
         return _result(
-            len(data),
-            counts,
-            encoding,
-            nodes,
-            runs,
-            cold,
-            load_in_flight,
-            raw_s,
-            {"save": save_s, "load": load_s, "load_many": many_s},
+            len(data), counts, encoding, nodes, runs, cold, load_in_flight, raw_s, seconds
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -401,13 +410,13 @@ def _result(
     points = []
     for n in counts:
         figures: dict[str, Any] = {}
-        for what in ("save", "load", "load_many"):
+        for what in PHASES:
             figures[f"{what}_s"] = round(med[what][n], 4)
             figures[f"{what}_mb_s"] = mb_s(size, med[what][n])
             figures[f"{what}_vs_16"] = _ratio_to(med[what], n)
             figures[f"{what}_runs_s"] = seconds[what][n]
         points.append(ScalePoint(ranks=n, rows_per_rank=-(-(size // ROW_BYTES) // n), **figures))
-    met: dict[str, bool | None] = {"save": None, "load": None, "load_many": None}
+    met: dict[str, bool | None] = dict.fromkeys(PHASES)
     at_target = next((p for p in points if p.ranks == TARGET_RANKS), None)
     if at_target is not None and at_target.save_vs_16 is not None:
         for what in met:
@@ -442,12 +451,11 @@ def table(result: ScaleBench) -> Table:
         f"{result.runs} runs (median), loads {reads}",
         caption=f"raw disk write of the same bytes: {result.raw_write_s:.2f} s "
         f"({result.raw_write_mb_s:.0f} MB/s); target at {TARGET_RANKS} ranks: <= {MAX_RATIO}x "
-        f"the time at {BASELINE}: save {_met(result.target_met['save'])}, "
-        f"load {_met(result.target_met['load'])}, "
-        f"load_many {_met(result.target_met.get('load_many'))}",
+        f"the time at {BASELINE}: "
+        + ", ".join(f"{what} {_met(result.target_met.get(what))}" for what in PHASES),
     )
     t.add_column("ranks", justify="right")
-    for what in ("save", "load", "load_many"):
+    for what in PHASES:
         for col in ("s", "MB/s", "vs 16"):
             t.add_column(f"{what} {col}", justify="right")
     for p in result.points:
@@ -455,7 +463,7 @@ def table(result: ScaleBench) -> Table:
             str(p.ranks),
             *(
                 cell
-                for what in ("save", "load", "load_many")
+                for what in PHASES
                 for cell in (
                     f"{getattr(p, f'{what}_s'):.3f}",
                     f"{getattr(p, f'{what}_mb_s'):.0f}",
@@ -482,9 +490,9 @@ def targets(result: ScaleBench) -> list[dict[str, Any]]:
             "at_most": True,
             "met": result.target_met.get(what),
             "detail": "the same bytes, more ranks: the cost of ranks, "
-            + ("one load_many call for all of them" if what == "load_many" else "a call per rank"),
+            + ("one call for all of them" if what.endswith("_many") else "a call per rank"),
         }
-        for what in ("save", "load", "load_many")
+        for what in PHASES
     ]
 
 
@@ -500,7 +508,10 @@ def plot(result: ScaleBench, directory: Path) -> list[Path]:
     title = f"bench scale: {result.size / 2**20:.0f} MiB of {result.encoding}"
     median = f"{result.runs}-run median"
     figures = {
-        "save": {f"save ({median})": [p.save_s for p in result.points]},
+        "save": {
+            f"save, a call per rank ({median})": [p.save_s for p in result.points],
+            f"save_many, one call ({median})": [p.save_many_s for p in result.points],
+        },
         "load": {
             f"load, a call per rank ({median})": [p.load_s for p in result.points],
             f"load_many, one call ({median})": [p.load_many_s for p in result.points],

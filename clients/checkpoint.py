@@ -31,7 +31,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -252,35 +252,113 @@ class Checkpointer:
     ) -> tuple[_Step, _Staged]:
         """Stage ``rank``'s state for ``step`` and start the step's writer and commit."""
         started = time.perf_counter()
+        st = await self._open_step(step, [rank])
+        staged = await self._stage_rank(st, rank, state, incremental, copy, started)
+        self._start(st)
+        if copy:
+            staged.blocked_s = time.perf_counter() - started
+        return st, staged
+
+    async def _open_step(self, step: int, ranks: Iterable[int]) -> _Step:
+        """The step's state, once ``ranks`` are known to be valid for it; on cancellation
+        the step is marked aborted (by the first of ``ranks``)."""
         check_step(step)
-        if not 0 <= rank < self.world_size:
-            raise CheckpointError(f"rank {rank} is not in [0, {self.world_size})")
+        ranks = list(ranks)
+        for rank in ranks:
+            if not 0 <= rank < self.world_size:
+                raise CheckpointError(f"rank {rank} is not in [0, {self.world_size})")
+        if len(set(ranks)) != len(ranks):
+            raise CheckpointError(f"a rank is given twice: {sorted(ranks)}")
         try:
             st = await self._step_state(step)
         except asyncio.CancelledError as exc:
-            await asyncio.shield(self._abort(step, rank, exc))
+            if ranks:
+                await asyncio.shield(self._abort(step, ranks[0], exc))
             raise
         if _succeeded(st.commit):
             raise CheckpointError(f"step {step} is already committed", self.root)
-        if rank in st.ranks:
-            raise CheckpointError(f"rank {rank} already saved step {step}")
-        st.ranks.add(rank)
+        for rank in ranks:
+            if rank in st.ranks:
+                raise CheckpointError(f"rank {rank} already saved step {step}")
+        return st
+
+    def _staged(
+        self, rank: int, state: Mapping[str, Value], incremental: bool, copy: bool, started: float
+    ) -> _Staged:
+        """``rank``'s state staged (its staging copies given back if it fails)."""
         staged = _Staged(rank, [], incremental, started, asyncio.get_running_loop().create_future())
         try:
             for name, value in state.items():
                 staged.items.append(self._stage(rank, name, value, copy, staged.buffers))
-        except BaseException as exc:  # this rank will not save the step: nor will the others
+        except BaseException:
             self._give_back(staged.buffers)
-            await asyncio.shield(self._abort(step, rank, exc))
             raise
+        return staged
+
+    async def _stage_rank(
+        self,
+        st: _Step,
+        rank: int,
+        state: Mapping[str, Value],
+        incremental: bool,
+        copy: bool,
+        started: float,
+    ) -> _Staged:
+        """``rank``'s state staged and queued for the step's writer. If staging fails, the
+        step is marked aborted: this rank will not save it, so neither will the others."""
+        try:
+            staged = self._staged(rank, state, incremental, copy, started)
+        except BaseException as exc:
+            await asyncio.shield(self._abort(st.step, rank, exc))
+            raise
+        st.ranks.add(rank)
         st.queue.append(staged)
+        return staged
+
+    def _start(self, st: _Step) -> None:
+        """The step's writer (unless it is writing) and commit wait, started."""
         if st.writer is None or st.writer.done():
             st.writer = asyncio.ensure_future(self._write_batches(st))
         if st.commit is None:
             st.commit = asyncio.ensure_future(self._await_commit(st))
-        if copy:
-            staged.blocked_s = time.perf_counter() - started
-        return st, staged
+
+    async def save_many(
+        self,
+        step: int,
+        states: Mapping[int, Mapping[str, Value]],
+        *,
+        incremental: bool = False,
+    ) -> list[SaveResult]:
+        """``save`` for many ranks of this process in one call (``states`` by rank): the
+        same checkpoint, but one coroutine stages them all and waits once, where each
+        ``save`` costs its own coroutines and futures (``bench scale``: about 0.1 ms of
+        Python per rank at 4,096 ranks). Returns once the step is committed, a result per
+        rank in the order of ``states``; raises what ``save`` raises."""
+        started = time.perf_counter()
+        st = await self._open_step(step, states)
+        staged_all = []
+        for rank, state in states.items():  # all staged before any is queued
+            try:
+                staged_all.append(self._staged(rank, state, incremental, False, started))
+            except BaseException as exc:
+                await asyncio.shield(self._abort(st.step, rank, exc))
+                raise
+        st.ranks.update(s.rank for s in staged_all)
+        st.queue += staged_all
+        self._start(st)
+        try:
+            written = await asyncio.gather(*(s.written for s in staged_all))
+            assert st.commit is not None
+            await asyncio.shield(st.commit)
+        except BaseException as exc:
+            if not _succeeded(st.commit) and staged_all:
+                await asyncio.shield(self._abort(st.step, staged_all[0].rank, exc))
+            raise
+        elapsed = time.perf_counter() - started
+        return [
+            SaveResult(step, s.rank, sum(i.entry.nbytes for i in s.items), n, elapsed, elapsed)
+            for s, n in zip(staged_all, written, strict=True)
+        ]
 
     async def _step_state(self, step: int) -> _Step:
         st = self._steps.get(step)

@@ -673,3 +673,39 @@ def test_a_part_whose_bytes_differ_from_the_manifest_is_named_by_load_and_load_m
             assert (await ckpt.load_many([4], 6))[0]["w"].offset == (256, 0)
 
     run(cluster_dir, body)
+
+
+def test_save_many_commits_the_step_save_does(cluster_dir: Path) -> None:
+    """Ranks saved in one call (mixed with ranks saving one by one) make the checkpoint
+    ``save`` makes; bad input fails before anything is written, and a state that cannot be
+    staged aborts the step for every rank."""
+    world = 12
+
+    async def body(client: Client, root: str) -> None:
+        g = global_array(7, (600, 5))
+        states = [rank_state(7, r, world, g) for r in range(world)]
+        async with Checkpointer(client, root, world_size=world) as ckpt:
+            with pytest.raises(CheckpointError, match="rank 12 is not in"):
+                await ckpt.save_many(7, {0: states[0], 12: states[0]})
+            many, *one = await asyncio.gather(
+                ckpt.save_many(7, {r: states[r] for r in range(world) if r % 3}),
+                *(ckpt.save(7, r, states[r]) for r in range(0, world, 3)),
+            )
+            assert [r.rank for r in many] == [r for r in range(world) if r % 3]
+            assert all(r.bytes_written == r.bytes_total > 0 for r in [*many, *one])
+            loaded = await ckpt.load_many(range(world), 7)
+            for r in range(world):
+                want = states[r]
+                assert np.array_equal(loaded[r]["w"].array, want["w"].array)
+                assert loaded[r]["meta"] == want["meta"]
+            with pytest.raises(CheckpointError, match="already committed"):
+                await ckpt.save_many(7, {1: states[1]})
+            bad = {r: dict(states[r]) for r in range(world)}
+            bad[4]["oops"] = object()
+            with pytest.raises(CheckpointError, match="'oops'"):
+                await ckpt.save_many(8, bad)
+            with pytest.raises(CheckpointAbortedError, match="abort-4"):
+                await ckpt.save(8, 0, states[0])
+            assert await ckpt.steps() == [7]
+
+    run(cluster_dir, body)
