@@ -40,8 +40,8 @@ from typing import Any
 from mfusepy import FuseOSError, Operations
 
 from fuse_mount import replybuf
-from fuse_mount.bufpool import BufferPool
 from tectonic_emu.bridge import Bridge
+from tectonic_emu.bufpool import BufferPool
 from tectonic_emu.errors import NotFoundError, TectonicError
 from tectonic_emu.reader import FileReader
 from tectonic_emu.writer import FileWriter, VersionWriter
@@ -75,7 +75,7 @@ class _Segment:
 
 class ReadHandle:
     """A file opened for reading: segments of ``segment`` bytes fetched ahead, in buffers
-    lent by the mount's pool (``fuse_mount.bufpool``)."""
+    lent by the mount's pool (``tectonic_emu.bufpool``)."""
 
     def __init__(self, fs: TectonicFS, path: str, reader: FileReader) -> None:
         self.fs = fs

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import array
 import asyncio
+import errno
 import itertools
+import mmap
 import os
 import shutil
 import struct
@@ -25,6 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from tectonic_emu.chunkstore import (
     HEADER_SIZE,
+    PAYLOAD_OFFSET,
     ChunkInfo,
     FaultyNode,
     LocalNode,
@@ -33,7 +36,7 @@ from tectonic_emu.chunkstore import (
     decode_chunk,
     encode_chunk,
 )
-from tectonic_emu.chunkstore._format import FLAG_ZSTD, MAGIC, id_crc32c
+from tectonic_emu.chunkstore._format import FLAG_ZSTD, MAGIC, id_crc32c, pack_header
 from tectonic_emu.chunkstore.remote import RemoteNode, fixed_address
 from tectonic_emu.errors import (
     AlreadyExistsError,
@@ -101,7 +104,7 @@ def test_write_read_stat_list_delete(node: StorageNode) -> None:
         usage = await node.usage()
         assert [u.disk for u in usage] == list(range(DISKS))
         assert [u.chunks for u in usage] == [0, 1, 0]
-        assert usage[1].bytes_used == HEADER_SIZE + len(data)
+        assert usage[1].bytes_used == PAYLOAD_OFFSET + len(data)
         assert all(u.bytes_free > 0 for u in usage)
         # the same id on another disk is another chunk
         await write(node, 2, cid, b"other")
@@ -363,17 +366,97 @@ def test_file_format_is_as_documented(local: LocalNode) -> None:
     magic, version, flags, length, pcrc, icrc, reserved, hcrc = struct.unpack(
         "<4sHHQIIII", raw[:HEADER_SIZE]
     )
-    assert (magic, version, flags, length) == (MAGIC, 1, FLAG_ZSTD, len(data))
+    assert (magic, version, flags, length) == (MAGIC, 2, FLAG_ZSTD, len(data))
     assert (pcrc, icrc, reserved) == (crc(data), id_crc32c("fmt"), 0)
     assert hcrc == crc(raw[:28])
     assert decode_chunk(raw, "fmt")[1] == data
-    assert raw[HEADER_SIZE:] == data
+    assert raw[HEADER_SIZE:PAYLOAD_OFFSET] == bytes(PAYLOAD_OFFSET - HEADER_SIZE)
+    assert raw[PAYLOAD_OFFSET:] == data
+
+
+def test_version_1_files_still_read(local: LocalNode) -> None:
+    """A chunk written before payloads moved to a page boundary (version 1: the payload
+    right after the 32-byte header) reads, stats and lists as before."""
+    data = os.urandom(3000)
+    path = Path(local.chunk_path(0, "old"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pack_header("old", len(data), crc(data), 0, version=1) + data)
+    assert bytes(run(local.read_chunk(0, "old"))[0]) == data
+    assert run(local.stat_chunk(0, "old")).stored_len == len(data)
+    buf = bytearray(len(data))
+    run(local.read_chunk_into(0, "old", memoryview(buf)))
+    assert buf == data
+
+
+@pytest.mark.parametrize(
+    "size", [PAYLOAD_OFFSET, PAYLOAD_OFFSET + 1, 3 * PAYLOAD_OFFSET, (9 << 20) + 123]
+)
+@pytest.mark.parametrize("aligned", [True, False])
+def test_payloads_with_whole_pages_go_through_o_direct_from_any_memory(
+    local: LocalNode, size: int, aligned: bool
+) -> None:
+    """Whole pages are written with O_DIRECT, from the caller's memory when it is
+    page-aligned and through a bounce buffer when not; the partial last page through the
+    page cache. Every layout reads back exactly."""
+    data = os.urandom(size)
+    if aligned:
+        buf = mmap.mmap(-1, size)
+        buf[:] = data
+        payload: Any = memoryview(buf)
+    else:
+        payload = memoryview(bytearray(b"x" + data))[1:]  # one byte past a malloc boundary
+    run(local.write_chunk(0, f"d{size}", payload, crc32c=crc(data)))
+    assert os.path.getsize(local.chunk_path(0, f"d{size}")) == PAYLOAD_OFFSET + size
+    assert bytes(run(local.read_chunk(0, f"d{size}"))[0]) == data
+    assert 0 not in local._no_direct  # the disk took O_DIRECT
+
+
+@pytest.mark.parametrize("refuses", ["open", "write"])
+def test_a_file_system_refusing_o_direct_is_written_through_the_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refuses: str
+) -> None:
+    """Where O_DIRECT is refused (EINVAL at open, as some file systems do, or at the first
+    write), the chunk is written through the page cache instead, and the disk is not asked
+    again."""
+    import tectonic_emu.chunkstore._local as local_module
+
+    direct_fds: set[int] = set()
+    opens: list[int] = []
+    real_open, real_pwritev = os.open, os.pwritev
+
+    def fake_open(path: Any, flags: int, *args: Any) -> int:
+        if flags & os.O_DIRECT:
+            opens.append(flags)
+            if refuses == "open":
+                raise OSError(errno.EINVAL, "Invalid argument")
+            fd = real_open(path, flags, *args)
+            direct_fds.add(fd)
+            return fd
+        return real_open(path, flags, *args)
+
+    def fake_pwritev(fd: int, bufs: Any, offset: int) -> int:
+        if fd in direct_fds:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_pwritev(fd, bufs, offset)
+
+    monkeypatch.setattr(local_module.os, "open", fake_open)
+    monkeypatch.setattr(local_module.os, "pwritev", fake_pwritev)
+    node = LocalNode(tmp_path / "n", node_id=0, disks=1)
+    try:
+        for k in range(2):
+            data = os.urandom(3 * PAYLOAD_OFFSET + 5)
+            run(write(node, 0, f"t{k}", data))
+            assert bytes(run(node.read_chunk(0, f"t{k}"))[0]) == data
+            assert os.path.getsize(node.chunk_path(0, f"t{k}")) == PAYLOAD_OFFSET + len(data)
+        assert node._no_direct == {0} and len(opens) == 1  # asked once
+    finally:
+        run(node.close())
 
 
 def test_flipped_payload_byte_reads_as_corrupt(local: LocalNode) -> None:
     data = os.urandom(5000)
     run(write(local, 0, "abc", data))
-    _flip(local.chunk_path(0, "abc"), HEADER_SIZE + 4321)
+    _flip(local.chunk_path(0, "abc"), PAYLOAD_OFFSET + 4321)
     with pytest.raises(ChunkCorruptError):
         run(local.read_chunk(0, "abc"))
     assert run(local.stat_chunk(0, "abc")).stored_len == 5000  # header only: still fine
@@ -389,12 +472,14 @@ def test_flipped_header_byte_reads_as_corrupt(local: LocalNode, offset: int) -> 
         run(local.stat_chunk(0, "abc"))
 
 
-@pytest.mark.parametrize("size", [0, 5, HEADER_SIZE - 1, HEADER_SIZE, HEADER_SIZE + 500, -1])
+@pytest.mark.parametrize(
+    "size", [0, 5, HEADER_SIZE - 1, HEADER_SIZE, HEADER_SIZE + 500, PAYLOAD_OFFSET, -1]
+)
 def test_truncated_file_reads_as_corrupt(local: LocalNode, size: int) -> None:
     data = os.urandom(1000)
     run(write(local, 0, "abc", data))
     path = local.chunk_path(0, "abc")
-    os.truncate(path, size if size >= 0 else HEADER_SIZE + len(data) - 1)
+    os.truncate(path, size if size >= 0 else PAYLOAD_OFFSET + len(data) - 1)
     with pytest.raises(ChunkCorruptError):
         run(local.read_chunk(0, "abc"))
     with pytest.raises(ChunkCorruptError):
@@ -421,7 +506,7 @@ def test_extra_bytes_and_wrong_name_read_as_corrupt(local: LocalNode) -> None:
 def test_torn_write_reads_as_corrupt_and_blocks_the_id(local: LocalNode) -> None:
     data = os.urandom(10_000)
     run(local.write_torn_chunk(0, "torn", data, crc32c=crc(data), keep=3000))
-    assert os.path.getsize(local.chunk_path(0, "torn")) == HEADER_SIZE + 3000
+    assert os.path.getsize(local.chunk_path(0, "torn")) == PAYLOAD_OFFSET + 3000
     with pytest.raises(ChunkCorruptError):
         run(local.read_chunk(0, "torn"))
     with pytest.raises(AlreadyExistsError):
@@ -439,12 +524,12 @@ def test_listing_skips_stray_files_and_keeps_unreadable_chunks(local: LocalNode)
     os.mkdir(Path(fan, "subdir"))
     Path(local.root, "d0", "loose-file").write_bytes(b"junk")
     os.makedirs(os.path.dirname(local.chunk_path(0, "garbage")), exist_ok=True)
-    Path(local.chunk_path(0, "garbage")).write_bytes(b"x" * 100)
+    Path(local.chunk_path(0, "garbage")).write_bytes(b"x" * 5000)
     infos = {i.chunk_id: i for i in run(local.list_chunks(0))}
     assert set(infos) == {"good", "garbage"}
-    assert (infos["garbage"].stored_len, infos["garbage"].crc32c) == (100 - HEADER_SIZE, 0)
+    assert (infos["garbage"].stored_len, infos["garbage"].crc32c) == (5000 - PAYLOAD_OFFSET, 0)
     usage = run(local.usage())[0]
-    assert (usage.chunks, usage.bytes_used) == (2, HEADER_SIZE + 7 + 100)
+    assert (usage.chunks, usage.bytes_used) == (2, PAYLOAD_OFFSET + 7 + 5000)
 
 
 def test_chunks_survive_a_restart(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ from clients.dataset import (
 from clients.shardstream import READS_IN_FLIGHT
 from clients.workloads import COSMOFLOW, RESNET50, UNET3D, WORKLOADS, workload_named
 from tectonic_emu import Cluster
+from tectonic_emu.chunkstore import PAYLOAD_OFFSET
 from tectonic_emu.client import Client
 from tectonic_emu.coding.checksum import crc32c
 from tectonic_emu.errors import (
@@ -478,7 +479,7 @@ def test_a_damaged_chunk_is_an_error_never_wrong_data(cluster_dir: Path) -> None
 
     chunk = Path(run(cluster_dir, save))
     raw = bytearray(chunk.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
+    raw[PAYLOAD_OFFSET + (len(raw) - PAYLOAD_OFFSET) // 2] ^= 0xFF  # mid-payload
     chunk.write_bytes(raw)
 
     async def load(client: Client) -> None:

@@ -35,7 +35,12 @@ from tectonic_emu import (
     NotEnoughNodesError,
 )
 from tectonic_emu.chunkstore import FaultyNode
-from tectonic_emu.chunkstore._format import HEADER_SIZE, decode_chunk, encode_chunk
+from tectonic_emu.chunkstore._format import (
+    HEADER_SIZE,
+    PAYLOAD_OFFSET,
+    decode_chunk,
+    encode_chunk,
+)
 from tectonic_emu.coding import crc32c
 from tectonic_emu.services import collect_garbage, repair, scrub
 from tectonic_emu.services.scrub import ScrubReport
@@ -76,7 +81,7 @@ def damage(path: str, how: Damage, *, at: int = 1) -> None:
     truncate it to half its length (a torn write)."""
     size = os.path.getsize(path)
     if how == "flip":
-        flip(path, size - min(at, size - HEADER_SIZE))
+        flip(path, size - min(at, size - PAYLOAD_OFFSET))
     elif how == "delete":
         os.unlink(path)
     else:

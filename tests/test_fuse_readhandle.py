@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("mfusepy")
 
-import fuse_mount.bufpool as bufpool_module
 import fuse_mount.fs as fs_module
+import tectonic_emu.bufpool as bufpool_module
 from fuse_mount.fs import READAHEAD_SEGMENTS, TectonicFS
 from tectonic_emu import Cluster
 from tectonic_emu.bridge import Bridge

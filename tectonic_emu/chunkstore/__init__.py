@@ -7,6 +7,7 @@
 from tectonic_emu.chunkstore._format import (
     FLAG_ZSTD,
     HEADER_SIZE,
+    PAYLOAD_OFFSET,
     ChunkHeader,
     decode_chunk,
     encode_chunk,
@@ -25,6 +26,7 @@ from tectonic_emu.chunkstore.faults import FaultyNode
 __all__ = [
     "FLAG_ZSTD",
     "HEADER_SIZE",
+    "PAYLOAD_OFFSET",
     "BytesLike",
     "ChunkHeader",
     "ChunkInfo",

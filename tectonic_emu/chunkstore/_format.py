@@ -1,21 +1,24 @@
-"""The chunk file format: a 32-byte header, then the payload.
+"""The chunk file format: a 32-byte header, then the payload at a 4 KiB boundary.
 
 All fields little-endian (``docs/chunk-format.md`` has the full description)::
 
     offset size field
          0    4 magic            b"TECK"
-         4    2 version          1
+         4    2 version          2 (1: the payload follows the header at offset 32)
          6    2 flags            bit 0: payload is zstd-compressed (stored, never interpreted)
-         8    8 payload_len      bytes of payload after the header
+         8    8 payload_len      bytes of payload
         16    4 payload_crc32c   CRC32C of the payload, as given by the writer
         20    4 id_crc32c        CRC32C of the chunk id (ASCII): catches a file under the wrong name
         24    4 reserved         zero
         28    4 header_crc32c    CRC32C of bytes 0..27
-        32    - payload
+        32    - zero to offset 4096 (version 2)
+      4096    - payload (version 2)
 
-A file is a valid chunk only if its header checks, its size is exactly ``32 + payload_len`` and
-its payload matches ``payload_crc32c``; anything else (a torn write, a flipped bit, a file
-renamed to another chunk id) reads as ``ChunkCorruptError``.
+The payload starts on a page so that nodes can write it with ``O_DIRECT`` (``_local.py`` says
+why). A file is a valid chunk only if its header checks, its size is exactly the payload
+offset plus ``payload_len`` and its payload matches ``payload_crc32c``; anything else (a torn
+write, a flipped bit, a file renamed to another chunk id) reads as ``ChunkCorruptError``.
+Version 1 files (payload at offset 32) are still read.
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ from tectonic_emu.chunkstore.base import BytesLike
 from tectonic_emu.errors import ChunkCorruptError, InvalidArgumentError
 
 MAGIC = b"TECK"
-VERSION = 1
-HEADER_SIZE = 32
+VERSION = 2  # written; 1 is still read
+HEADER_SIZE = 32  # bytes of header fields
+PAYLOAD_OFFSET = 4096  # where a version 2 payload starts: a page, for O_DIRECT
+_PAYLOAD_OFFSETS = {1: HEADER_SIZE, 2: PAYLOAD_OFFSET}
 FLAG_ZSTD = 0x1
 
 _HEADER = struct.Struct("<4sHHQII4x")  # everything the header CRC covers: bytes 0..27
@@ -43,19 +48,27 @@ class ChunkHeader:
     flags: int
     payload_len: int
     payload_crc32c: int
+    payload_offset: int = PAYLOAD_OFFSET  # where the payload starts in the file
+
+    @property
+    def file_size(self) -> int:
+        return self.payload_offset + self.payload_len
 
 
 def id_crc32c(chunk_id: str) -> int:
     return int(google_crc32c.value(chunk_id.encode("ascii")))
 
 
-def pack_header(chunk_id: str, payload_len: int, payload_crc32c: int, flags: int) -> bytes:
-    """The 32 header bytes of a chunk. Raises InvalidArgumentError for out-of-range fields."""
+def pack_header(
+    chunk_id: str, payload_len: int, payload_crc32c: int, flags: int, *, version: int = VERSION
+) -> bytes:
+    """The 32 header bytes of a chunk (``version`` 1 only to test that old files read).
+    Raises InvalidArgumentError for out-of-range fields."""
     if not 0 <= payload_crc32c < 1 << 32:
         raise InvalidArgumentError(f"crc32c out of range: {payload_crc32c}", chunk_id)
     if not 0 <= flags < 1 << 16:
         raise InvalidArgumentError(f"flags out of range: {flags}", chunk_id)
-    body = _HEADER.pack(MAGIC, VERSION, flags, payload_len, payload_crc32c, id_crc32c(chunk_id))
+    body = _HEADER.pack(MAGIC, version, flags, payload_len, payload_crc32c, id_crc32c(chunk_id))
     return body + _HEADER_CRC.pack(google_crc32c.value(body))
 
 
@@ -72,15 +85,16 @@ def unpack_header(raw: bytes, chunk_id: str, file_size: int | None = None) -> Ch
     if google_crc32c.value(body) != header_crc:
         raise ChunkCorruptError("chunk header checksum mismatch", chunk_id)
     magic, version, flags, payload_len, payload_crc, id_crc = _HEADER.unpack(body)
-    if magic != MAGIC or version != VERSION:
+    if magic != MAGIC or version not in _PAYLOAD_OFFSETS:
         raise ChunkCorruptError(f"not a chunk file (magic {magic!r}, v{version})", chunk_id)
     if id_crc != id_crc32c(chunk_id):
         raise ChunkCorruptError("chunk file belongs to another chunk id", chunk_id)
-    if file_size is not None and file_size != HEADER_SIZE + payload_len:
+    header = ChunkHeader(flags, payload_len, payload_crc, _PAYLOAD_OFFSETS[version])
+    if file_size is not None and file_size != header.file_size:
         raise ChunkCorruptError(
-            f"chunk file is {file_size} bytes, header says {HEADER_SIZE + payload_len}", chunk_id
+            f"chunk file is {file_size} bytes, header says {header.file_size}", chunk_id
         )
-    return ChunkHeader(flags, payload_len, payload_crc)
+    return header
 
 
 def check_payload(payload: bytes, header: ChunkHeader, chunk_id: str) -> None:
@@ -105,13 +119,14 @@ def as_byte_view(payload: BytesLike) -> memoryview:
 def encode_chunk(chunk_id: str, payload: bytes, payload_crc32c: int, flags: int = 0) -> bytes:
     """A whole chunk file as bytes (for tools and tests; the node writes header and payload
     without joining them)."""
-    return pack_header(chunk_id, len(payload), payload_crc32c, flags) + payload
+    header = pack_header(chunk_id, len(payload), payload_crc32c, flags)
+    return header.ljust(PAYLOAD_OFFSET, b"\0") + payload
 
 
 def decode_chunk(data: bytes, chunk_id: str) -> tuple[ChunkHeader, bytes]:
     """Check a whole chunk file and split it into header and payload."""
     header = unpack_header(data[:HEADER_SIZE], chunk_id, len(data))
-    payload = data[HEADER_SIZE:]
+    payload = data[header.payload_offset :]
     check_payload(payload, header, chunk_id)
     return header, payload
 
@@ -120,6 +135,7 @@ __all__ = [
     "FLAG_ZSTD",
     "HEADER_SIZE",
     "MAGIC",
+    "PAYLOAD_OFFSET",
     "VERSION",
     "ChunkHeader",
     "as_byte_view",

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import google_crc32c
 
-from tectonic_emu.chunkstore._format import HEADER_SIZE, as_byte_view
+from tectonic_emu.chunkstore._format import PAYLOAD_OFFSET, as_byte_view
 from tectonic_emu.chunkstore.base import (
     BytesLike,
     ChunkInfo,
@@ -123,7 +123,7 @@ class MemoryNode(StorageNode):
         self._check_up()
         result = []
         for disk, chunks in enumerate(self._disks):
-            used = sum(HEADER_SIZE + len(s.payload) for s in chunks.values())
+            used = sum(PAYLOAD_OFFSET + len(s.payload) for s in chunks.values())
             result.append(DiskUsage(disk, len(chunks), used, max(self.capacity - used, 0)))
         return result
 

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from tectonic_emu.chunkstore import wire
-from tectonic_emu.chunkstore._format import HEADER_SIZE as CHUNK_HEADER_SIZE
 from tectonic_emu.chunkstore._local import LocalNode
 from tectonic_emu.chunkstore.base import BytesLike
 from tectonic_emu.chunkstore.wire import HEADER_SIZE, MAX_META, FrameError, Header, Op
@@ -161,12 +160,8 @@ class NodeServer:
                 # The payload goes from the page cache to the socket (sendfile), unchecked
                 # here: the client checks it against this checksum, which covers the disk and
                 # the wire in one pass.
-                fd, info = await node.open_chunk(disk, chunk_id)
-                return (
-                    wire.pack_info(info),
-                    FilePayload(fd, CHUNK_HEADER_SIZE, info.stored_len),
-                    info.crc32c,
-                )
+                fd, info, offset = await node.open_chunk(disk, chunk_id)
+                return (wire.pack_info(info), FilePayload(fd, offset, info.stored_len), info.crc32c)
             if h.op == Op.STAT:
                 return wire.pack_info(await node.stat_chunk(disk, chunk_id)), b"", 0
             await node.delete_chunk(disk, chunk_id)

@@ -1,12 +1,16 @@
-"""Segment buffers shared by every read handle of a mount, mapped once and reused.
+"""Page-aligned buffers of one size, mapped once and reused.
 
-A read handle fetches a file ahead in block-sized segments, each into a buffer of its own.
-Allocated per handle, those buffers came from the arenas of libfuse's threads: each an 8 MiB
-``bytearray`` zeroed on allocation, and handed back to the kernel once a whole arena heap fell
-free. On this kind of VM memory handed back is slow to touch again (../shared/MACHINE.md), so
-reading 8 files at once spent more time faulting in and zeroing fresh pages than copying
-data (``perf``: memset, page faults and munmap). A pool of page-aligned ``mmap`` buffers,
-touched once and kept, serves every handle instead (docs/performance.md has the figures).
+On this kind of VM memory handed back to the kernel is slow to touch again
+(../shared/MACHINE.md), so buffers on the data path are kept and reused rather than
+allocated per request. Two users:
+
+- the mount's read handles fetch files ahead in block-sized segments. Allocated per handle,
+  those buffers came from the arenas of libfuse's threads, zeroed on allocation and handed
+  back to the kernel once a whole arena heap fell free: reading 8 files at once spent more
+  time faulting in and zeroing fresh pages than copying data (``perf``: memset, page faults
+  and munmap);
+- a storage node writing a chunk with ``O_DIRECT`` copies a payload that is not page-aligned
+  through one of these first (``chunkstore/_local.py``).
 """
 
 from __future__ import annotations
