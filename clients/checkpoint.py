@@ -56,6 +56,7 @@ from clients.ckpt_format import (
 )
 from clients.ckpt_reads import MERGE_BYTES, FileReaders, MergedReader
 from clients.ckpt_region import even_rows, plan, region
+from tectonic_emu.bufpool import uninitialised
 from tectonic_emu.chunkstore.remote import aligned_buffer
 from tectonic_emu.client import Client
 from tectonic_emu.coding.checksum import crc32c, crc32c_many
@@ -791,7 +792,7 @@ class Checkpointer:
         entries = [e for _, _, e in wanted]
         reads = []
         for arena in _arenas(entries):
-            buf = _uninitialised(arena.length)
+            buf = uninitialised(arena.length)
             for k, at in arena.members:
                 out, name, e = wanted[k]
                 out[name] = _as_value(e, buf[at : at + e.nbytes])
@@ -1024,13 +1025,6 @@ def _arenas(entries: Sequence[Entry]) -> list[_Arena]:
 def _scattered(entries: Sequence[Entry]) -> list[int]:
     """Indexes of the values not in one piece (read run by run into their own buffers)."""
     return [i for i, e in enumerate(entries) if not _in_one_piece(e)]
-
-
-def _uninitialised(n: int) -> memoryview:
-    """``n`` writable bytes, page-aligned, not zeroed (they are read into at once)."""
-    raw = np.empty(n + 4096, dtype=np.uint8)
-    start = -raw.ctypes.data % 4096
-    return raw[start : start + n].data
 
 
 def _as_value(e: Entry, view: memoryview) -> Value:

@@ -15,8 +15,37 @@ allocated per request. Two users:
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import threading
+
+import numpy as np
+
+from tectonic_emu.coding._native import pinned
+
+PAGE = 4096
+# Below this a copy holds the GIL (a slice assignment); above, ctypes.memmove releases it.
+_GIL_FREE_COPY = 256 << 10
+
+
+def uninitialised(n: int) -> memoryview:
+    """``n`` writable bytes, page-aligned and not zeroed: from malloc (through numpy), which
+    recycles freed blocks warm, unlike a fresh ``mmap`` (and unlike ``bytearray``, which
+    zeroes them first)."""
+    raw = np.empty(n + PAGE, dtype=np.uint8)
+    start = -raw.ctypes.data % PAGE
+    return raw[start : start + n].data
+
+
+def copy_into(dest: memoryview, at: int, src: memoryview) -> None:
+    """``dest[at : at + len(src)] = src``, releasing the GIL for big copies (other threads
+    run meanwhile; a slice assignment holds it throughout)."""
+    n = src.nbytes
+    if n < _GIL_FREE_COPY:
+        dest[at : at + n] = src
+        return
+    with pinned([dest], writable=True) as [(d, _)], pinned([src]) as [(s, _)]:
+        ctypes.memmove(d + at, s, n)
 
 
 class BufferPool:
@@ -58,4 +87,4 @@ class BufferPool:
             self._free, self.keep = [], 0
 
 
-__all__ = ["BufferPool"]
+__all__ = ["PAGE", "BufferPool", "copy_into", "uninitialised"]

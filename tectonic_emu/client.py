@@ -366,16 +366,13 @@ class Client:
             )
 
     async def check_token(self, file_id: int, token: str, path: str) -> None:
-        async with self.meta.transaction() as m:
-            await self._check_token(m, file_id, token, path)
+        """Raise FencedWriterError unless ``token`` still holds the file, as last committed:
+        an early answer for appends, read outside a transaction (the commit of each block
+        checks again, inside its own)."""
+        _token_holds(await self.meta.file(file_id), token, path)
 
     async def _check_token(self, m: MetaTxn, file_id: int, token: str, path: str) -> FileRecord:
-        f = await m.files.get(file_id)
-        if f is None:
-            raise FencedWriterError("file was deleted or replaced while being written", path)
-        if f.token != token:
-            raise FencedWriterError("another writer took this file over", path)
-        return f
+        return _token_holds(await m.files.get(file_id), token, path)
 
     async def commit_block(self, file_id: int, token: str, rec: BlockRecord) -> None:
         """Make a block whose chunks are durable part of the file (the commit point)."""
@@ -637,6 +634,15 @@ class Client:
             await self.datapath.delete_chunks(garbage)
         except OSError:
             pass  # left for garbage collection
+
+
+def _token_holds(f: FileRecord | None, token: str, path: str) -> FileRecord:
+    """``f`` if ``token`` is its write token; else FencedWriterError."""
+    if f is None:
+        raise FencedWriterError("file was deleted or replaced while being written", path)
+    if f.token != token:
+        raise FencedWriterError("another writer took this file over", path)
+    return f
 
 
 __all__ = ["BlockLayout", "Client", "Stat"]

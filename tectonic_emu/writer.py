@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from tectonic_emu.bufpool import copy_into, uninitialised
 from tectonic_emu.chunkstore.base import BytesLike
 from tectonic_emu.coding import Encoding
 from tectonic_emu.errors import TectonicError, WriterClosedError
@@ -101,7 +102,11 @@ class FileWriter:
         self._token = token
         self._block_size = client.config.block_size_for(enc)
         self._pipeline = BlockPipeline(client, file_id, token, enc, client.write_depth)
-        self._buf = bytearray()
+        # The block being filled: page-aligned (a node writes a replica straight from it with
+        # O_DIRECT) and not zeroed; ``_fill`` bytes of it hold data.
+        self._buf: memoryview | None = None
+        self._fill = 0
+        self._streaming = False  # a whole block was filled: take whole blocks from now on
         self._closed = False
         self.offset = size  # bytes accepted so far (durable up to the last flush)
 
@@ -143,18 +148,39 @@ class FileWriter:
         mv = memoryview(data).cast("B")
         self.offset += len(mv)
         bs = self._block_size
-        if not self._buf and (owned or isinstance(data, bytes)):
+        if not self._fill and (owned or isinstance(data, bytes)):
             # Immutable input: hand whole blocks to the pipeline without copying.
             while len(mv) >= bs:
                 await self._pipeline.submit(mv[:bs])
                 mv = mv[bs:]
         while mv:
-            take = min(bs - len(self._buf), len(mv))
-            self._buf += mv[:take]
+            self._reserve(len(mv))
+            assert self._buf is not None
+            take = min(len(self._buf) - self._fill, len(mv))
+            copy_into(self._buf, self._fill, mv[:take])
+            self._fill += take
             mv = mv[take:]
-            if len(self._buf) == bs:
-                block, self._buf = self._buf, bytearray()
+            if self._fill == bs:
+                block, self._buf, self._fill = self._buf, None, 0
+                self._streaming = True
                 await self._pipeline.submit(block)
+
+    def _reserve(self, more: int) -> None:
+        """Room in the block buffer for ``more`` bytes (up to the block size): a whole block
+        once streaming, else room grown by doubling, so a small file does not hold 8 MiB."""
+        bs = self._block_size
+        have = 0 if self._buf is None else len(self._buf)
+        if have == bs or have - self._fill >= more:
+            return
+        if self._streaming or more >= bs // 8:
+            size = bs
+        else:
+            size = min(bs, max(64 << 10, 2 * have, self._fill + more))
+        grown = uninitialised(size)
+        if self._fill:
+            assert self._buf is not None
+            copy_into(grown, 0, self._buf[: self._fill])
+        self._buf = grown
 
     async def flush(self) -> None:
         """Return once every byte appended so far is durable and visible to readers."""
@@ -163,8 +189,9 @@ class FileWriter:
         await self._guard(self._flush())
 
     async def _flush(self) -> None:
-        if self._buf:
-            block, self._buf = self._buf, bytearray()
+        if self._fill:
+            assert self._buf is not None
+            block, self._buf, self._fill = self._buf[: self._fill], None, 0
             await self._pipeline.submit(block)
         await self._pipeline.drain()
 
@@ -183,7 +210,7 @@ class FileWriter:
         """Drop unflushed bytes and stop. The file stays unsealed with its durable prefix,
         so a new writer can take over."""
         self._closed = True
-        self._buf = bytearray()
+        self._buf, self._fill = None, 0
         await self._pipeline.abort()
 
     async def __aenter__(self) -> FileWriter:

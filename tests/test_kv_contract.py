@@ -367,6 +367,36 @@ def test_sqlite_persists_after_reopen(tmp_path: Path) -> None:
     run(body())
 
 
+def test_sqlite_reads_outside_transactions_do_not_wait_for_them(tmp_path: Path) -> None:
+    """``get`` and ``scan`` answer from the last commit while a transaction that has written
+    (and so holds the file's write lock) is still open, and see its writes once committed."""
+
+    async def body() -> None:
+        store = SQLiteKV(tmp_path / "m.db")
+        await put_all(store, {b"a": b"1"})
+        inside, release = asyncio.Event(), asyncio.Event()
+
+        async def writer() -> None:
+            async with store.transaction() as txn:
+                await txn.put(b"a", b"2")
+                assert await txn.get(b"b") is None  # sends the write: the lock is held now
+                inside.set()
+                await release.wait()
+
+        task = asyncio.create_task(writer())
+        await inside.wait()
+        assert await asyncio.wait_for(store.get(b"a"), 5) == b"1"
+        assert await asyncio.wait_for(store.scan(b""), 5) == [(b"a", b"1")]
+        release.set()
+        await task
+        assert await store.get(b"a") == b"2"
+        await store.close()
+        with pytest.raises(OSError):
+            await store.get(b"a")
+
+    run(body())
+
+
 def test_sqlite_two_stores_on_one_file_lose_no_update(tmp_path: Path) -> None:
     path = tmp_path / "m.db"
 

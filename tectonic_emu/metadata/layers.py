@@ -200,6 +200,12 @@ class Metadata:
         async with self.kv.transaction() as txn:
             yield MetaTxn(txn)
 
+    async def file(self, file_id: int) -> FileRecord | None:
+        """A file's record as last committed, read outside any transaction (with SQLite, on
+        its own connection: it does not wait for the transactions in progress)."""
+        raw = await self.kv.get(file_key(file_id))
+        return None if raw is None else FileRecord.decode(file_id, raw)
+
     async def ensure_root(self, now: float) -> None:
         async with self.transaction() as m:
             if await m.names.get_dir(ROOT_DIR_ID) is None:
