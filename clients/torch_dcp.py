@@ -61,6 +61,7 @@ from tectonic_emu.errors import (
     NotFoundError,
 )
 from tectonic_emu.paths import join_path, split_path
+from tectonic_emu.reader import FileReader
 
 T = TypeVar("T")
 
@@ -449,6 +450,8 @@ class TectonicStorageReader(_TectonicStorage, StorageReader):
         cluster = self._cluster()
         pending: deque[tuple[_Span, torch.Tensor, concurrent.futures.Future[int]]] = deque()
         in_flight = 0
+        # A reader per data file: its block map looked up once, not once per span.
+        readers: dict[str, FileReader] = {}
 
         def finish_oldest() -> None:
             nonlocal in_flight
@@ -472,8 +475,12 @@ class TectonicStorageReader(_TectonicStorage, StorageReader):
                 ):
                     finish_oldest()
                 buf = torch.empty(span.length, dtype=torch.uint8)
-                read = cluster.client.read_into(f"{path}/{span.file}", span.offset, _bytes_of(buf))
-                future = cluster.submit(read)
+                reader = readers.get(span.file)
+                if reader is None:
+                    reader = readers[span.file] = cluster.call(
+                        cluster.client.reader(f"{path}/{span.file}")
+                    )
+                future = cluster.submit(reader.read_into(span.offset, _bytes_of(buf)))
                 pending.append((span, buf, future))
                 in_flight += span.length
             while pending:

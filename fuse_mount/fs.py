@@ -23,7 +23,6 @@ mfusepy returns to the kernel; nothing stored changes on an error.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import ctypes
 import dataclasses
 import errno
@@ -369,7 +368,10 @@ class TectonicFS(Operations):  # type: ignore[misc]
         config = bridge.client.config
         self.segment = config.block_size
         self.pool = BufferPool(self.segment, keep=POOLED_READERS * (READAHEAD_SEGMENTS + 2))
-        self.staging_dir = tempfile.mkdtemp(prefix="tectonic-fuse-")
+        # Staging files are anonymous (unlinked at creation) in this directory (None: the
+        # temp dir): nothing is left behind, even by a mount that is killed. A directory of
+        # our own was, when the mount died before ``destroy``.
+        self.staging_dir: str | None = None
         self._handles: dict[int, ReadHandle | WriteHandle] = {}
         # Versions open for reading here (file id -> handles), and those of them that were
         # replaced or unlinked meanwhile: purged when their last reader closes (POSIX keeps
@@ -649,8 +651,6 @@ class TectonicFS(Operations):  # type: ignore[misc]
             except (OSError, TectonicError) as e:
                 log.warning("a file open at unmount could not be completed: %s", e)
         self.pool.close()
-        with contextlib.suppress(OSError):
-            os.rmdir(self.staging_dir)
 
 
 def _layout_dict(block: Any) -> dict[str, Any]:

@@ -448,18 +448,18 @@ class Client:
             _, e = await self._lookup(m, path)
             if e.kind == "dir":
                 raise IsADirectoryError_("is a directory", path)
-            return await self._reader(m, e.id)
+            return await self._reader(m, e.id, path)
 
     async def reader_id(self, file_id: int) -> FileReader:
         """``reader`` by file id (a nameless or unsealed version too)."""
         async with self.meta.transaction() as m:
             return await self._reader(m, file_id)
 
-    async def _reader(self, m: MetaTxn, file_id: int) -> FileReader:
+    async def _reader(self, m: MetaTxn, file_id: int, path: str | None = None) -> FileReader:
         f = await m.files.get(file_id)
         if f is None:
             raise NotFoundError(f"no file {file_id:016x}")
-        return FileReader(self, file_id, f.size, await m.files.blocks(file_id))
+        return FileReader(self, file_id, f.size, await m.files.blocks(file_id), path)
 
     async def read_file(self, path: str) -> bytes:
         """The whole file (its committed bytes, for a file still being written)."""

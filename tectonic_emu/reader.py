@@ -35,9 +35,17 @@ class FileReader:
     """The committed bytes [0, ``size``) of file ``file_id`` as of when it was opened
     (``Client.reader``), readable from many tasks at once."""
 
-    def __init__(self, client: Client, file_id: int, size: int, blocks: list[BlockEntry]) -> None:
+    def __init__(
+        self,
+        client: Client,
+        file_id: int,
+        size: int,
+        blocks: list[BlockEntry],
+        path: str | None = None,
+    ) -> None:
         self.client = client
         self.file_id = file_id
+        self.path = path  # where it was opened (None: by id)
         self.size = size
         self._blocks = [b for b in blocks if b.offset < size]
         self._ends = [b.end for b in self._blocks]

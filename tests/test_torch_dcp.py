@@ -43,6 +43,7 @@ from tectonic_emu import (
     NotFoundError,
     Stat,
 )
+from tectonic_emu.reader import FileReader
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[1]
@@ -98,14 +99,20 @@ def failure(exc: pytest.ExceptionInfo[CheckpointException]) -> BaseException:
 def data_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
     """(path, offset, size) of every ranged read of a data file, by any storage reader."""
     reads: list[tuple[str, int, int]] = []
-    real = Client.read_into
+    real, real_reader = Client.read_into, FileReader.read_into
 
     async def counting(self: Client, path: str, offset: int, buf: Any) -> int:
         if path.endswith(".distcp"):
             reads.append((path, offset, memoryview(buf).nbytes))
         return await real(self, path, offset, buf)
 
+    async def counting_reader(self: FileReader, offset: int, buf: Any) -> int:
+        if (self.path or "").endswith(".distcp"):
+            reads.append((self.path or "", offset, memoryview(buf).nbytes))
+        return await real_reader(self, offset, buf)
+
     monkeypatch.setattr(Client, "read_into", counting)
+    monkeypatch.setattr(FileReader, "read_into", counting_reader)
     return reads
 
 
@@ -406,17 +413,17 @@ def gloo_rank(rank_arg: str, cluster: str, rendezvous: str) -> None:
         mesh = init_device_mesh("cpu", (2,))
         # Reshard on load: "/ckpt/full" holds whole tensors; each rank loads its half.
         reads: list[int] = []
-        real = Client.read_into
+        real = FileReader.read_into
 
-        async def counting(self: Client, path: str, offset: int, buf: Any) -> int:
+        async def counting(self: FileReader, offset: int, buf: Any) -> int:
             reads.append(memoryview(buf).nbytes)
-            return await real(self, path, offset, buf)
+            return await real(self, offset, buf)
 
-        Client.read_into = counting  # type: ignore[method-assign]
+        FileReader.read_into = counting  # type: ignore[method-assign]
         rows = distribute_tensor(torch.zeros_like(ROWS), mesh, [Shard(0)])
         with TectonicStorageReader(cluster, "/ckpt/full") as reader:
             dcp_load({"rows": rows}, storage_reader=reader)
-        Client.read_into = real  # type: ignore[method-assign]
+        FileReader.read_into = real  # type: ignore[method-assign]
         assert torch.equal(rows.to_local(), ROWS.chunk(2, 0)[rank])
         assert sum(reads) == ROWS.nbytes // 2, reads
         cols = distribute_tensor(torch.zeros_like(COLS), mesh, [Shard(1)])
