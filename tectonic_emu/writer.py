@@ -20,6 +20,7 @@ from tectonic_emu.chunkstore.base import BytesLike
 from tectonic_emu.coding import Encoding
 from tectonic_emu.errors import TectonicError, WriterClosedError
 from tectonic_emu.metadata.layers import new_id
+from tectonic_emu.metadata.records import BlockRecord
 
 if TYPE_CHECKING:
     from tectonic_emu.client import Client
@@ -65,8 +66,19 @@ class BlockPipeline:
                     raise err
             await self._client.commit_block(self._file_id, self._token, rec)
         except BaseException:
-            await asyncio.shield(dp.delete_chunks(rec.chunks))
+            await asyncio.shield(self._delete_unless_committed(rec))
             raise
+
+    async def _delete_unless_committed(self, rec: BlockRecord) -> None:
+        """Delete a failed block's chunks, unless its commit went through after all: a
+        cancellation that arrives while the commit's transaction settles is raised once it
+        has settled, and the block is then part of the file, below the size readers see."""
+        try:
+            if await self._client.meta.block(rec.block_id) is not None:
+                return
+        except OSError:
+            return  # unknown: leave the chunks to repair's garbage collection
+        await self._client.datapath.delete_chunks(rec.chunks)
 
     async def drain(self) -> None:
         """Wait for every submitted block; raises the first failure."""

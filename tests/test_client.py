@@ -11,6 +11,7 @@ import pytest
 
 from tectonic_emu import (
     AlreadyExistsError,
+    Client,
     Cluster,
     ClusterConfig,
     DirectoryNotEmptyError,
@@ -225,6 +226,39 @@ def test_writer_of_deleted_file_is_fenced(cluster_dir: Path) -> None:
             await w.flush()
 
     run_with(cluster_dir, go)
+
+
+def test_a_block_committed_as_its_writer_is_cancelled_keeps_its_chunks(
+    cluster_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancellation that arrives while a block's commit settles is raised once the commit
+    has gone through: the block is then part of the file, so its chunks must stay (they
+    were deleted, and the file read EIO below the size it reported)."""
+    block = os.urandom(SMALL_BLOCK)
+
+    async def go(c: Cluster) -> None:
+        client = c.client()
+        real = Client.commit_block
+
+        async def commit_then_cancelled(
+            self: Client, file_id: int, token: str, rec: object
+        ) -> None:
+            await real(self, file_id, token, rec)  # type: ignore[arg-type]
+            raise asyncio.CancelledError  # as if cancelled while the commit settled
+
+        w = await client.open_writer("/f", encoding="r3")
+        monkeypatch.setattr(Client, "commit_block", commit_then_cancelled)
+        with pytest.raises(asyncio.CancelledError):
+            await w.append(block + b"tail")  # one whole block goes out
+            await w.flush()
+        monkeypatch.setattr(Client, "commit_block", real)
+        assert (await client.stat("/f")).size == len(block)
+        assert await client.read_file("/f") == block
+
+    run_with(cluster_dir, go)
+    from tectonic_emu.services import scrub
+
+    assert run_with(cluster_dir, scrub).clean
 
 
 def test_cancelled_write_leaves_sealed_files_intact(cluster_dir: Path) -> None:

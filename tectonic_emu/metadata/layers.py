@@ -206,6 +206,11 @@ class Metadata:
         raw = await self.kv.get(file_key(file_id))
         return None if raw is None else FileRecord.decode(file_id, raw)
 
+    async def block(self, block_id: int) -> BlockRecord | None:
+        """A block's record as last committed, read outside any transaction."""
+        raw = await self.kv.get(block_key(block_id))
+        return None if raw is None else BlockRecord.decode(block_id, raw)
+
     async def ensure_root(self, now: float) -> None:
         async with self.transaction() as m:
             if await m.names.get_dir(ROOT_DIR_ID) is None:
