@@ -396,13 +396,17 @@ class Client:
         self, path: str, start: int = 0, size: int = -1
     ) -> tuple[FileRecord, list[BlockEntry], list[BlockRecord]]:
         """The file at ``path``, and its blocks holding bytes [start, start + size)."""
+        async with self.meta.transaction() as m:
+            return await self._blocks_in(m, await self._file_id(m, path), start, size)
+
+    async def _file_id(self, m: MetaTxn, path: str) -> int:
+        """The id of the file at ``path``; IsADirectoryError_ for a directory."""
         if not split_path(path):
             raise IsADirectoryError_("is a directory", "/")
-        async with self.meta.transaction() as m:
-            _, e = await self._lookup(m, path)
-            if e.kind == "dir":
-                raise IsADirectoryError_("is a directory", path)
-            return await self._blocks_in(m, e.id, start, size)
+        _, e = await self._lookup(m, path)
+        if e.kind == "dir":
+            raise IsADirectoryError_("is a directory", path)
+        return e.id
 
     @staticmethod
     async def _blocks_in(
@@ -442,13 +446,8 @@ class Client:
     async def reader(self, path: str) -> FileReader:
         """A ``FileReader`` of the file now at ``path``: its bytes as of now, read with the
         block map looked up once (for many reads of one file)."""
-        if not split_path(path):
-            raise IsADirectoryError_("is a directory", "/")
         async with self.meta.transaction() as m:
-            _, e = await self._lookup(m, path)
-            if e.kind == "dir":
-                raise IsADirectoryError_("is a directory", path)
-            return await self._reader(m, e.id, path)
+            return await self._reader(m, await self._file_id(m, path), path)
 
     async def reader_id(self, file_id: int) -> FileReader:
         """``reader`` by file id (a nameless or unsealed version too)."""

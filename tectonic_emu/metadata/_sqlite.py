@@ -126,7 +126,7 @@ class SQLiteKV(KVStore):
         if self._closed:
             raise OSError(errno.EBADF, "metadata store is closed", self.path)
         return await asyncio.get_running_loop().run_in_executor(
-            self._reader, self._read_in_worker, job
+            self._reader, self._in_worker, job, True
         )
 
     async def close(self) -> None:
@@ -139,8 +139,8 @@ class SQLiteKV(KVStore):
             self._closed = True
             loop = asyncio.get_running_loop()
             try:
-                await loop.run_in_executor(self._executor, self._close_in_worker)
-                await loop.run_in_executor(self._reader, self._close_reader_in_worker)
+                await loop.run_in_executor(self._executor, self._close_in_worker, False)
+                await loop.run_in_executor(self._reader, self._close_in_worker, True)
             finally:
                 self._executor.shutdown(wait=False)
                 self._reader.shutdown(wait=False)
@@ -225,29 +225,19 @@ class SQLiteKV(KVStore):
             db.execute(_SCHEMA)
             db.execute("COMMIT")
 
-    def _in_worker(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
+    def _in_worker(self, job: Callable[[sqlite3.Connection], _T], reader: bool = False) -> _T:
+        """``job`` on the transactions' connection, or with ``reader`` the reads' one (each
+        opened on first use, on its own thread)."""
         try:
+            if reader:
+                if self._read_db is None:
+                    self._read_db = self._connect()
+                return job(self._read_db)
             if self._db is None:
                 self._db = self._connect()
             return job(self._db)
         except sqlite3.Error as exc:
             raise self._os_error(exc) from exc
-
-    def _read_in_worker(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
-        try:
-            if self._read_db is None:
-                self._read_db = self._connect()
-            return job(self._read_db)
-        except sqlite3.Error as exc:
-            raise self._os_error(exc) from exc
-
-    def _close_reader_in_worker(self) -> None:
-        db, self._read_db = self._read_db, None
-        if db is not None:
-            try:
-                db.close()
-            except sqlite3.Error as exc:
-                raise self._os_error(exc) from exc
 
     def _commit_in_worker(self, writes: _Writes) -> None:
         try:
@@ -277,8 +267,11 @@ class SQLiteKV(KVStore):
             with contextlib.suppress(sqlite3.Error):
                 db.close()
 
-    def _close_in_worker(self) -> None:
-        db, self._db = self._db, None
+    def _close_in_worker(self, reader: bool) -> None:
+        if reader:
+            db, self._read_db = self._read_db, None
+        else:
+            db, self._db = self._db, None
         if db is not None:
             try:
                 db.close()
