@@ -790,15 +790,16 @@ class Checkpointer:
             if (e := ix.own.get((name, rank))) is not None
         ]
         entries = [e for _, _, e in wanted]
+        arenas, scattered = _arenas(entries)
         reads = []
-        for arena in _arenas(entries):
+        for arena in arenas:
             buf = uninitialised(arena.length)
             for k, at in arena.members:
                 out, name, e = wanted[k]
                 out[name] = _as_value(e, buf[at : at + e.nbytes])
             reads.append(self._read_arena(ix, arena, [entries[k] for k, _ in arena.members], buf))
         sem = asyncio.Semaphore(_READS_IN_FLIGHT)
-        for k in _scattered(entries):  # parts in several files: run by run, as load does
+        for k in scattered:  # parts in several files: run by run, as load does
             out, name, e = wanted[k]
             value, runs = _empty_value(e)
             out[name] = Shard(value, e.global_shape, e.offset) if e.kind == "shard" else value
@@ -998,13 +999,15 @@ def _in_one_piece(e: Entry) -> bool:
     )
 
 
-def _arenas(entries: Sequence[Entry]) -> list[_Arena]:
+def _arenas(entries: Sequence[Entry]) -> tuple[list[_Arena], list[int]]:
     """The values in one piece, in file order, grouped into arenas of adjacent values of at
-    most MERGE_BYTES (a value longer than that has one of its own)."""
-    order = sorted(
-        (i for i, e in enumerate(entries) if _in_one_piece(e)),
-        key=lambda i: (entries[i].parts[0].file, entries[i].parts[0].pos),
-    )
+    most MERGE_BYTES (a value longer than that has one of its own); and the indexes of the
+    others (read run by run into buffers of their own)."""
+    whole: list[int] = []
+    scattered: list[int] = []
+    for i, e in enumerate(entries):
+        (whole if _in_one_piece(e) else scattered).append(i)
+    order = sorted(whole, key=lambda i: (entries[i].parts[0].file, entries[i].parts[0].pos))
     arenas: list[_Arena] = []
     for i in order:
         first, n = entries[i].parts[0], entries[i].nbytes
@@ -1019,12 +1022,7 @@ def _arenas(entries: Sequence[Entry]) -> list[_Arena]:
             arenas.append(last)
         last.members.append((i, last.length))
         last.length += n
-    return arenas
-
-
-def _scattered(entries: Sequence[Entry]) -> list[int]:
-    """Indexes of the values not in one piece (read run by run into their own buffers)."""
-    return [i for i, e in enumerate(entries) if not _in_one_piece(e)]
+    return arenas, scattered
 
 
 def _as_value(e: Entry, view: memoryview) -> Value:

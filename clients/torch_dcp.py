@@ -50,6 +50,7 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from clients.ckpt_format import CheckpointCorruptError
+from clients.ckpt_reads import FileReaders
 from tectonic_emu import Client
 from tectonic_emu.bridge import Bridge
 from tectonic_emu.coding import Encoding, crc32c
@@ -61,7 +62,6 @@ from tectonic_emu.errors import (
     NotFoundError,
 )
 from tectonic_emu.paths import join_path, split_path
-from tectonic_emu.reader import FileReader
 
 T = TypeVar("T")
 
@@ -450,8 +450,7 @@ class TectonicStorageReader(_TectonicStorage, StorageReader):
         cluster = self._cluster()
         pending: deque[tuple[_Span, torch.Tensor, concurrent.futures.Future[int]]] = deque()
         in_flight = 0
-        # A reader per data file: its block map looked up once, not once per span.
-        readers: dict[str, FileReader] = {}
+        files = FileReaders(cluster.client)  # a data file's block map looked up once
 
         def finish_oldest() -> None:
             nonlocal in_flight
@@ -475,12 +474,8 @@ class TectonicStorageReader(_TectonicStorage, StorageReader):
                 ):
                     finish_oldest()
                 buf = torch.empty(span.length, dtype=torch.uint8)
-                reader = readers.get(span.file)
-                if reader is None:
-                    reader = readers[span.file] = cluster.call(
-                        cluster.client.reader(f"{path}/{span.file}")
-                    )
-                future = cluster.submit(reader.read_into(span.offset, _bytes_of(buf)))
+                read = files.read_into(f"{path}/{span.file}", span.offset, _bytes_of(buf))
+                future = cluster.submit(read)
                 pending.append((span, buf, future))
                 in_flight += span.length
             while pending:

@@ -40,7 +40,7 @@ from mfusepy import FuseOSError, Operations
 
 from fuse_mount import replybuf
 from tectonic_emu.bridge import Bridge
-from tectonic_emu.bufpool import BufferPool
+from tectonic_emu.bufpool import BufferPool, address_of
 from tectonic_emu.errors import NotFoundError, TectonicError
 from tectonic_emu.reader import FileReader
 from tectonic_emu.writer import FileWriter, VersionWriter
@@ -93,8 +93,7 @@ class ReadHandle:
             start = index * self.segment
             length = min(self.segment, self.size - start)
             buf = self.fs.pool.take()
-            address = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-            seg = self._segments[index] = _Segment(buf, address)
+            seg = self._segments[index] = _Segment(buf, address_of(buf))
             seg.fetched = self.fs.bridge.submit(self._fetch(seg, start, length))
         return seg
 

@@ -37,6 +37,11 @@ def uninitialised(n: int) -> memoryview:
     return raw[start : start + n].data
 
 
+def address_of(buf: mmap.mmap) -> int:
+    """The address of a writable buffer's first byte (valid while ``buf`` lives)."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+
+
 def copy_into(dest: memoryview, at: int, src: memoryview) -> None:
     """``dest[at : at + len(src)] = src``, releasing the GIL for big copies (other threads
     run meanwhile; a slice assignment holds it throughout)."""
@@ -87,4 +92,4 @@ class BufferPool:
             self._free, self.keep = [], 0
 
 
-__all__ = ["PAGE", "BufferPool", "copy_into", "uninitialised"]
+__all__ = ["PAGE", "BufferPool", "address_of", "copy_into", "uninitialised"]

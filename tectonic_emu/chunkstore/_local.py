@@ -30,7 +30,6 @@ import concurrent.futures
 import contextlib
 import ctypes
 import errno
-import mmap
 import os
 import threading
 import zlib
@@ -38,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tectonic_emu.bufpool import BufferPool
+from tectonic_emu.bufpool import BufferPool, address_of
 from tectonic_emu.chunkstore._format import (
     HEADER_SIZE,
     PAYLOAD_OFFSET,
@@ -466,16 +465,12 @@ def _write_direct(fd: int, job: _WriteJob, pages: memoryview) -> None:
                 if bounce is None:
                     piece = pages[start : start + size]
                 else:
-                    ctypes.memmove(_address_of(bounce), address + start, size)
+                    ctypes.memmove(address_of(bounce), address + start, size)
                     piece = memoryview(bounce)[:size]
                 _pwritev_all(fd, [piece], PAYLOAD_OFFSET + start)
         finally:
             if bounce is not None:
                 _BOUNCE.give(bounce)
-
-
-def _address_of(buf: mmap.mmap) -> int:
-    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
 
 
 def _pwritev_all(fd: int, bufs: list[memoryview], offset: int) -> None:
