@@ -29,6 +29,7 @@ import pytest
 
 from tectonic_emu import Cluster, ClusterConfig, DataUnavailableError, Encoding
 from tectonic_emu.chunkstore import LocalNode
+from tectonic_emu.chunkstore._local import fan_out
 from tectonic_emu.coding import crc32c
 from tectonic_emu.datapath import DEFAULT_HEDGE_AFTER
 from tectonic_emu.errors import ChunkCorruptError
@@ -246,7 +247,14 @@ def test_all_nodes_killed_mid_stream_lose_nothing_and_serve_no_torn_chunk(
             """With the nodes dead: plant a torn chunk, and tear one chunk of the file's last
             block, as a kill in the middle of writing them would have."""
             last = (await c.client().layout("/w0"))[-1]
-            victim = last.chunks[0]
+            # A chunk that landed: acknowledged at a quorum, the block may name a straggler
+            # the kill stopped before its file was made (repair rebuilds that one).
+            paths = [
+                node_dir(root, ch.node) / f"d{ch.disk}" / fan_out(ch.chunk_id) / ch.chunk_id
+                for ch in last.chunks
+            ]
+            landed = await asyncio.to_thread(lambda: [p.exists() for p in paths])
+            victim = next(ch for ch, ok in zip(last.chunks, landed, strict=True) if ok)
             local = LocalNode(node_dir(root, victim.node), victim.node, c.config.disks_per_node)
             try:
                 torn = f"{last.block_id:016x}.0.0badc0de"
