@@ -512,7 +512,8 @@ def test_ranks_loading_at_once_read_the_manifest_once_and_a_replaced_one_is_seen
 ) -> None:
     """The decoded manifest is shared by concurrent loads (4,096 ranks would otherwise decode
     it 4,096 times) and reused while its file is the same; deleted and saved again (by another
-    Checkpointer), the step's new manifest is what loads see."""
+    Checkpointer), the step's new manifest is what loads see. The Checkpointer that committed
+    a step keeps the manifest it wrote: its loads never read it back."""
     world = 64
 
     async def body(client: Client, root: str) -> None:
@@ -525,14 +526,17 @@ def test_ranks_loading_at_once_read_the_manifest_once_and_a_replaced_one_is_seen
 
         client.read_id_into = counting  # type: ignore[method-assign]
         g = global_array(1, (256, 4))
+        async with Checkpointer(client, root, world_size=world) as committer:
+            await save_all(committer, 1, [rank_state(1, r, world, g) for r in range(world)])
+            manifest_id = (await client.stat(f"{root}/{manifest_name(1)}")).id
+            assert (await committer.load(3, 1))["w"].offset == (12, 0)
+            assert reads.count(manifest_id) == 0
         async with Checkpointer(client, root, world_size=world) as ckpt:
-            await save_all(ckpt, 1, [rank_state(1, r, world, g) for r in range(world)])
             got = await asyncio.gather(*(ckpt.load(r, 1) for r in range(world)))
             assert all(
                 np.array_equal(got[r]["w"].array, rank_state(1, r, world, g)["w"].array)
                 for r in range(world)
             )
-            manifest_id = (await client.stat(f"{root}/{manifest_name(1)}")).id
             assert reads.count(manifest_id) == 1
             await ckpt.load(5, 1)
             assert reads.count(manifest_id) == 1  # the same file: one stat, no read
@@ -671,6 +675,23 @@ def test_a_part_whose_bytes_differ_from_the_manifest_is_named_by_load_and_load_m
             with pytest.raises(CheckpointCorruptError, match=r"step 6, rank 5, 'w'"):
                 await ckpt.load_many(range(world), 6)
             assert (await ckpt.load_many([4], 6))[0]["w"].offset == (256, 0)
+            # Loads asked at once are served together, but each rank gets its own answer:
+            # rank 5 its error, a rank out of range its own, a rank asked twice two copies.
+            asked = [*range(world), world, 3]
+            got = await asyncio.gather(*(ckpt.load(r, 6) for r in asked), return_exceptions=True)
+            for r, out in zip(asked, got, strict=True):
+                if r == 5:
+                    assert isinstance(out, CheckpointCorruptError), out
+                    assert "step 6, rank 5, 'w'" in str(out)
+                elif r == world:
+                    assert isinstance(out, CheckpointError), out
+                    assert f"rank {world} is not in" in str(out)
+                else:
+                    assert not isinstance(out, BaseException), out
+                    assert np.array_equal(out["w"].array, rank_state(6, r, world, g)["w"].array)
+            assert got[3]["w"].array is not got[-1]["w"].array
+            got[3]["w"].array[:] = 0  # its own copy: the other rank 3 keeps its values
+            assert np.array_equal(got[-1]["w"].array, rank_state(6, 3, world, g)["w"].array)
 
     run(cluster_dir, body)
 
