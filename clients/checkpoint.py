@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hashlib
 import itertools
 import json
@@ -59,7 +58,7 @@ from clients.ckpt_region import even_rows, plan, region
 from tectonic_emu.bufpool import uninitialised
 from tectonic_emu.chunkstore.remote import aligned_buffer
 from tectonic_emu.client import Client
-from tectonic_emu.coding.checksum import crc32c, crc32c_many
+from tectonic_emu.coding.checksum import crc32c, crc32c_each, crc32c_many
 from tectonic_emu.errors import NotFoundError, TectonicError
 
 log = logging.getLogger(__name__)
@@ -98,11 +97,12 @@ class PendingSave:
 
 @dataclass(slots=True)
 class _Item:
-    """One named value of a rank, staged: its entry (parts still without places) and the
-    bytes of each part."""
+    """One named value of a rank, staged: its entry (parts still without places), the bytes
+    of each part, and each part's rows."""
 
     entry: Entry
     pieces: list[memoryview]
+    rows: list[tuple[int, int]]
 
 
 @dataclass(slots=True)
@@ -362,7 +362,7 @@ class Checkpointer:
             raise
         elapsed = time.perf_counter() - started
         return [
-            SaveResult(step, s.rank, sum(i.entry.nbytes for i in s.items), n, elapsed, elapsed)
+            SaveResult(step, s.rank, s.nbytes, n, elapsed, elapsed)
             for s, n in zip(staged_all, written, strict=True)
         ]
 
@@ -415,7 +415,7 @@ class Checkpointer:
             raw = memoryview(value).cast("B")
             if copy:
                 raw = self._copy(raw, buffers)
-            return _Item(Entry(rank, name, "bytes", parts=(Part("", 0, len(raw), 0),)), [raw])
+            return _Item(Entry(rank, name, "bytes"), [raw], [(0, 0)])
         else:
             raise CheckpointError(
                 f"{name!r}: a state value is a numpy array, bytes or a Shard, "
@@ -435,11 +435,8 @@ class Checkpointer:
             r1 = min(rows, r0 + step_rows)
             pieces.append(flat[r0 * row_bytes : r1 * row_bytes])
             bounds.append((r0, r1))
-        parts = tuple(
-            Part("", 0, len(p), 0, r0, r1) for p, (r0, r1) in zip(pieces, bounds, strict=True)
-        )
-        entry = Entry(rank, name, kind, arr.dtype.str, tuple(arr.shape), parts=parts, **extra)
-        return _Item(entry, pieces)
+        entry = Entry(rank, name, kind, arr.dtype.str, tuple(arr.shape), **extra)
+        return _Item(entry, pieces, bounds)
 
     def _copy(self, src: memoryview, buffers: list[memoryview]) -> memoryview:
         """A copy of ``src`` in a reused, page-aligned staging buffer (fresh memory is slow
@@ -516,27 +513,43 @@ class Checkpointer:
         """The parts of ``group``'s ranks into the data file ``data``; their entries."""
         entries: list[Entry] = []
         pos = appended = 0
+        crcs = await _checksums([p for s in group for item in s.items for p in item.pieces])
+        k = 0  # the next piece's place in crcs
         async with self.client.open_writer(self._path(data), encoding=self.encoding) as w:
             pending: list[memoryview] = []  # appended together: one fencing check per group
             for s in group:
                 for item in s.items:
                     parts = []
-                    old = previous.get((s.rank, item.entry.name), {})
-                    for part, piece in zip(item.entry.parts, item.pieces, strict=True):
-                        crc = await _checksum(piece)
+                    e = item.entry
+                    old = previous.get((s.rank, e.name), {})
+                    item_crcs = crcs[k : k + len(item.pieces)]
+                    k += len(item.pieces)
+                    for piece, (r0, r1), crc in zip(item.pieces, item.rows, item_crcs, strict=True):
+                        n = len(piece)
                         digest = await _digest(piece) if s.incremental else None
-                        same = old.get((part.row0, part.row1, part.length))
+                        same = old.get((r0, r1, n))
                         if digest is not None and same is not None and same.digest == digest:
                             parts.append(same)  # unchanged since the previous checkpoint
                             continue
                         pending.append(piece)
-                        parts.append(Part(data, pos, len(piece), crc, part.row0, part.row1, digest))
-                        pos += len(piece)
-                        written[s.rank] += len(piece)
+                        parts.append(Part(data, pos, n, crc, r0, r1, digest))
+                        pos += n
+                        written[s.rank] += n
                         if pos - appended >= _APPEND_GROUP:
                             await w.append_many(pending)
                             pending, appended = [], pos
-                    entries.append(dataclasses.replace(item.entry, parts=tuple(parts)))
+                    entries.append(
+                        Entry(
+                            e.rank,
+                            e.name,
+                            e.kind,
+                            e.dtype,
+                            e.shape,
+                            e.global_shape,
+                            e.offset,
+                            tuple(parts),
+                        )
+                    )
             await w.append_many(pending)
         return entries
 
@@ -550,7 +563,7 @@ class Checkpointer:
             if not _succeeded(st.commit):
                 await asyncio.shield(self._abort(st.step, staged.rank, exc))
             raise
-        total = sum(item.entry.nbytes for item in staged.items)
+        total = staged.nbytes
         elapsed = time.perf_counter() - staged.started
         blocked = elapsed if staged.blocked_s is None else staged.blocked_s
         return SaveResult(st.step, staged.rank, total, bytes_written, blocked, elapsed)
@@ -1172,10 +1185,19 @@ def _first_bad(parts: list[Part], dest: memoryview, n: int) -> Part | None:
     return None
 
 
-async def _checksum(piece: memoryview) -> int:
-    if len(piece) >= 1 << 20:
-        return await asyncio.to_thread(crc32c, piece)
-    return crc32c(piece)
+async def _checksums(pieces: list[memoryview]) -> list[int]:
+    """The CRC32C of each piece: the small ones in one call, each big one in a worker thread
+    (it releases the GIL), all at once."""
+    small = [k for k, p in enumerate(pieces) if len(p) < 1 << 20]
+    big = [k for k, p in enumerate(pieces) if len(p) >= 1 << 20]
+    out = [0] * len(pieces)
+    for k, crc in zip(small, crc32c_each([pieces[k] for k in small]), strict=True):
+        out[k] = crc
+    for k, crc in zip(
+        big, await asyncio.gather(*(asyncio.to_thread(crc32c, pieces[k]) for k in big)), strict=True
+    ):
+        out[k] = crc
+    return out
 
 
 async def _digest(piece: memoryview) -> str:

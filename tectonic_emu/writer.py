@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from tectonic_emu.bufpool import copy_into, uninitialised
+from tectonic_emu.bufpool import copy_into, recycled, uninitialised
 from tectonic_emu.chunkstore.base import BytesLike
 from tectonic_emu.coding import Encoding
 from tectonic_emu.errors import TectonicError, WriterClosedError
@@ -149,6 +149,8 @@ class FileWriter:
 
     async def _append_many(self, pieces: Sequence[BytesLike]) -> None:
         await self._client.check_token(self.file_id, self._token, self.path)
+        if sum(memoryview(p).nbytes for p in pieces) >= self._block_size // 8:
+            self._streaming = True  # as for one big piece: whole blocks, not grown by doubling
         for piece in pieces:
             await self._add(piece)
 
@@ -188,7 +190,7 @@ class FileWriter:
             size = bs
         else:
             size = min(bs, max(64 << 10, 2 * have, self._fill + more))
-        grown = uninitialised(size)
+        grown = recycled(size) if size == bs else uninitialised(size)
         if self._fill:
             assert self._buf is not None
             copy_into(grown, 0, self._buf[: self._fill])

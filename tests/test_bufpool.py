@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tectonic_emu.bufpool import PAGE, BufferPool, copy_into, uninitialised
+from tectonic_emu.bufpool import PAGE, BufferPool, Recycler, copy_into, uninitialised
 
 
 def address(view: memoryview) -> int:
@@ -50,3 +50,28 @@ def test_pool_reuses_up_to_keep_buffers() -> None:
     assert pool.kept == 0
     pool.give(a)
     assert pool.kept == 0  # keeps none once closed
+
+
+def test_a_recycled_buffer_is_handed_out_again_only_once_nothing_refers_to_it() -> None:
+    r = Recycler(PAGE * 4, keep=2)
+    a = r.take()
+    first = address(a)
+    assert first % PAGE == 0 and len(a) == PAGE * 4 and not a.readonly
+    a[:3] = b"abc"
+    view = a[PAGE:]  # a slice outlives the view it was cut from
+    arr = np.frombuffer(a, dtype=np.uint8)
+    del a
+    b = r.take()
+    assert address(b) != first  # still referred to: a new buffer
+    del arr
+    c = r.take()
+    assert address(c) != first  # the slice still refers to it
+    del view
+    d = r.take()
+    assert address(d) == first and bytes(d[:3]) == b"abc"  # reused, not zeroed
+    assert r.reused == 1
+    assert r.tracked == 2  # keep=2: the third one taken (c) is not tracked
+    tracked = {first, address(b)}
+    del b, c, d
+    x, y = r.take(), r.take()
+    assert {address(x), address(y)} == tracked and r.reused == 3

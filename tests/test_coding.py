@@ -12,6 +12,7 @@ import random
 import re
 import threading
 from collections.abc import Callable, Container, Sequence
+from typing import Any
 
 import google_crc32c
 import pytest
@@ -28,6 +29,7 @@ from tectonic_emu.coding import (
     Encoding,
     codec_for,
     crc32c,
+    crc32c_each,
     crc32c_many,
     decompress,
     maybe_compress,
@@ -457,6 +459,17 @@ def test_crc32c_many_matches_crc32c_of_each_span(data: bytes, spans: list[tuple[
     if len(inside) < len(spans):
         with pytest.raises(InvalidArgumentError):
             crc32c_many(data, spans)
+
+
+@given(st.lists(st.binary(max_size=300), max_size=20), st.integers(0, 2))
+def test_crc32c_each_matches_crc32c_of_each_piece(pieces: list[bytes], big: int) -> None:
+    bufs: list[Any] = [memoryview(bytearray(p)) for p in pieces] + [rand(300_000)] * big
+    assert crc32c_each(bufs) == [crc32c(bytes(b)) for b in bufs]
+
+
+def test_crc32c_each_refuses_a_non_contiguous_buffer() -> None:
+    with pytest.raises(InvalidArgumentError):
+        crc32c_each([b"ab", memoryview(bytes(10))[::2]])
 
 
 def test_crc32c_many_releases_the_gil_for_big_spans() -> None:

@@ -1,6 +1,6 @@
 """Block encodings (replication, Reed-Solomon), chunk checksums and chunk compression."""
 
-from tectonic_emu.coding.checksum import crc32c, crc32c_many
+from tectonic_emu.coding.checksum import crc32c, crc32c_each, crc32c_many
 from tectonic_emu.coding.codec import Codec, codec_for
 from tectonic_emu.coding.compression import (
     FLAG_ZSTD,
@@ -20,6 +20,7 @@ __all__ = [
     "Encoding",
     "codec_for",
     "crc32c",
+    "crc32c_each",
     "crc32c_many",
     "decompress",
     "maybe_compress",

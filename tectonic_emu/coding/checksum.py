@@ -59,4 +59,21 @@ def crc32c_many(data: BytesLike, spans: Sequence[tuple[int, int]]) -> list[int]:
         raise InvalidArgumentError(f"cannot checksum a non-contiguous buffer: {exc}") from exc
 
 
-__all__ = ["crc32c", "crc32c_many"]
+def crc32c_each(pieces: Sequence[BytesLike]) -> list[int]:
+    """CRC32C of each of ``pieces``, pinned together: ``[crc32c(p) for p in pieces]`` for
+    thousands of small buffers (a checkpoint's parts at 4,096 ranks), at one call's Python
+    cost instead of one per piece. Raises InvalidArgumentError for a non-contiguous one."""
+    native = crc32c_extend()
+    if native is None:
+        return [crc32c(p) for p in pieces]
+    try:
+        with pinned(pieces) as spans:
+            return [
+                (native[0] if n >= _RELEASE_GIL_FROM else native[1])(0, address, n)
+                for address, n in spans
+            ]
+    except BufferError as exc:
+        raise InvalidArgumentError(f"cannot checksum a non-contiguous buffer: {exc}") from exc
+
+
+__all__ = ["crc32c", "crc32c_each", "crc32c_many"]
