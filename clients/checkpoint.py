@@ -48,6 +48,7 @@ from clients.ckpt_format import (
     Part,
     Shard,
     check_step,
+    entry_text,
     manifest_name,
     step_dir,
     step_of_dir,
@@ -136,7 +137,7 @@ class _Step:
     # every rank is in this process, the step commits as its last index lands, not at the
     # next look at the store.
     indexes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    entries: dict[str, list[Entry]] = field(default_factory=dict)  # of those indexes
+    entries: dict[str, list[tuple[Entry, str]]] = field(default_factory=dict)  # and JSON
     indexed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -408,9 +409,12 @@ class Checkpointer:
         kind: Kind
         if isinstance(value, Shard):
             arr, kind = value.array, "shard"
-            extra = {"global_shape": tuple(value.global_shape), "offset": tuple(value.offset)}
+            at: tuple[tuple[int, ...], tuple[int, ...]] = (
+                tuple(value.global_shape),
+                tuple(value.offset),
+            )
         elif isinstance(value, np.ndarray):
-            arr, kind, extra = value, "array", {}
+            arr, kind, at = value, "array", ((), ())
         elif isinstance(value, (bytes, bytearray, memoryview)):
             raw = memoryview(value).cast("B")
             if copy:
@@ -435,7 +439,7 @@ class Checkpointer:
             r1 = min(rows, r0 + step_rows)
             pieces.append(flat[r0 * row_bytes : r1 * row_bytes])
             bounds.append((r0, r1))
-        entry = Entry(rank, name, kind, arr.dtype.str, tuple(arr.shape), **extra)
+        entry = Entry(rank, name, kind, arr.dtype.str, tuple(arr.shape), *at)
         return _Item(entry, pieces, bounds)
 
     def _copy(self, src: memoryview, buffers: list[memoryview]) -> memoryview:
@@ -494,10 +498,15 @@ class Checkpointer:
             )
         )
         entries = [e for part in done for e in part]
-        index = {"ranks": sorted(written), "entries": [e.to_json() for e in entries]}
+        texts = [entry_text(e) for e in entries]  # the manifest is made of the same text
+        ranks = sorted(written)
+        body = (
+            f'{{"ranks":{json.dumps(ranks, separators=(",", ":"))},"entries":[{",".join(texts)}]}}'
+        )
         name = f"index-{self._writer_id}-{st.batches}.json"
-        await self.client.write_file(self._path(step_dir(st.step), name), _json(index))
-        st.indexes[name], st.entries[name] = index, entries
+        await self.client.write_file(self._path(step_dir(st.step), name), body.encode())
+        st.indexes[name] = {"ranks": ranks}
+        st.entries[name] = list(zip(entries, texts, strict=True))
         st.indexed.set()
         for s in batch:
             if not s.written.done():
@@ -635,23 +644,24 @@ class Checkpointer:
         """Write the step's manifest: the commit. Entries this instance wrote are taken as
         they are, the others decoded from their index files; the manifest is kept decoded,
         so loads here right after the commit do not read it back."""
-        entries = sorted(
+        pairs = sorted(
             (
-                e
+                pair
                 for name, ix in indexes.items()
-                for e in (
+                for pair in (
                     st.entries[name]
                     if name in st.entries
-                    else [Entry.from_json(d) for d in ix["entries"]]
+                    else [(Entry.from_json(d), entry_text(d)) for d in ix["entries"]]
                 )
             ),
-            key=lambda e: (e.rank, e.name),
+            key=lambda pair: (pair[0].rank, pair[0].name),
         )
-        manifest = Manifest(st.step, self.world_size, tuple(entries), time.time())
+        entries = tuple(e for e, _ in pairs)
+        manifest = Manifest(st.step, self.world_size, entries, time.time())
         path = self._path(manifest_name(st.step))
         writer = await self.client.new_version(path)  # Client.write_file, keeping the file id
         try:
-            await writer.append(manifest.encode())
+            await writer.append(manifest.encode([text for _, text in pairs]))
             await writer.close()
         except BaseException:
             await asyncio.shield(writer.abort())
@@ -1252,10 +1262,6 @@ def _distinct(entries: Sequence[Entry]) -> list[Entry]:
             seen.add(box)
             out.append(e)
     return out
-
-
-def _json(d: Mapping[str, Any]) -> bytes:
-    return json.dumps(d, separators=(",", ":")).encode()
 
 
 def _parse_json(raw: bytes, where: str) -> dict[str, Any]:

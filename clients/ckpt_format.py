@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -28,6 +29,7 @@ from tectonic_emu.errors import TectonicError
 FORMAT = "tectonic-ckpt/1"
 _STEP_DIR = re.compile(r"^step-(\d{12})$")
 _MANIFEST = re.compile(r"^manifest-(\d{12})\.json$")
+_JSON = json.JSONEncoder(separators=(",", ":"))
 
 Kind = Literal["shard", "array", "bytes"]
 
@@ -158,15 +160,21 @@ class Manifest:
     entries: tuple[Entry, ...]
     committed_at: float = 0.0
 
-    def encode(self) -> bytes:
-        body = {
-            "format": FORMAT,
-            "step": self.step,
-            "world_size": self.world_size,
-            "committed_at": self.committed_at,
-            "entries": [e.to_json() for e in self.entries],
-        }
-        return json.dumps(body, separators=(",", ":")).encode()
+    def encode(self, entry_texts: Sequence[str] | None = None) -> bytes:
+        """The manifest's JSON. ``entry_texts``: each entry's ``entry_text``, in order, when
+        the caller has them already (the index files a committer wrote hold the same text:
+        encoding 4,096 entries twice cost 20-40 ms of the commit)."""
+        if entry_texts is None:
+            entry_texts = [entry_text(e) for e in self.entries]
+        head = _JSON.encode(
+            {
+                "format": FORMAT,
+                "step": self.step,
+                "world_size": self.world_size,
+                "committed_at": self.committed_at,
+            }
+        )
+        return f'{head[:-1]},"entries":[{",".join(entry_texts)}]}}'.encode()
 
     @classmethod
     def decode(cls, raw: bytes, where: str) -> Manifest:
@@ -182,6 +190,12 @@ class Manifest:
     def files(self) -> set[str]:
         """The data files this checkpoint's parts lie in."""
         return {p.file for e in self.entries for p in e.parts}
+
+
+def entry_text(e: Entry | dict[str, Any]) -> str:
+    """The JSON of one entry (an ``Entry`` or its ``to_json()``), as manifests and index
+    files hold it."""
+    return _JSON.encode(e.to_json() if isinstance(e, Entry) else e)
 
 
 def step_dir(step: int) -> str:
@@ -208,6 +222,7 @@ def check_step(step: int) -> None:
 
 
 __all__ = [
+    "entry_text",
     "FORMAT",
     "CheckpointAbortedError",
     "CheckpointCorruptError",
