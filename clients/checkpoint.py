@@ -73,6 +73,8 @@ _RUN_BYTES = 64 << 20  # adjacent parts read at once, at most
 _MANIFESTS_KEPT = 4  # decoded manifests a Checkpointer keeps (the newest steps asked for)
 
 Value = Any  # numpy array, bytes-like, or Shard
+# A load waiting to be served with others: rank, the caller's future, its ``into``.
+_LoadAsk = tuple[int, "asyncio.Future[dict[str, Value]]", "Mapping[str, Value] | None"]
 
 
 @dataclass(slots=True)
@@ -182,10 +184,8 @@ class Checkpointer:
         self._manifests: dict[int, _Indexed] = {}  # decoded, by step
         self._reader = MergedReader(client)  # the reads of ranks loading at once, merged
         self._fetching: dict[int, asyncio.Future[_Indexed]] = {}
-        # Loads waiting to be served together, by (step, world_size): (rank, future) each.
-        self._loading: dict[
-            tuple[int | None, int | None], list[tuple[int, asyncio.Future[dict[str, Value]]]]
-        ] = {}
+        # Loads waiting to be served together, by (step, world_size).
+        self._loading: dict[tuple[int | None, int | None], list[_LoadAsk]] = {}
         self._load_tasks: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> Checkpointer:
@@ -427,6 +427,7 @@ class Checkpointer:
             )
         if arr.dtype.hasobject:
             raise CheckpointError(f"{name!r}: arrays of Python objects cannot be stored")
+        shape = tuple(arr.shape)  # ascontiguousarray makes a 0-d array 1-d
         arr = np.ascontiguousarray(arr)
         flat = arr.reshape(-1).view(np.uint8).data if arr.size else memoryview(b"")
         if copy:
@@ -439,7 +440,7 @@ class Checkpointer:
             r1 = min(rows, r0 + step_rows)
             pieces.append(flat[r0 * row_bytes : r1 * row_bytes])
             bounds.append((r0, r1))
-        entry = Entry(rank, name, kind, arr.dtype.str, tuple(arr.shape), *at)
+        entry = Entry(rank, name, kind, arr.dtype.str, shape, *at)
         return _Item(entry, pieces, bounds)
 
     def _copy(self, src: memoryview, buffers: list[memoryview]) -> memoryview:
@@ -737,13 +738,26 @@ class Checkpointer:
             del self._manifests[min(self._manifests)]
 
     async def load(
-        self, rank: int, step: int | None = None, world_size: int | None = None
+        self,
+        rank: int,
+        step: int | None = None,
+        world_size: int | None = None,
+        *,
+        into: Mapping[str, Value] | None = None,
     ) -> dict[str, Value]:
         """``rank``'s state at ``step`` (default: the latest) for ``world_size`` ranks
         (default: as saved). At another world size, ``Shard``s are cut anew, evenly along
         axis 0; a value every rank saved alike comes back as saved; a value that differs
         between ranks raises CheckpointError. Every part read whole is checked against its
         CRC32C: CheckpointCorruptError names the rank, the value and the step.
+
+        ``into``: values to read into in place, by name, instead of allocating new ones (a
+        trainer restoring into the arrays it has, as DCP's ``load`` does): a writable,
+        C-contiguous numpy array of the saved dtype and shape (or a Shard of one), or a
+        writable buffer of the saved length for bytes; the values returned for those names
+        are these arrays (bytes: the buffer). A mismatch is a CheckpointError before anything
+        is read; on a failed check the array holds the bytes read. Only at the world size
+        saved.
 
         Ranks of this process that ask in the same event-loop iteration are served together,
         as by ``load_many`` (one manifest look-up, one plan, merged reads and checks), where
@@ -757,7 +771,7 @@ class Checkpointer:
             batch = self._loading[key] = []
             loop.call_soon(self._serve_loads, key)  # after this iteration's other callers
         fut: asyncio.Future[dict[str, Value]] = loop.create_future()
-        batch.append((rank, fut))
+        batch.append((rank, fut, into))
         return await fut
 
     def _serve_loads(self, key: tuple[int | None, int | None]) -> None:
@@ -767,44 +781,50 @@ class Checkpointer:
         task.add_done_callback(self._load_tasks.discard)
 
     async def _load_batch(
-        self,
-        step: int | None,
-        world_size: int | None,
-        batch: list[tuple[int, asyncio.Future[dict[str, Value]]]],
+        self, step: int | None, world_size: int | None, batch: list[_LoadAsk]
     ) -> None:
         """Resolve each of ``batch``'s futures with its rank's state or its error."""
         outs: list[Any] = []
         try:
             ix = await self._indexed(step)
-            ws = ix.manifest.world_size if world_size is None else world_size
-            outs = [
-                CheckpointError(f"rank {r} is not in [0, {ws})") if not 0 <= r < ws else None
-                for r, _ in batch
-            ]
-            joint = {r: k for k, (r, _) in enumerate(batch) if outs[k] is None}  # first asks
-            alone = [k for k, (r, _) in enumerate(batch) if outs[k] is None and joint[r] != k]
-            if ws == ix.manifest.world_size and len(joint) > 1:
+            saved = ix.manifest.world_size
+            ws = saved if world_size is None else world_size
+            for r, _, into in batch:
+                if not 0 <= r < ws:
+                    outs.append(CheckpointError(f"rank {r} is not in [0, {ws})"))
+                elif into is not None and ws != saved:
+                    outs.append(CheckpointError(f"into= loads at the world size saved, {saved}"))
+                else:
+                    outs.append(None)
+            joint: dict[int, int] = {}  # rank -> its first ask; a rank asked again goes alone
+            for k, (r, _, _) in enumerate(batch):
+                if outs[k] is None:
+                    joint.setdefault(r, k)
+            alone = [k for k, (r, _, _) in enumerate(batch) if outs[k] is None and joint[r] != k]
+            if ws == saved and len(joint) > 1:
                 try:
-                    for k, out in zip(
-                        joint.values(), await self._load_ranks(ix, list(joint)), strict=True
-                    ):
+                    got = await self._load_ranks(
+                        ix, list(joint), [batch[k][2] for k in joint.values()]
+                    )
+                    for k, out in zip(joint.values(), got, strict=True):
                         outs[k] = out
                 except Exception:
                     alone += joint.values()  # each alone: a rank's error is its own
             else:
                 alone += joint.values()
-            got = await asyncio.gather(
-                *(self._load_one(ix, batch[k][0], ws) for k in alone), return_exceptions=True
+            done = await asyncio.gather(
+                *(self._load_one(ix, batch[k][0], ws, batch[k][2]) for k in alone),
+                return_exceptions=True,
             )
-            for k, one in zip(alone, got, strict=True):
+            for k, one in zip(alone, done, strict=True):
                 outs[k] = one
         except Exception as exc:  # no manifest
             outs = [exc] * len(batch)
         except BaseException:  # cancelled (close): so are the loads waiting
-            for _, fut in batch:
+            for _, fut, _ in batch:
                 fut.cancel()
             raise
-        for (_, fut), out in zip(batch, outs, strict=True):
+        for (_, fut, _), out in zip(batch, outs, strict=True):
             if fut.done():
                 continue  # its caller was cancelled
             if isinstance(out, BaseException):
@@ -812,18 +832,27 @@ class Checkpointer:
             else:
                 fut.set_result(out)
 
-    async def _load_one(self, ix: _Indexed, rank: int, ws: int) -> dict[str, Value]:
-        """``load`` of one rank alone, planning its own reads."""
+    async def _load_one(
+        self, ix: _Indexed, rank: int, ws: int, into: Mapping[str, Value] | None = None
+    ) -> dict[str, Value]:
+        """``load`` of one rank alone, planning its own reads (``into`` only at the world
+        size saved)."""
         m = ix.manifest
         out: dict[str, Value] = {}
         sem = asyncio.Semaphore(_READS_IN_FLIGHT)
+        into = into or {}
+        dests = {
+            name: _destination(e, into[name])
+            for name in ix.by_name
+            if name in into and (e := ix.own.get((name, rank))) is not None
+        }
         for name, entries in ix.by_name.items():
             kind = entries[0].kind
             own = ix.own.get((name, rank))
             if kind == "shard":
                 if ws == m.world_size:
                     if own is not None:
-                        value = await self._value(ix, own, sem)
+                        value = await self._value(ix, own, sem, dests.get(name))
                         out[name] = Shard(value, own.global_shape, own.offset)
                     continue
                 g = entries[0].global_shape
@@ -833,7 +862,7 @@ class Checkpointer:
                 out[name] = Shard(arr, g, (lo,) + (0,) * (len(g) - 1))
             elif ws == m.world_size:
                 if own is not None:
-                    out[name] = await self._value(ix, own, sem)
+                    out[name] = await self._value(ix, own, sem, dests.get(name))
             elif _alike(entries):
                 out[name] = await self._value(ix, entries[0], sem)
             else:
@@ -874,14 +903,25 @@ class Checkpointer:
         arr = await self._assemble(ix, entries, box, sem)
         return arr[inner]
 
-    async def _value(self, ix: _Indexed, e: Entry, sem: asyncio.Semaphore) -> Value:
-        """One rank's whole value, every part checked."""
-        value, runs = _empty_value(e)
+    async def _value(
+        self,
+        ix: _Indexed,
+        e: Entry,
+        sem: asyncio.Semaphore,
+        dest: tuple[Any, memoryview] | None = None,
+    ) -> Value:
+        """One rank's whole value, every part checked; read into ``dest`` (see
+        ``_destination``) when given."""
+        value, runs = _empty_value(e) if dest is None else (dest[0], _runs(e, dest[1]))
         await asyncio.gather(*(self._read_parts(ix, e, run, dest, sem) for run, dest in runs))
-        return bytes(value) if isinstance(value, bytearray) else value
+        return bytes(value) if dest is None and isinstance(value, bytearray) else value
 
     async def load_many(
-        self, ranks: Sequence[int], step: int | None = None
+        self,
+        ranks: Sequence[int],
+        step: int | None = None,
+        *,
+        into: Sequence[Mapping[str, Value] | None] | None = None,
     ) -> list[dict[str, Value]]:
         """``[load(r, step) for r in ranks]`` at the world size saved, for a process hosting
         many ranks: the same values, but one call plans every read and checks every part,
@@ -891,23 +931,42 @@ class Checkpointer:
         Values whose parts lie back to back in a file (the usual case) are laid out in
         file order in shared buffers of up to MERGE_BYTES and read straight into place:
         one read per buffer, no copy. So the arrays returned may be views of one buffer,
-        which stays allocated while any of them lives. Raises what ``load`` raises;
-        nothing is returned unless every part read checks."""
+        which stays allocated while any of them lives. ``into``: for each rank, values to
+        read into in place, as ``load``'s. Raises what ``load`` raises; nothing is returned
+        unless every part read checks."""
         ix = await self._indexed(step)
         m = ix.manifest
         for rank in ranks:
             if not 0 <= rank < m.world_size:
                 raise CheckpointError(f"rank {rank} is not in [0, {m.world_size})")
-        return await self._load_ranks(ix, ranks)
+        if into is not None and len(into) != len(ranks):
+            raise CheckpointError(f"into= has {len(into)} states for {len(ranks)} ranks")
+        return await self._load_ranks(ix, ranks, into)
 
-    async def _load_ranks(self, ix: _Indexed, ranks: Sequence[int]) -> list[dict[str, Value]]:
+    async def _load_ranks(
+        self,
+        ix: _Indexed,
+        ranks: Sequence[int],
+        into: Sequence[Mapping[str, Value] | None] | None = None,
+    ) -> list[dict[str, Value]]:
         outs: list[dict[str, Value]] = [{} for _ in ranks]
-        wanted: list[tuple[dict[str, Value], str, Entry]] = [
-            (out, name, e)
-            for out, rank in zip(outs, ranks, strict=True)
-            for name in ix.by_name
-            if (e := ix.own.get((name, rank))) is not None
-        ]
+        wanted: list[tuple[dict[str, Value], str, Entry]] = []
+        placed: list[tuple[Entry, tuple[Any, memoryview]]] = []  # read into the caller's
+        for k, (out, rank) in enumerate(zip(outs, ranks, strict=True)):
+            given = into[k] if into is not None else None
+            for name in ix.by_name:
+                e = ix.own.get((name, rank))
+                if e is None:
+                    continue
+                if given is not None and name in given:
+                    dest = _destination(e, given[name])
+                    value = dest[0]
+                    out[name] = (
+                        Shard(value, e.global_shape, e.offset) if e.kind == "shard" else value
+                    )
+                    placed.append((e, dest))
+                else:
+                    wanted.append((out, name, e))
         entries = [e for _, _, e in wanted]
         arenas, scattered = _arenas(entries)
         reads = []
@@ -923,11 +982,13 @@ class Checkpointer:
             value, runs = _empty_value(e)
             out[name] = Shard(value, e.global_shape, e.offset) if e.kind == "shard" else value
             reads += [self._read_parts(ix, e, run, dest, sem) for run, dest in runs]
+        for e, (_, view) in placed:
+            reads += [self._read_parts(ix, e, run, dest, sem) for run, dest in _runs(e, view)]
         await asyncio.gather(*reads)
-        for out in outs:
-            for name, value in out.items():
-                if isinstance(value, (bytearray, memoryview)):
-                    out[name] = bytes(value)
+        for out, name, _ in wanted:
+            value = out[name]
+            if isinstance(value, (bytearray, memoryview)):
+                out[name] = bytes(value)
         return outs
 
     async def _read_arena(
@@ -1154,15 +1215,57 @@ def _as_value(e: Entry, view: memoryview) -> Value:
 
 
 def _empty_value(e: Entry) -> tuple[Any, list[tuple[list[Part], memoryview]]]:
-    """A value to read ``e`` into (a numpy array, or a bytearray for bytes), and its parts
-    in runs that lie back to back in one file (one read each, at most _RUN_BYTES), each with
-    the slice of the value's bytes it fills."""
+    """A value to read ``e`` into (a numpy array, or a bytearray for bytes), and its runs
+    (``_runs``)."""
     if e.kind == "bytes":
         value: Any = bytearray(e.nbytes)
         view = memoryview(value)
     else:
         value = np.empty(e.shape, dtype=np.dtype(e.dtype))
         view = memoryview(value.reshape(-1).view(np.uint8)).cast("B")
+    return value, _runs(e, view)
+
+
+def _destination(e: Entry, given: Any) -> tuple[Any, memoryview]:
+    """``given`` (``load``'s ``into``) checked as a place for ``e``'s value: the value to
+    return (the array, or the buffer for bytes) and its bytes, to read into."""
+    what = f"{e.name!r} of rank {e.rank}"
+    if e.kind == "bytes":
+        try:
+            view = memoryview(given).cast("B")
+        except (TypeError, ValueError):
+            raise CheckpointError(f"{what}: into= needs a writable contiguous buffer") from None
+        if view.readonly or view.nbytes != e.nbytes:
+            raise CheckpointError(
+                f"{what}: into= needs a writable buffer of {e.nbytes} bytes, "
+                f"not {'a read-only one' if view.readonly else view.nbytes}"
+            )
+        return given, view
+    arr = given.array if isinstance(given, Shard) else given
+    if (
+        not isinstance(arr, np.ndarray)
+        or arr.dtype != np.dtype(e.dtype)
+        or tuple(arr.shape) != tuple(e.shape)
+        or not arr.flags.c_contiguous
+        or not arr.flags.writeable
+    ):
+        got = (
+            f"a {arr.dtype} array of shape {arr.shape}"
+            + ("" if arr.flags.c_contiguous else ", not C-contiguous")
+            + ("" if arr.flags.writeable else ", read-only")
+            if isinstance(arr, np.ndarray)
+            else type(arr).__name__
+        )
+        raise CheckpointError(
+            f"{what}: into= needs a writable C-contiguous {np.dtype(e.dtype)} array of shape "
+            f"{tuple(e.shape)}, not {got}"
+        )
+    return arr, arr.reshape(-1).view(np.uint8).data
+
+
+def _runs(e: Entry, view: memoryview) -> list[tuple[list[Part], memoryview]]:
+    """``e``'s parts in runs that lie back to back in one file (one read each, at most
+    _RUN_BYTES), each with the slice of ``view`` (the value's bytes) it fills."""
     runs: list[list[Part]] = []
     for p in e.parts:
         last = runs[-1][-1] if runs else None
@@ -1181,7 +1284,7 @@ def _empty_value(e: Entry) -> tuple[Any, list[tuple[list[Part], memoryview]]]:
         n = sum(p.length for p in run)
         out.append((run, view[at : at + n]))
         at += n
-    return value, out
+    return out
 
 
 def _first_bad(parts: list[Part], dest: memoryview, n: int) -> Part | None:

@@ -376,12 +376,16 @@ class TectonicStorageReader(_TectonicStorage, StorageReader):
     """Loads a DCP checkpoint saved by ``TectonicStorageWriter`` from the directory
     ``checkpoint_id`` of the cluster at ``cluster_dir``.
 
-    Reads only the bytes the load plan needs: ranges that touch within a file are merged into
-    one read (up to ``max_span_bytes``), and up to ``read_window_bytes`` of reads (at most
-    ``max_reads_in_flight``) run concurrently on the loop while the caller's thread copies
-    finished ones into place.
+    Reads only the bytes the load plan needs. A whole tensor of at least ``direct_bytes``
+    whose destination is a contiguous CPU tensor of its dtype and shape is read straight into
+    that tensor (then checked; after a failed check it holds the bytes read); other ranges
+    that touch within a file are merged into one read (up to ``max_span_bytes``) into a
+    buffer, and copied into place from there. Up to ``read_window_bytes`` of reads (at most
+    ``max_reads_in_flight``) run concurrently on the loop while the caller's thread checks
+    and copies finished ones.
     """
 
+    direct_bytes = 8 << 20  # a chunk: below it, merged reads of neighbours cost less
     max_span_bytes = 64 << 20
     read_window_bytes = 256 << 20
     max_reads_in_flight = 16
@@ -445,16 +449,27 @@ class TectonicStorageReader(_TectonicStorage, StorageReader):
         record for an item, a box outside its tensor, a short data file, a checksum mismatch),
         InvalidArgumentError (a destination of the wrong shape) and the store's read errors;
         reads still in flight are cancelled first."""
-        spans = self._spans([self._want(req) for req in plan.items])
+        direct: list[tuple[_Span, torch.Tensor | None]] = []
+        merged: list[_Want] = []
+        for want in map(self._want, plan.items):
+            dest = self._direct_dest(want, planner)
+            if dest is None:
+                merged.append(want)
+            else:
+                span = _Span(want.item.relative_path, want.start, want.stop - want.start, (want,))
+                direct.append((span, dest))
+        reads = direct + [(span, None) for span in self._spans(merged)]
         path = self._dir()
         cluster = self._cluster()
-        pending: deque[tuple[_Span, torch.Tensor, concurrent.futures.Future[int]]] = deque()
+        pending: deque[
+            tuple[_Span, torch.Tensor, torch.Tensor | None, concurrent.futures.Future[int]]
+        ] = deque()
         in_flight = 0
         files = FileReaders(cluster.client)  # a data file's block map looked up once
 
         def finish_oldest() -> None:
             nonlocal in_flight
-            span, buf, future = pending.popleft()
+            span, buf, dest, future = pending.popleft()
             in_flight -= span.length
             got = future.result()
             if got != span.length:
@@ -463,27 +478,34 @@ class TectonicStorageReader(_TectonicStorage, StorageReader):
                     f"{span.offset + span.length}",
                     f"{path}/{span.file}",
                 )
+            if dest is not None:  # read in place: check it, hand it over
+                _check(span.wants[0], buf)
+                planner.commit_tensor(span.wants[0].req, dest)
+                return
             for want in span.wants:
                 _deliver(want, buf[want.start - span.offset : want.stop - span.offset], planner)
 
         try:
-            for span in spans:
+            for span, dest in reads:
                 while pending and (
                     in_flight + span.length > self.read_window_bytes
                     or len(pending) >= self.max_reads_in_flight
                 ):
                     finish_oldest()
-                buf = torch.empty(span.length, dtype=torch.uint8)
+                if dest is None:
+                    buf = torch.empty(span.length, dtype=torch.uint8)
+                else:
+                    buf = dest.reshape(-1).view(torch.uint8)
                 read = files.read_into(f"{path}/{span.file}", span.offset, _bytes_of(buf))
                 future = cluster.submit(read)
-                pending.append((span, buf, future))
+                pending.append((span, buf, dest, future))
                 in_flight += span.length
             while pending:
                 finish_oldest()
         except BaseException:
-            for _, _, future in pending:
+            for *_, future in pending:
                 future.cancel()
-            concurrent.futures.wait([f for _, _, f in pending])
+            concurrent.futures.wait([f for *_, f in pending])
             raise
         done: Future[None] = Future()
         done.set_result(None)
@@ -516,6 +538,29 @@ class TectonicStorageReader(_TectonicStorage, StorageReader):
         except ValueError as e:
             raise CheckpointCorruptError(f"{req.storage_index.fqn!r}: {e}", self.path) from None
         return _Want(req, item, item.offset + first, item.offset + stop, strides)
+
+    def _direct_dest(self, want: _Want, planner: LoadPlanner) -> torch.Tensor | None:
+        """The tensor to read ``want`` straight into: the planner's destination, when ``want``
+        is a whole stored tensor of at least ``direct_bytes`` and the destination is a
+        contiguous CPU tensor of its dtype and shape; else None (read into a buffer)."""
+        req, item = want.req, want.item
+        if (
+            req.type == LoadItemType.BYTE_IO
+            or item.length < self.direct_bytes
+            or (want.start, want.stop) != (item.offset, item.offset + item.length)
+            or tuple(req.lengths) != tuple(item.shape or ())
+        ):
+            return None
+        dest = planner.resolve_tensor(req).detach()
+        if (
+            dest.device.type != "cpu"
+            or dest.dtype != _dtype(item, self.path)
+            or tuple(dest.shape) != tuple(req.lengths)
+            or not dest.is_contiguous()
+            or dest.layout != torch.strided
+        ):
+            return None
+        return dest
 
     def _spans(self, wants: list[_Want]) -> list[_Span]:
         """Reads per file in offset order, each merging wants whose ranges touch or overlap."""
@@ -572,14 +617,21 @@ def _dtype(item: StoredItem, path: str | None) -> torch.dtype:
     return dtype
 
 
-def _deliver(want: _Want, raw: torch.Tensor, planner: LoadPlanner) -> None:
-    """Check ``raw`` (the bytes of ``want``) and hand it to the planner."""
-    req, item = want.req, want.item
+def _check(want: _Want, raw: torch.Tensor) -> None:
+    """``raw`` (the bytes of ``want``) against the item's CRC32C, when it is the whole item
+    (a box of it is covered by the store's chunk checksums)."""
+    item = want.item
     whole = (want.start, want.stop) == (item.offset, item.offset + item.length)
     if whole and crc32c(_bytes_of(raw)) != item.crc32c:
         raise CheckpointCorruptError(
-            f"{req.storage_index.fqn!r}: checksum mismatch", item.relative_path
+            f"{want.req.storage_index.fqn!r}: checksum mismatch", item.relative_path
         )
+
+
+def _deliver(want: _Want, raw: torch.Tensor, planner: LoadPlanner) -> None:
+    """Check ``raw`` (the bytes of ``want``) and hand it to the planner."""
+    req, item = want.req, want.item
+    _check(want, raw)
     if req.type == LoadItemType.BYTE_IO:
         planner.load_bytes(req, io.BytesIO(_bytes_of(raw).tobytes()))
         return

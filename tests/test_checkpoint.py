@@ -648,6 +648,62 @@ def test_load_many_returns_what_load_returns_for_each_rank(cluster_dir: Path) ->
     run(cluster_dir, body)
 
 
+def test_loads_into_given_arrays_fill_them_in_place(cluster_dir: Path) -> None:
+    """``into=`` values are read in place by ``load`` (alone and joined with other ranks)
+    and ``load_many``, values cut into many parts included; names left out are allocated;
+    a destination of the wrong kind is a CheckpointError before anything is read."""
+    world = 6
+
+    async def body(client: Client, root: str) -> None:
+        g = global_array(3, (600, 8))
+        states = [rank_state(3, r, world, g) for r in range(world)]
+        async with Checkpointer(client, root, world_size=world, part_bytes=1024) as ckpt:
+            await save_all(ckpt, 3, states)
+
+            def places(r: int) -> dict[str, Any]:
+                return {
+                    "w": Shard(np.zeros_like(states[r]["w"].array), g.shape, (0, 0)),
+                    "opt": np.zeros(3, dtype=np.int64),
+                    "meta": bytearray(len(states[r]["meta"])),
+                }
+
+            def check(r: int, out: dict[str, Any], into: dict[str, Any]) -> None:
+                assert out["w"].array is into["w"].array and out["opt"] is into["opt"]
+                assert out["meta"] is into["meta"] and into["meta"] == states[r]["meta"]
+                assert np.array_equal(into["w"].array, states[r]["w"].array)
+                assert out["w"].offset == states[r]["w"].offset  # as saved, not as given
+                assert np.array_equal(into["opt"], states[r]["opt"])
+                assert np.array_equal(out["lr"], states[r]["lr"])  # not given: allocated
+
+            alone = places(2)
+            check(2, await ckpt.load(2, 3, into=alone), alone)
+            intos = [places(r) for r in range(world)]
+            got = await asyncio.gather(*(ckpt.load(r, 3, into=intos[r]) for r in range(world)))
+            for r in range(world):
+                check(r, got[r], intos[r])
+            intos = [places(r) for r in (4, 1)]
+            for r, out, into in zip((4, 1), await ckpt.load_many([4, 1], 3, into=intos), intos):
+                check(r, out, into)
+
+            bad = [
+                ({"opt": np.zeros(3, dtype=np.int32)}, "int64 array of shape \\(3,\\)"),
+                ({"opt": np.zeros(4, dtype=np.int64)}, "not a int64 array of shape \\(4,\\)"),
+                ({"opt": np.zeros(6, dtype=np.int64)[::2]}, "not C-contiguous"),
+                ({"meta": bytes(len(states[0]["meta"]))}, "read-only"),
+                ({"meta": bytearray(1)}, "not 1"),
+                ({"w": [0.0] * 10}, "not list"),
+            ]
+            for into, message in bad:
+                with pytest.raises(CheckpointError, match=message):
+                    await ckpt.load(0, 3, into=into)
+            with pytest.raises(CheckpointError, match="world size saved"):
+                await ckpt.load(0, 3, world_size=3, into={"opt": np.zeros(3, dtype=np.int64)})
+            with pytest.raises(CheckpointError, match="2 states for 1 ranks"):
+                await ckpt.load_many([0], 3, into=[{}, {}])
+
+    run(cluster_dir, body)
+
+
 def test_a_part_whose_bytes_differ_from_the_manifest_is_named_by_load_and_load_many(
     cluster_dir: Path,
 ) -> None:

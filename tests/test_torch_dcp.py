@@ -171,6 +171,49 @@ def test_loading_some_keys_reads_only_their_bytes(
     assert all(n < size for _, _, n in data_reads)
 
 
+def test_whole_tensors_are_read_straight_into_their_destinations(
+    cluster: Path, data_reads: list[tuple[str, int, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A whole tensor of at least ``direct_bytes`` with a contiguous destination of its dtype
+    and shape is read into it in one read of its own (then checked: a flipped byte is still
+    reported); the rest is read merged into a buffer and copied into place."""
+    monkeypatch.setattr(TectonicStorageReader, "direct_bytes", 16 << 10)
+    g = torch.Generator().manual_seed(1)
+    state = {
+        "a": torch.randn(64, 64, generator=g),  # 16 KiB: in place
+        "b": torch.randn(64, 64, generator=g),  # 16 KiB, but its destination is transposed
+        "c": torch.randn(8, generator=g),  # small
+        "d": torch.randn(64, 64, generator=g).to(torch.float64),  # 32 KiB, a float32 dest
+    }
+    save(cluster, "/ckpt/in-place", state)
+    out = {
+        "a": torch.zeros(64, 64),
+        "b": torch.zeros(64, 64).t(),
+        "c": torch.zeros(8),
+        "d": torch.zeros(64, 64),
+    }
+    load(cluster, "/ckpt/in-place", out)
+    for k, v in state.items():
+        assert torch.equal(out[k], v.to(out[k].dtype)), k
+    sizes = sorted(n for _, _, n in data_reads)
+    assert 16 << 10 in sizes  # "a" alone ("b" touches "c", and they are read merged)
+    assert sum(sizes) == sum(v.nbytes for v in state.values())  # each byte read once
+
+    [data_file] = [n for n in listdir(cluster, "/ckpt/in-place") if n.endswith(".distcp")]
+
+    async def spoil(c: Cluster) -> None:
+        path = f"/ckpt/in-place/{data_file}"
+        data = bytearray(await c.client().read_file(path))
+        data[: 64 << 10] = bytes(b ^ 1 for b in data[: 64 << 10])  # every tensor
+        await c.client().write_file(path, data)
+
+    in_store(cluster, spoil)
+    with pytest.raises(CheckpointException) as exc:
+        load(cluster, "/ckpt/in-place", {"a": torch.zeros(64, 64)})
+    err = failure(exc)
+    assert isinstance(err, CheckpointCorruptError) and "checksum" in str(err)
+
+
 class BoxPlanner:
     """The three LoadPlanner calls read_data makes, for a hand-made LoadPlan."""
 
