@@ -22,7 +22,7 @@ point, the backend's file records are counted (``files_left``, 0 when every dele
 Backends (``BACKEND_FACTORIES``; PostgreSQL will be one more entry):
 
 - ``sqlite``: a real cluster (``Cluster.create`` + ``Cluster.open``), SQLite WAL with
-  ``synchronous=FULL``: every metadata commit is fsync'd;
+  ``synchronous=FULL``: every metadata commit is durable when it returns (group commit);
 - ``sqlite-nosync``: the same with the cluster's ``sync=False``: SQLite ``synchronous=NORMAL``,
   commits reach the page cache only (a machine crash may lose the last ones);
 - ``memory``: the same cluster with its metadata in ``MemoryKV`` (``Cluster.open(kv=...)``):
@@ -219,7 +219,7 @@ async def _sqlite_backend(work: Path, *, sync: bool) -> AsyncIterator[MetaOps]:
     root = work / "cluster"
     Cluster.create(root, nodes=NODES, encoding="r1", sync=sync)
     durability = (
-        "SQLite WAL, synchronous=FULL: every commit fsync'd"
+        "SQLite WAL, synchronous=FULL: every commit durable (group commit: fsyncs shared)"
         if sync
         else "SQLite WAL, synchronous=NORMAL: commits in the page cache only"
     )

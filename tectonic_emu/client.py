@@ -374,9 +374,13 @@ class Client:
     async def _check_token(self, m: MetaTxn, file_id: int, token: str, path: str) -> FileRecord:
         return _token_holds(await m.files.get(file_id), token, path)
 
-    async def commit_block(self, file_id: int, token: str, rec: BlockRecord) -> None:
-        """Make a block whose chunks are durable part of the file (the commit point)."""
-        async with self.meta.transaction() as m:
+    async def commit_block(
+        self, file_id: int, token: str, rec: BlockRecord, *, durable: bool = True
+    ) -> None:
+        """Make a block whose chunks are durable part of the file (the commit point).
+        ``durable=False``: return once the commit is visible; ``meta.sync()`` makes it
+        durable (a writer chains its blocks' commits on that, see ``BlockPipeline``)."""
+        async with self.meta.transaction(durable=durable) as m:
             f = await self._check_token(m, file_id, token, f"file {file_id:016x}")
             await m.files.add_block(
                 file_id, BlockEntry(f.nblocks, rec.block_id, f.size, rec.length)

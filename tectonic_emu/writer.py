@@ -29,9 +29,13 @@ if TYPE_CHECKING:
 class BlockPipeline:
     """Writes blocks of one file concurrently and commits them in order.
 
-    ``submit`` waits while ``depth`` blocks are in flight. The first failure stops every later
-    block from committing (their chunks are deleted) and is raised by the next ``submit`` or
-    by ``drain``.
+    ``submit`` waits while ``depth`` blocks are in flight. A block commits as soon as the one
+    before it has committed (visible, not yet durable: the metadata store makes commits
+    durable in commit order), then waits until its own commit is durable, with one fsync
+    shared by the commits of every writer (``SQLiteKV``'s group commit). Chained on durable
+    commits, a file committed at most one block per fsync of the metadata log. The first
+    failure stops every later block from committing (their chunks are deleted) and is raised
+    by the next ``submit`` or by ``drain``.
     """
 
     def __init__(self, client: Client, file_id: int, token: str, enc: Encoding, depth: int) -> None:
@@ -40,21 +44,39 @@ class BlockPipeline:
         self._token = token
         self._enc = enc
         self._depth = max(1, depth)
-        self._tasks: deque[asyncio.Task[None]] = deque()
+        # Each block's task, and a future resolved once its commit is visible (or failed).
+        self._tasks: deque[tuple[asyncio.Task[None], asyncio.Future[None]]] = deque()
 
     async def submit(self, block: BytesLike) -> None:
         while len(self._tasks) >= self._depth:
             await self._retire_oldest()
-        prev = self._tasks[-1] if self._tasks else None
-        self._tasks.append(asyncio.create_task(self._run(block, prev)))
+        prev = self._tasks[-1][1] if self._tasks else None
+        committed = asyncio.get_running_loop().create_future()
+        self._tasks.append((asyncio.create_task(self._run(block, prev, committed)), committed))
 
     async def _retire_oldest(self) -> None:
-        task = self._tasks[0]
+        task, _ = self._tasks[0]
         await asyncio.wait([task])
         self._tasks.popleft()
         task.result()  # raises the block's error, if any
 
-    async def _run(self, block: BytesLike, prev: asyncio.Task[None] | None) -> None:
+    async def _run(
+        self, block: BytesLike, prev: asyncio.Future[None] | None, committed: asyncio.Future[None]
+    ) -> None:
+        try:
+            await self._write_and_commit(block, prev)
+        except BaseException as exc:
+            if not committed.done():  # the next block stops at this
+                if isinstance(exc, asyncio.CancelledError):
+                    committed.cancel()
+                else:
+                    committed.set_exception(exc)
+                    committed.exception()  # retrieved: the task itself reports it
+            raise
+        committed.set_result(None)
+        await self._client.meta.sync()  # durable, and so is every commit before it
+
+    async def _write_and_commit(self, block: BytesLike, prev: asyncio.Future[None] | None) -> None:
         dp = self._client.datapath
         rec = await dp.write_block(self._enc, block, block_id=new_id(), file_id=self._file_id)
         try:
@@ -64,7 +86,7 @@ class BlockPipeline:
                     raise asyncio.CancelledError
                 if (err := prev.exception()) is not None:
                     raise err
-            await self._client.commit_block(self._file_id, self._token, rec)
+            await self._client.commit_block(self._file_id, self._token, rec, durable=False)
         except BaseException:
             await asyncio.shield(self._delete_unless_committed(rec))
             raise
@@ -87,10 +109,10 @@ class BlockPipeline:
 
     async def abort(self) -> None:
         """Cancel blocks in flight; blocks already committed stay."""
-        for t in self._tasks:
+        for t, _ in self._tasks:
             t.cancel()
         if self._tasks:
-            await asyncio.wait(list(self._tasks))
+            await asyncio.wait([t for t, _ in self._tasks])
         self._tasks.clear()
 
 

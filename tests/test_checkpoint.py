@@ -682,7 +682,8 @@ def test_loads_into_given_arrays_fill_them_in_place(cluster_dir: Path) -> None:
             for r in range(world):
                 check(r, got[r], intos[r])
             intos = [places(r) for r in (4, 1)]
-            for r, out, into in zip((4, 1), await ckpt.load_many([4, 1], 3, into=intos), intos):
+            got = await ckpt.load_many([4, 1], 3, into=intos)
+            for r, out, into in zip((4, 1), got, intos, strict=True):
                 check(r, out, into)
 
             bad = [

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -241,9 +242,9 @@ def test_a_block_committed_as_its_writer_is_cancelled_keeps_its_chunks(
         real = Client.commit_block
 
         async def commit_then_cancelled(
-            self: Client, file_id: int, token: str, rec: object
+            self: Client, file_id: int, token: str, rec: object, **kw: Any
         ) -> None:
-            await real(self, file_id, token, rec)  # type: ignore[arg-type]
+            await real(self, file_id, token, rec, **kw)  # type: ignore[arg-type]
             raise asyncio.CancelledError  # as if cancelled while the commit settled
 
         w = await client.open_writer("/f", encoding="r3")

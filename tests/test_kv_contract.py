@@ -464,6 +464,72 @@ def test_sqlite_processes_share_a_file_without_lost_updates(tmp_path: Path) -> N
     run(store.close())
 
 
+def test_sqlite_group_commit_shares_fsyncs_of_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Concurrent durable commits share fsyncs of the WAL, each returning once an fsync that
+    began after its commit is done. A transaction with durable=False returns without one;
+    ``sync`` then makes it durable; every commit is there after a reopen."""
+    kv = SQLiteKV(tmp_path / "g.db")
+    began: list[int] = []  # commits made when each fsync began
+
+    real = SQLiteKV._sync_wal
+
+    def counting(self: SQLiteKV) -> None:
+        began.append(self._commits)
+        real(self)
+
+    monkeypatch.setattr(SQLiteKV, "_sync_wal", counting)
+
+    async def one(k: int) -> None:
+        async with kv.transaction() as txn:
+            await txn.put(b"k%03d" % k, b"v")
+        assert began and max(began) >= 1 and kv._synced >= 1
+
+    async def body() -> None:
+        await asyncio.gather(*(one(k) for k in range(40)))
+        assert 1 <= len(began) < 40 and kv._synced == kv._commits == 40
+        before = len(began)
+        async with kv.transaction(durable=False) as txn:
+            await txn.put(b"later", b"1")
+        assert len(began) == before and kv._synced == 40
+        await kv.sync()
+        assert len(began) == before + 1 and kv._synced == 41
+        await kv.sync()  # nothing new: no fsync
+        assert len(began) == before + 1
+        async with kv.transaction() as txn:  # reads only: nothing to make durable
+            await txn.get(b"later")
+        assert len(began) == before + 1
+        await kv.close()
+
+    run(body())
+    again = SQLiteKV(tmp_path / "g.db")
+    assert len(run(again.scan(b""))) == 41
+    run(again.close())
+
+
+def test_sqlite_a_failed_fsync_of_the_log_is_an_os_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kv = SQLiteKV(tmp_path / "f.db")
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    async def body() -> None:
+        await put_all(kv, {b"a": b"1"})
+        monkeypatch.setattr(os, "fdatasync", failing)
+        with pytest.raises(OSError, match="may not be durable") as err:
+            await put_all(kv, {b"b": b"2"})
+        assert err.value.errno == errno.EIO
+        monkeypatch.undo()
+        await put_all(kv, {b"c": b"3"})  # the next fsync covers b and c
+        assert await everything(kv) == {b"a": b"1", b"b": b"2", b"c": b"3"}
+        await kv.close()
+
+    run(body())
+
+
 def test_sqlite_bad_path_and_arguments(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         run(SQLiteKV.open(tmp_path / "no" / "such" / "dir" / "m.db"))

@@ -30,8 +30,8 @@ class MemoryKV(KVStore):
         self._owner: asyncio.Task[Any] | None = None
         self._closed = False
 
-    def transaction(self) -> _MemoryTransaction:
-        return _MemoryTransaction(self)
+    def transaction(self, *, durable: bool = True) -> _MemoryTransaction:
+        return _MemoryTransaction(self)  # nothing here is durable: nothing to wait for
 
     async def get(self, key: bytes) -> bytes | None:
         await self._acquire()

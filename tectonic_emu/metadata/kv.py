@@ -61,9 +61,18 @@ class KVStore(abc.ABC):
     """
 
     @abc.abstractmethod
-    def transaction(self) -> AbstractAsyncContextManager[Transaction]:
+    def transaction(self, *, durable: bool = True) -> AbstractAsyncContextManager[Transaction]:
         """Begin a serializable transaction; it commits when the ``async with`` block exits
-        normally and rolls back when it raises or is cancelled."""
+        normally and rolls back when it raises or is cancelled.
+
+        ``durable=False``: the block may exit once the commit is visible, before it is
+        durable; ``sync`` waits for that. A transaction that commits after it is durable
+        with it (commits are durable in commit order)."""
+
+    async def sync(self) -> None:
+        """Return once every transaction committed so far is durable (a no-op for a store
+        whose every commit is durable when it returns)."""
+        return None
 
     async def get(self, key: bytes) -> bytes | None:
         async with self.transaction() as txn:

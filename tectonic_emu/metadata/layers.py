@@ -196,9 +196,14 @@ class Metadata:
         self.kv = kv
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[MetaTxn]:
-        async with self.kv.transaction() as txn:
+    async def transaction(self, *, durable: bool = True) -> AsyncIterator[MetaTxn]:
+        """A transaction over the layers (``durable``: see ``KVStore.transaction``)."""
+        async with self.kv.transaction(durable=durable) as txn:
             yield MetaTxn(txn)
+
+    async def sync(self) -> None:
+        """Every transaction committed so far durable (``KVStore.sync``)."""
+        await self.kv.sync()
 
     async def file(self, file_id: int) -> FileRecord | None:
         """A file's record as last committed, read outside any transaction (with SQLite, on
