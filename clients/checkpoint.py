@@ -124,6 +124,17 @@ class _Staged:
 
 
 @dataclass(slots=True)
+class _SaveAsk:
+    """A ``save`` call waiting to be served with the others of its loop iteration."""
+
+    rank: int
+    state: Mapping[str, Value]
+    incremental: bool
+    started: float
+    done: asyncio.Future[SaveResult]
+
+
+@dataclass(slots=True)
 class _Step:
     """What this Checkpointer does for one step."""
 
@@ -187,6 +198,8 @@ class Checkpointer:
         # Loads waiting to be served together, by (step, world_size).
         self._loading: dict[tuple[int | None, int | None], list[_LoadAsk]] = {}
         self._load_tasks: set[asyncio.Task[None]] = set()
+        self._saving: dict[int, list[_SaveAsk]] = {}  # save calls waiting, by step
+        self._save_tasks: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> Checkpointer:
         return self
@@ -211,6 +224,7 @@ class Checkpointer:
             if t is not None
         ]
         tasks += self._load_tasks
+        tasks += self._save_tasks
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -233,11 +247,102 @@ class Checkpointer:
         latest), CheckpointAbortedError (another rank gave up), CheckpointTimeoutError (ranks
         missing after ``timeout`` seconds), and the store's errors. If it raises or is
         cancelled, the step does not commit anywhere; its files are collected later.
+
+        Ranks of this process that call in the same event-loop iteration are staged and
+        waited for together, as by ``save_many``, where 4,096 ranks each opening the step,
+        waiting for their parts and for the commit cost 0.06 ms of Python apiece. Each rank
+        still gets its own answer (a bad rank number or state is that rank's error).
         """
-        st, staged = await self._submit(step, rank, state, incremental=incremental, copy=False)
-        result = await self._finish(st, staged)  # inline: no task per rank (4,096 of them)
-        result.blocked_s = result.persist_s
-        return result
+        loop = asyncio.get_running_loop()
+        ask = _SaveAsk(rank, state, incremental, time.perf_counter(), loop.create_future())
+        batch = self._saving.get(step)
+        if batch is None:
+            batch = self._saving[step] = []
+            loop.call_soon(self._serve_saves, step)  # after this iteration's other callers
+        batch.append(ask)
+        try:
+            return await ask.done
+        except asyncio.CancelledError as exc:
+            st = self._steps.get(step)
+            if st is None or not _succeeded(st.commit):  # the step must not commit without it
+                await asyncio.shield(self._abort(step, rank, exc))
+            raise
+
+    def _serve_saves(self, step: int) -> None:
+        asks = self._saving.pop(step)
+        task = asyncio.ensure_future(self._save_batch(step, asks))
+        self._save_tasks.add(task)
+        task.add_done_callback(self._save_tasks.discard)
+
+    async def _save_batch(self, step: int, asks: list[_SaveAsk]) -> None:
+        """Stage the ranks of ``asks`` for ``step``, wait for their parts and the commit, and
+        answer each (a rank that cannot be staged gets its own error and aborts the step, as
+        its own ``save`` would)."""
+        for a in asks:  # before the step is opened, as a single save checks
+            if not 0 <= a.rank < self.world_size:
+                err = CheckpointError(f"rank {a.rank} is not in [0, {self.world_size})")
+                _settle(a.done, err)
+        asks = [a for a in asks if not a.done.done()]  # (a cancelled one marked the abort)
+        if not asks:
+            return
+        try:
+            check_step(step)
+            st = await self._step_state(step)
+            if _succeeded(st.commit):
+                raise CheckpointError(f"step {step} is already committed", self.root)
+        except BaseException as exc:
+            for a in asks:
+                _settle(a.done, exc)
+            if isinstance(exc, asyncio.CancelledError):
+                if asks:
+                    await asyncio.shield(self._abort(step, asks[0].rank, exc))
+                raise
+            return
+        staged: list[tuple[_SaveAsk, _Staged]] = []
+        try:
+            for a in asks:
+                if a.done.done():
+                    continue  # cancelled while the step opened (its save marked the abort)
+                if a.rank in st.ranks:
+                    _settle(a.done, CheckpointError(f"rank {a.rank} already saved step {step}"))
+                    continue
+                try:
+                    s = self._staged(a.rank, a.state, a.incremental, False, a.started)
+                except BaseException as exc:
+                    _settle(a.done, exc)
+                    await asyncio.shield(self._abort(step, a.rank, exc))
+                    continue
+                st.ranks.add(a.rank)
+                staged.append((a, s))
+            if not staged:
+                return
+            st.queue += [s for _, s in staged]
+            self._start(st)
+            written = await asyncio.gather(*(s.written for _, s in staged), return_exceptions=True)
+            bad = next((n for n in written if isinstance(n, BaseException)), None)
+            if bad is not None:  # the step cannot commit: say so now, not at the timeout
+                await asyncio.shield(self._abort(step, staged[0][0].rank, bad))
+            assert st.commit is not None
+            failed: BaseException | None = None
+            try:
+                await asyncio.shield(st.commit)
+            except Exception as exc:
+                failed = exc
+                if bad is None:
+                    await asyncio.shield(self._abort(step, staged[0][0].rank, exc))
+            now = time.perf_counter()
+            for (a, s), n in zip(staged, written, strict=True):
+                if isinstance(n, BaseException):
+                    _settle(a.done, n)
+                elif failed is not None:
+                    _settle(a.done, failed)
+                elif not a.done.done():
+                    elapsed = now - a.started
+                    a.done.set_result(SaveResult(step, a.rank, s.nbytes, n, elapsed, elapsed))
+        except BaseException as exc:  # cancelled (close): so are the saves waiting
+            for a in asks:
+                _settle(a.done, exc)
+            raise
 
     async def save_async(
         self, step: int, rank: int, state: Mapping[str, Value], *, incremental: bool = False
@@ -1156,6 +1261,16 @@ class Checkpointer:
 
 
 # -- helpers ---------------------------------------------------------------------------------
+def _settle(fut: asyncio.Future[Any], exc: BaseException) -> None:
+    """Fail ``fut`` with ``exc`` (cancel it for a cancellation), unless it is done."""
+    if fut.done():
+        return
+    if isinstance(exc, asyncio.CancelledError):
+        fut.cancel()
+    else:
+        fut.set_exception(exc)
+
+
 def _succeeded(task: asyncio.Future[Any] | None) -> bool:
     return task is not None and task.done() and not task.cancelled() and not task.exception()
 

@@ -753,6 +753,43 @@ def test_a_part_whose_bytes_differ_from_the_manifest_is_named_by_load_and_load_m
     run(cluster_dir, body)
 
 
+def test_saves_made_at_once_are_served_together_but_answered_one_by_one(
+    cluster_dir: Path,
+) -> None:
+    """``save`` calls of one loop iteration are staged together, yet each rank gets its own
+    answer: a rank out of range or given twice its own CheckpointError (the others commit);
+    a state that cannot be staged its own error, and the step aborts for the others."""
+    world = 4
+
+    async def body(client: Client, root: str) -> None:
+        async with Checkpointer(client, root, world_size=world, timeout=30) as ckpt:
+            ok = [{"x": np.arange(5) + r} for r in range(world)]
+            asks = [*range(world), world, 1]
+            got = await asyncio.gather(
+                *(ckpt.save(1, r, ok[r % world]) for r in asks), return_exceptions=True
+            )
+            assert [type(g).__name__ for g in got] == ["SaveResult"] * world + [
+                "CheckpointError",
+                "CheckpointError",
+            ]
+            assert f"rank {world} is not in" in str(got[world])
+            assert "rank 1 already saved step 1" in str(got[-1])
+            assert all(g.bytes_total == 40 for g in got[:world])
+            assert await ckpt.steps() == [1]
+
+            bad = [ok[0], ok[1], {"x": [1, 2]}, ok[3]]
+            got = await asyncio.gather(
+                *(ckpt.save(2, r, bad[r]) for r in range(world)), return_exceptions=True
+            )
+            assert isinstance(got[2], CheckpointError) and "a state value is" in str(got[2])
+            for r in (0, 1, 3):
+                assert isinstance(got[r], CheckpointAbortedError), got[r]
+            assert await ckpt.steps() == [1]
+            assert np.array_equal((await ckpt.load(3, 1))["x"], np.arange(5) + 3)
+
+    run(cluster_dir, body)
+
+
 def test_save_many_commits_the_step_save_does(cluster_dir: Path) -> None:
     """Ranks saved in one call (mixed with ranks saving one by one) make the checkpoint
     ``save`` makes; bad input fails before anything is written, and a state that cannot be
