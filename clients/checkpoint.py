@@ -54,9 +54,10 @@ from clients.ckpt_format import (
     step_of_dir,
     step_of_manifest,
 )
-from clients.ckpt_reads import MERGE_BYTES, FileReaders, MergedReader
+from clients.ckpt_reads import FileReaders, MergedReader
 from clients.ckpt_region import even_rows, plan, region
-from tectonic_emu.bufpool import uninitialised
+from tectonic_emu._malloc import MMAP_THRESHOLD
+from tectonic_emu.bufpool import PAGE, uninitialised
 from tectonic_emu.chunkstore.remote import aligned_buffer
 from tectonic_emu.client import Client
 from tectonic_emu.coding.checksum import crc32c, crc32c_each, crc32c_many
@@ -71,6 +72,11 @@ _READS_IN_FLIGHT = 16
 _APPEND_GROUP = 16 << 20  # bytes of small parts handed to the writer at once
 _RUN_BYTES = 64 << 20  # adjacent parts read at once, at most
 _MANIFESTS_KEPT = 4  # decoded manifests a Checkpointer keeps (the newest steps asked for)
+# load_many's shared buffers: just under malloc's mmap threshold (tectonic_emu/_malloc.py;
+# uninitialised adds a page for alignment), so a freed one comes back warm from the heap.
+# At 64 MiB each was a fresh mapping, faulted in at 0.5-1 GB/s on this kind of VM: loads of
+# 256 MiB by 4,096 ranks swung 0.17-0.41 s, 0.16-0.21 s with these.
+ARENA_BYTES = MMAP_THRESHOLD - 2 * PAGE
 
 Value = Any  # numpy array, bytes-like, or Shard
 # A load waiting to be served with others: rank, the caller's future, its ``into``.
@@ -1034,7 +1040,7 @@ class Checkpointer:
         0.1 ms of Python per rank at 4,096 ranks).
 
         Values whose parts lie back to back in a file (the usual case) are laid out in
-        file order in shared buffers of up to MERGE_BYTES and read straight into place:
+        file order in shared buffers of up to ARENA_BYTES and read straight into place:
         one read per buffer, no copy. So the arrays returned may be views of one buffer,
         which stays allocated while any of them lives. ``into``: for each rank, values to
         read into in place, as ``load``'s. Raises what ``load`` raises; nothing is returned
@@ -1296,7 +1302,7 @@ def _in_one_piece(e: Entry) -> bool:
 
 def _arenas(entries: Sequence[Entry]) -> tuple[list[_Arena], list[int]]:
     """The values in one piece, in file order, grouped into arenas of adjacent values of at
-    most MERGE_BYTES (a value longer than that has one of its own); and the indexes of the
+    most ARENA_BYTES (a value longer than that has one of its own); and the indexes of the
     others (read run by run into buffers of their own)."""
     whole: list[int] = []
     scattered: list[int] = []
@@ -1311,7 +1317,7 @@ def _arenas(entries: Sequence[Entry]) -> tuple[list[_Arena], list[int]]:
             last is None
             or last.file != first.file
             or last.start + last.length != first.pos
-            or last.length + n > MERGE_BYTES
+            or last.length + n > ARENA_BYTES
         ):
             last = _Arena(first.file, first.pos)
             arenas.append(last)
