@@ -300,8 +300,7 @@ class Checkpointer:
             for a in asks:
                 _settle(a.done, exc)
             if isinstance(exc, asyncio.CancelledError):
-                if asks:
-                    await asyncio.shield(self._abort(step, asks[0].rank, exc))
+                await asyncio.shield(self._abort(step, asks[0].rank, exc))
                 raise
             return
         staged: list[tuple[_SaveAsk, _Staged]] = []
