@@ -285,7 +285,7 @@ class Checkpointer:
         answer each (a rank that cannot be staged gets its own error and aborts the step, as
         its own ``save`` would)."""
         for a in asks:  # before the step is opened, as a single save checks
-            if not 0 <= a.rank < self.world_size:
+            if not _rank_in(a.rank, self.world_size):
                 err = CheckpointError(f"rank {a.rank} is not in [0, {self.world_size})")
                 _settle(a.done, err)
         asks = [a for a in asks if not a.done.done()]  # (a cancelled one marked the abort)
@@ -382,7 +382,7 @@ class Checkpointer:
         check_step(step)
         ranks = list(ranks)
         for rank in ranks:
-            if not 0 <= rank < self.world_size:
+            if not _rank_in(rank, self.world_size):
                 raise CheckpointError(f"rank {rank} is not in [0, {self.world_size})")
         if len(set(ranks)) != len(ranks):
             raise CheckpointError(f"a rank is given twice: {sorted(ranks)}")
@@ -519,10 +519,7 @@ class Checkpointer:
         kind: Kind
         if isinstance(value, Shard):
             arr, kind = value.array, "shard"
-            at: tuple[tuple[int, ...], tuple[int, ...]] = (
-                tuple(value.global_shape),
-                tuple(value.offset),
-            )
+            at: tuple[tuple[int, ...], tuple[int, ...]] = (value.global_shape, value.offset)
         elif isinstance(value, np.ndarray):
             arr, kind, at = value, "array", ((), ())
         elif isinstance(value, (bytes, bytearray, memoryview)):
@@ -900,7 +897,7 @@ class Checkpointer:
             saved = ix.manifest.world_size
             ws = saved if world_size is None else world_size
             for r, _, into in batch:
-                if not 0 <= r < ws:
+                if not _rank_in(r, ws):
                     outs.append(CheckpointError(f"rank {r} is not in [0, {ws})"))
                 elif into is not None and ws != saved:
                     outs.append(CheckpointError(f"into= loads at the world size saved, {saved}"))
@@ -1047,7 +1044,7 @@ class Checkpointer:
         ix = await self._indexed(step)
         m = ix.manifest
         for rank in ranks:
-            if not 0 <= rank < m.world_size:
+            if not _rank_in(rank, m.world_size):
                 raise CheckpointError(f"rank {rank} is not in [0, {m.world_size})")
         if into is not None and len(into) != len(ranks):
             raise CheckpointError(f"into= has {len(into)} states for {len(ranks)} ranks")
@@ -1416,6 +1413,13 @@ def _first_bad(parts: list[Part], dest: memoryview, n: int) -> Part | None:
             return p
         at += p.length
     return None
+
+
+def _rank_in(rank: object, world_size: int) -> bool:
+    """Whether ``rank`` is a rank number (an int, numpy's too) in [0, world_size)."""
+    if not isinstance(rank, (int, np.integer)) or isinstance(rank, bool):
+        return False
+    return 0 <= int(rank) < world_size
 
 
 async def _checksums(pieces: list[memoryview]) -> list[int]:

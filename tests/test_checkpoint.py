@@ -385,6 +385,11 @@ def test_bad_arguments_are_clear_errors(cluster_dir: Path) -> None:
         async with Checkpointer(client, root, world_size=2, timeout=5) as ckpt:
             with pytest.raises(CheckpointError, match="rank 2 is not in"):
                 await ckpt.save(1, 2, {})
+            for rank in (1.0, True, "1"):  # a manifest records whole rank numbers only
+                with pytest.raises(CheckpointError, match="is not in"):
+                    await ckpt.save(1, rank, {})  # type: ignore[arg-type]
+            with pytest.raises(CheckpointError, match="are integers"):
+                Shard(np.zeros(2), (4.0,), (0,))  # type: ignore[arg-type]
             with pytest.raises(CheckpointError, match="a state value is"):
                 await ckpt.save(7, 0, {"x": [1, 2]})  # (step 7 is aborted for good)
             with pytest.raises(CheckpointError, match="a step is"):
@@ -719,9 +724,7 @@ def test_a_part_whose_bytes_differ_from_the_manifest_is_named_by_load_and_load_m
             path = f"{root}/{manifest_name(6)}"
             m = Manifest.decode(await client.read_file(path), path)
             bad = [
-                dataclasses.replace(
-                    e, parts=(*e.parts[:-1], dataclasses.replace(e.parts[-1], crc32c=12345))
-                )
+                e._replace(parts=(*e.parts[:-1], e.parts[-1]._replace(crc32c=12345)))
                 if (e.rank, e.name) == (5, "w")
                 else e
                 for e in m.entries

@@ -1,0 +1,49 @@
+"""The manifest's text (clients/ckpt_format.py): entries written by hand are exactly what
+the JSON encoder writes, and read back equal."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from clients.ckpt_format import Entry, Manifest, Part, Shard, entry_text
+
+ints = st.integers(min_value=0, max_value=2**63 - 1)
+names = st.text(min_size=1, max_size=20)  # quotes, control characters, non-ASCII
+shapes = st.lists(ints, max_size=4).map(tuple)
+parts = st.builds(Part, names, ints, ints, st.integers(0, 2**32 - 1), ints, ints, st.none() | names)
+entries = st.builds(
+    Entry,
+    ints,
+    names,
+    st.sampled_from(["shard", "array", "bytes"]),
+    st.sampled_from(["", "<f4", "|u1", "<f2"]),
+    shapes,
+    shapes,
+    shapes,
+    st.lists(parts, max_size=3).map(tuple),
+)
+
+
+@given(entries)
+def test_an_entrys_text_is_the_encoders_and_reads_back_equal(e: Entry) -> None:
+    text = entry_text(e)
+    assert text == json.dumps(e.to_json(), separators=(",", ":"))
+    assert entry_text(e.to_json()) == text
+    assert Entry.from_json(json.loads(text)) == e
+
+
+@given(st.lists(entries, max_size=5).map(tuple), st.integers(0, 10**6), ints)
+def test_a_manifest_reads_back_equal(es: tuple[Entry, ...], step: int, world: int) -> None:
+    m = Manifest(step, world, es, 12.5)
+    assert Manifest.decode(m.encode(), "m") == m
+    assert Manifest.decode(m.encode([entry_text(e) for e in es]), "m") == m
+
+
+def test_a_shard_takes_numpy_integers_and_stores_ints() -> None:
+    s = Shard(np.zeros((2, 3)), (np.int64(4), np.int32(3)), (np.int64(2), 0))
+    assert s.global_shape == (4, 3) and s.offset == (2, 0)
+    assert all(type(x) is int for x in (*s.global_shape, *s.offset))
