@@ -364,7 +364,7 @@ class _Connection(asyncio.BufferedProtocol):
             await self._reply(h, status, reply_meta, reply_payload, reply_crc)
         finally:
             if isinstance(reply_payload, FilePayload):
-                os.close(reply_payload.fd)
+                server.node.close_read(reply_payload.fd)  # its pages dropped, as in the node
 
     async def _reply(
         self,
