@@ -285,8 +285,7 @@ class Checkpointer:
         answer each (a rank that cannot be staged gets its own error and aborts the step, as
         its own ``save`` would)."""
         for a in asks:  # before the step is opened, as a single save checks
-            if not _rank_in(a.rank, self.world_size):
-                err = CheckpointError(f"rank {a.rank} is not in [0, {self.world_size})")
+            if (err := _rank_error(a.rank, self.world_size)) is not None:
                 _settle(a.done, err)
         asks = [a for a in asks if not a.done.done()]  # (a cancelled one marked the abort)
         if not asks:
@@ -382,8 +381,8 @@ class Checkpointer:
         check_step(step)
         ranks = list(ranks)
         for rank in ranks:
-            if not _rank_in(rank, self.world_size):
-                raise CheckpointError(f"rank {rank} is not in [0, {self.world_size})")
+            if (err := _rank_error(rank, self.world_size)) is not None:
+                raise err
         if len(set(ranks)) != len(ranks):
             raise CheckpointError(f"a rank is given twice: {sorted(ranks)}")
         try:
@@ -655,18 +654,7 @@ class Checkpointer:
                         if pos - appended >= _APPEND_GROUP:
                             await w.append_many(pending)
                             pending, appended = [], pos
-                    entries.append(
-                        Entry(
-                            e.rank,
-                            e.name,
-                            e.kind,
-                            e.dtype,
-                            e.shape,
-                            e.global_shape,
-                            e.offset,
-                            tuple(parts),
-                        )
-                    )
+                    entries.append(e._replace(parts=tuple(parts)))
             await w.append_many(pending)
         return entries
 
@@ -897,8 +885,8 @@ class Checkpointer:
             saved = ix.manifest.world_size
             ws = saved if world_size is None else world_size
             for r, _, into in batch:
-                if not _rank_in(r, ws):
-                    outs.append(CheckpointError(f"rank {r} is not in [0, {ws})"))
+                if (err := _rank_error(r, ws)) is not None:
+                    outs.append(err)
                 elif into is not None and ws != saved:
                     outs.append(CheckpointError(f"into= loads at the world size saved, {saved}"))
                 else:
@@ -1044,8 +1032,8 @@ class Checkpointer:
         ix = await self._indexed(step)
         m = ix.manifest
         for rank in ranks:
-            if not _rank_in(rank, m.world_size):
-                raise CheckpointError(f"rank {rank} is not in [0, {m.world_size})")
+            if (err := _rank_error(rank, m.world_size)) is not None:
+                raise err
         if into is not None and len(into) != len(ranks):
             raise CheckpointError(f"into= has {len(into)} states for {len(ranks)} ranks")
         return await self._load_ranks(ix, ranks, into)
@@ -1415,11 +1403,16 @@ def _first_bad(parts: list[Part], dest: memoryview, n: int) -> Part | None:
     return None
 
 
-def _rank_in(rank: object, world_size: int) -> bool:
-    """Whether ``rank`` is a rank number (an int, numpy's too) in [0, world_size)."""
-    if not isinstance(rank, (int, np.integer)) or isinstance(rank, bool):
-        return False
-    return 0 <= int(rank) < world_size
+def _rank_error(rank: object, world_size: int) -> CheckpointError | None:
+    """The error for ``rank`` unless it is a rank number (an int, numpy's too) in
+    [0, world_size)."""
+    if (
+        not isinstance(rank, bool)
+        and isinstance(rank, (int, np.integer))
+        and 0 <= rank < world_size
+    ):
+        return None
+    return CheckpointError(f"rank {rank} is not in [0, {world_size})")
 
 
 async def _checksums(pieces: list[memoryview]) -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import google_crc32c
 
@@ -51,10 +52,7 @@ def crc32c_many(data: BytesLike, spans: Sequence[tuple[int, int]]) -> list[int]:
         return [crc32c(view[at : at + n]) for at, n in spans]
     try:
         with pinned([view]) as [(address, _)]:
-            return [
-                (native[0] if n >= _RELEASE_GIL_FROM else native[1])(0, address + at, n)
-                for at, n in spans
-            ]
+            return _checksum_spans(native, [(address + at, n) for at, n in spans])
     except BufferError as exc:
         raise InvalidArgumentError(f"cannot checksum a non-contiguous buffer: {exc}") from exc
 
@@ -68,12 +66,15 @@ def crc32c_each(pieces: Sequence[BytesLike]) -> list[int]:
         return [crc32c(p) for p in pieces]
     try:
         with pinned(pieces) as spans:
-            return [
-                (native[0] if n >= _RELEASE_GIL_FROM else native[1])(0, address, n)
-                for address, n in spans
-            ]
+            return _checksum_spans(native, spans)
     except BufferError as exc:
         raise InvalidArgumentError(f"cannot checksum a non-contiguous buffer: {exc}") from exc
+
+
+def _checksum_spans(native: Any, spans: Sequence[tuple[int, int]]) -> list[int]:
+    """CRC32C of each ``(address, length)`` of pinned memory, releasing the GIL for the big."""
+    gil_free, gil_held = native
+    return [(gil_free if n >= _RELEASE_GIL_FROM else gil_held)(0, a, n) for a, n in spans]
 
 
 __all__ = ["crc32c", "crc32c_each", "crc32c_many"]
