@@ -12,6 +12,9 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     command -v fio >/dev/null || need_apt+=(fio)
     # GlusterFS is one of the peers bench checkpoint compares against (issue 7).
     command -v glusterd >/dev/null || need_apt+=(glusterfs-server)
+    # PostgreSQL: the metadata backend for clusters across hosts (issue 8); the tests start
+    # a private server of their own from its binaries (tests/pg_server.py).
+    compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need_apt+=(postgresql)
     if [ ${#need_apt[@]} -gt 0 ]; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
             --no-install-recommends "${need_apt[@]}" >/dev/null
@@ -22,7 +25,7 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
-extras=dev,fuse,bench,clients,peers
+extras=dev,fuse,bench,clients,peers,postgres
 find_links=()
 # torch (the optional extra, pinned to 2.13.0) only from the CPU wheel on this machine's disk,
 # which pip prefers to PyPI's release of the same version (a CUDA build of several GB).

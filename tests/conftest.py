@@ -47,3 +47,38 @@ def run_with(root: Path, fn: Callable[[Cluster], Awaitable[T]]) -> T:
 @pytest.fixture
 def cluster_dir(tmp_path: Path) -> Iterator[Path]:
     yield make_cluster(tmp_path / "cluster", nodes=15)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """A private PostgreSQL server for this test session (``tests/pg_server.py``). Without
+    the server's binaries the tests that need it skip, except in CI (``CI=true``), whose
+    set-up installs them: there a missing server fails instead of hiding."""
+    import os
+
+    from tests.pg_server import PostgresServer, bin_dir
+
+    pytest.importorskip("asyncpg")
+    found = bin_dir()
+    if found is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("no PostgreSQL server here (scripts/bootstrap.sh installs postgresql)")
+        pytest.skip("no PostgreSQL server here (apt-get install postgresql)")
+    server = PostgresServer(found).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_server: Any) -> str:
+    return str(postgres_server.url)
+
+
+_tables = iter(range(1, 1 << 30))
+
+
+def fresh_table() -> str:
+    """A table name no other test of this session uses (one database, many stores)."""
+    return f"t{next(_tables)}"

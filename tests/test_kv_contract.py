@@ -6,6 +6,7 @@ import asyncio
 import errno
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -17,9 +18,10 @@ from typing import Any, TypeVar
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from tectonic_emu.metadata import KVStore, MemoryKV, SQLiteKV, prefix_end
+from tectonic_emu.metadata import KVStore, MemoryKV, PostgresKV, SQLiteKV, prefix_end
+from tests.conftest import fresh_table
 
 T = TypeVar("T")
 StoreFactory = Callable[[], KVStore]
@@ -36,9 +38,15 @@ def run(coro: Awaitable[T]) -> T:
     return asyncio.run(main())
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KVStore]:
-    s: KVStore = MemoryKV() if request.param == "memory" else SQLiteKV(tmp_path / "m.db")
+    s: KVStore
+    if request.param == "memory":
+        s = MemoryKV()
+    elif request.param == "sqlite":
+        s = SQLiteKV(tmp_path / "m.db")
+    else:
+        s = PostgresKV(request.getfixturevalue("postgres_url"), table=fresh_table())
     yield s
     run(s.close())
 
@@ -734,3 +742,186 @@ TestMemoryKVMachine = MemoryKVMachine.TestCase
 TestMemoryKVMachine.settings = _machine_settings
 TestSQLiteKVMachine = SQLiteKVMachine.TestCase
 TestSQLiteKVMachine.settings = _machine_settings
+
+
+class PostgresKVMachine(KVMachine):
+    url = ""  # set by the test below from the session's server
+
+    def make_store(self) -> KVStore:
+        return PostgresKV(self.url, table=fresh_table())
+
+
+def test_postgres_kv_machine(postgres_url: str) -> None:
+    PostgresKVMachine.url = postgres_url
+    run_state_machine_as_test(
+        PostgresKVMachine, settings=settings(max_examples=25, stateful_step_count=20)
+    )
+
+
+# -- PostgreSQL only -------------------------------------------------------------------------
+def test_postgres_two_stores_on_one_table_lose_no_update(postgres_url: str) -> None:
+    """Two stores (as on two client hosts) share one table: their transactions serialize."""
+    table = fresh_table()
+
+    async def body() -> None:
+        stores = [PostgresKV(postgres_url, table=table) for _ in range(2)]
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for s in stores:
+                    for _ in range(3):
+                        tg.create_task(increment(s, b"counter", 10))
+            for s in stores:
+                assert await s.get(b"counter") == b"60"
+        finally:
+            for s in stores:
+                await s.close()
+
+    run(body())
+
+
+_PG_INCREMENTER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from tectonic_emu.metadata import PostgresKV
+
+    async def main(url: str, table: str, times: int) -> None:
+        store = PostgresKV(url, table=table)
+        try:
+            for _ in range(times):
+                async with store.transaction() as txn:
+                    value = int(await txn.get(b"counter") or b"0")
+                    await txn.put(b"counter", b"%d" % (value + 1))
+        finally:
+            await store.close()
+
+    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+    """
+)
+
+
+def test_postgres_processes_share_a_table_without_lost_updates(postgres_url: str) -> None:
+    table = fresh_table()
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _PG_INCREMENTER, postgres_url, table, "40"])
+        for _ in range(4)
+    ]
+    assert [p.wait(timeout=120) for p in procs] == [0] * 4
+    store = PostgresKV(postgres_url, table=table)
+    assert run(store.get(b"counter")) == b"160"
+    run(store.close())
+
+
+def test_postgres_group_commit_shares_flushes(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Concurrent durable commits share synchronous flushes, each returning once one that
+    began after its commit is done; durable=False returns without one and ``sync`` adds it;
+    a read-only transaction needs none."""
+    table = fresh_table()
+    kv = PostgresKV(postgres_url, table=table)
+    began: list[int] = []
+    real = PostgresKV._flush
+
+    async def counting(self: PostgresKV) -> None:
+        began.append(self._commits)
+        await real(self)
+
+    monkeypatch.setattr(PostgresKV, "_flush", counting)
+
+    async def one(k: int) -> None:
+        async with kv.transaction() as txn:
+            await txn.put(b"k%03d" % k, b"v")
+        assert began and kv._synced >= 1
+
+    async def body() -> None:
+        await asyncio.gather(*(one(k) for k in range(40)))
+        assert 1 <= len(began) < 40 and kv._synced == kv._commits == 40
+        before = len(began)
+        async with kv.transaction(durable=False) as txn:
+            await txn.put(b"later", b"1")
+        assert len(began) == before and kv._synced == 40
+        await kv.sync()
+        assert len(began) == before + 1 and kv._synced == 41
+        await kv.sync()
+        async with kv.transaction() as txn:
+            await txn.get(b"later")
+        assert len(began) == before + 1
+        await kv.close()
+
+    run(body())
+    again = PostgresKV(postgres_url, table=table)
+    assert len(run(again.scan(b""))) == 41
+    run(again.close())
+
+
+def test_postgres_busy_table_fails_with_ebusy_after_timeout(postgres_url: str) -> None:
+    table = fresh_table()
+
+    async def body() -> None:
+        holder = PostgresKV(postgres_url, table=table)
+        waiter = PostgresKV(postgres_url, table=table, busy_timeout=0.2)
+        try:
+            async with holder.transaction() as txn:
+                await txn.get(b"x")  # holds the lock from here
+                with pytest.raises(OSError) as info:
+                    async with waiter.transaction() as other:
+                        await other.put(b"x", b"1")
+                assert info.value.errno == errno.EBUSY
+                await txn.put(b"x", b"holder")
+            assert await waiter.get(b"x") == b"holder"
+            async with waiter.transaction() as other:  # usable again
+                await other.put(b"y", b"1")
+            assert await holder.get(b"y") == b"1"
+        finally:
+            await holder.close()
+            await waiter.close()
+
+    run(body())
+
+
+def test_postgres_bad_urls_and_arguments(postgres_url: str) -> None:
+    missing_db = postgres_url.rsplit("/", 1)[0] + "/no_such_db"
+    with pytest.raises(OSError) as info:
+        run(PostgresKV.open(missing_db))
+    assert info.value.errno == errno.ENOENT
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+    with pytest.raises(OSError) as info:
+        run(PostgresKV.open(f"postgresql://tectonic@127.0.0.1:{port}/postgres"))
+    assert info.value.errno == errno.ECONNREFUSED
+    with pytest.raises(ValueError):
+        PostgresKV("sqlite:///m.db")
+    with pytest.raises(ValueError):
+        PostgresKV(postgres_url, table="kv; DROP TABLE x")
+    with pytest.raises(ValueError):
+        PostgresKV(postgres_url, synchronous="off")  # type: ignore[arg-type]
+
+
+def test_postgres_server_restart_loses_nothing_committed(postgres_server: Any) -> None:
+    """The server stops under a store: calls fail with an OSError (connection refused or
+    reset), a transaction open then commits nothing, and once the server is back the store
+    reconnects and holds every commit it acknowledged."""
+    table = fresh_table()
+
+    async def body() -> None:
+        kv = PostgresKV(postgres_server.url, table=table)
+        try:
+            await put_all(kv, {b"a": b"1"})
+            with pytest.raises(OSError) as info:
+                async with kv.transaction() as txn:
+                    await txn.put(b"b", b"2")
+                    await txn.get(b"a")  # begun: the server holds the open transaction
+                    await asyncio.to_thread(postgres_server.pg_ctl, "stop")
+                    await txn.put(b"c", b"3")
+            assert info.value.errno in (errno.EIO, errno.ECONNRESET, errno.ECONNREFUSED)
+            with pytest.raises(OSError) as info:
+                await kv.get(b"a")
+            assert info.value.errno in (errno.ECONNREFUSED, errno.ECONNRESET)
+            await asyncio.to_thread(postgres_server.pg_ctl, "start")
+            await put_all(kv, {b"d": b"4"})
+            assert await everything(kv) == {b"a": b"1", b"d": b"4"}
+        finally:
+            await kv.close()
+
+    run(body())

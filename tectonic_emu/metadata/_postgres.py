@@ -1,0 +1,574 @@
+"""``PostgresKV``: the metadata seam in a PostgreSQL table, for clusters that span hosts.
+
+One table, ``k bytea PRIMARY KEY, v bytea``: PostgreSQL compares ``bytea`` bytewise, so its
+primary-key index is the ordered key space the seam promises, and a prefix scan is one index
+range scan. Every client host reaches the same database through asyncpg.
+
+Isolation: serializable, by running transactions one at a time, as SQLite does. A
+transaction takes one transaction-scoped advisory lock (``pg_advisory_xact_lock``, keyed by
+the table) with its first read or write, the counterpart of SQLite's ``BEGIN IMMEDIATE``, and
+holds it until it commits or rolls back; its statements run at READ COMMITTED, which under
+that lock sees every transaction committed before it. PostgreSQL's own SERIALIZABLE level
+would let transactions overlap, but it ends a conflicting one with a serialization failure
+that its caller must retry from the start, and a block of Python code cannot be replayed
+here. Reads outside transactions (``get``, ``scan``, ``iter_prefix``) take no lock and see
+the last commit.
+
+Group commit (``synchronous="full"``). A transaction commits with ``synchronous_commit =
+off``: its commit is visible at once and the lock goes to the next transaction, without
+waiting for the WAL to reach the disk. A durable transaction then waits for a flush that
+began after its commit: a tiny transaction on a connection of its own that does commit
+synchronously. Its commit record comes after every commit before it in the WAL, so its flush
+covers them all. One flush serves every commit made while the previous one ran, as in
+``SQLiteKV``. Commits are durable in commit order. ``"normal"`` never waits for the flush: a
+server crash may lose the last commits, never half of one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import hashlib
+import re
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+from tectonic_emu.errors import InvalidArgumentError
+from tectonic_emu.metadata.kv import KVStore, Transaction, prefix_end
+
+Synchronous = Literal["full", "normal"]
+
+_T = TypeVar("_T")
+_Writes = dict[bytes, bytes | None]  # key -> new value, None for a delete
+
+_TABLE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+READERS = 4  # connections for reads outside transactions
+
+# SQLSTATE (or its class, the first two characters) -> errno; anything else is EIO.
+_ERRNO = {
+    "55P03": errno.EBUSY,  # lock_not_available: lock_timeout ran out
+    "40P01": errno.EBUSY,  # deadlock_detected
+    "53100": errno.ENOSPC,  # disk_full
+    "25006": errno.EROFS,  # read_only_sql_transaction (a standby)
+    "42501": errno.EACCES,  # insufficient_privilege
+    "28": errno.EACCES,  # invalid authorization (role, password)
+    "3D000": errno.ENOENT,  # invalid_catalog_name: no such database
+    "57014": errno.ETIMEDOUT,  # query_canceled (statement_timeout)
+    "57P": errno.ECONNRESET,  # the server shutting down or restarting
+    "08": errno.ECONNRESET,  # connection exceptions
+    "53": errno.ENOMEM,  # insufficient resources (but disk_full above)
+}
+
+
+def _lock_key(table: str) -> int:
+    """The advisory lock of ``table``: a signed 64-bit number from its name."""
+    return int.from_bytes(hashlib.blake2b(table.encode(), digest_size=8).digest(), signed=True)
+
+
+class PostgresKV(KVStore):
+    """An ordered key-value store in the table ``table`` of the PostgreSQL database at ``dsn``
+    (``postgresql://user@host:port/db``; a password from ``PGPASSWORD`` or ``~/.pgpass``).
+
+    Transactions from every process and host run one at a time (see the module docstring);
+    one that waits longer than ``busy_timeout`` seconds for its turn fails with
+    ``OSError(EBUSY)``. ``synchronous``: ``"full"`` makes every commit durable before it
+    returns (by group commit), ``"normal"`` may lose the last commits if the server crashes.
+
+    Connections open on first use; ``await PostgresKV.open(...)`` opens them at once, so an
+    unreachable server or a missing database fails there. Errors: every failure is an
+    ``OSError`` with an errno (``ECONNREFUSED`` or ``ECONNRESET`` for the network, ``EACCES``,
+    ``ENOENT`` for a missing database, ``EBUSY``, ``ENOSPC``, ``EROFS``, ``ETIMEDOUT``, else
+    ``EIO``); ``OSError(EDEADLK)`` for a transaction (or ``get``/``scan``) started by a task
+    that already holds one on this store; ``OSError(EBADF)`` after ``close``. A connection
+    that failed is dropped and the next call opens a new one.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        table: str = "tectonic_kv",
+        synchronous: Synchronous = "full",
+        busy_timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        if synchronous not in ("full", "normal"):
+            raise InvalidArgumentError("synchronous must be 'full' or 'normal'", synchronous)
+        if not _TABLE.fullmatch(table):
+            raise InvalidArgumentError(
+                "a table name is lower-case letters, digits and _, at most 63", table
+            )
+        if not dsn.startswith(("postgresql://", "postgres://")):
+            raise InvalidArgumentError("not a postgresql:// URL", dsn)
+        self.dsn = dsn
+        self.table = table
+        self.synchronous: Synchronous = synchronous
+        self.busy_timeout = busy_timeout
+        self.connect_timeout = connect_timeout
+        self._key = _lock_key(table)
+        self._conn: Any = None  # transactions' connection (asyncpg.Connection)
+        self._pool: asyncio.Future[Any] | None = None  # reads outside transactions: a Pool
+        self._sync_conn: Any = None  # group commit's flushes
+        self._ready = False  # the table exists (made by whichever connection came first)
+        self._loop: asyncio.AbstractEventLoop | None = None  # the connections' loop
+        self._lock = asyncio.Lock()
+        self._owner: asyncio.Task[Any] | None = None
+        self._closed = False
+        self._group = synchronous == "full"
+        self._commits = 0
+        self._synced = 0
+        self._syncing: tuple[asyncio.Future[None], int] | None = None
+        self._sql = _Statements(table)
+
+    @classmethod
+    async def open(cls, dsn: str, **kwargs: Any) -> PostgresKV:
+        """A store whose connections are open and whose table exists (created if missing)."""
+        store = cls(dsn, **kwargs)
+        try:
+            await store._acquire()
+            try:
+                await store._connection()
+            finally:
+                store._release()
+            await store._readers()
+        except BaseException:
+            await store.close()
+            raise
+        return store
+
+    def transaction(self, *, durable: bool = True) -> _PostgresTransaction:
+        return _PostgresTransaction(self, durable)
+
+    async def sync(self) -> None:
+        self._bind_loop()
+        if self._group and self._synced < self._commits:
+            await self._durable(self._commits)
+
+    async def get(self, key: bytes) -> bytes | None:
+        value = await self._read_only(lambda c: c.fetchval(self._sql.get, key))
+        return None if value is None else bytes(value)
+
+    async def scan(
+        self, prefix: bytes, *, start: bytes | None = None, limit: int | None = None
+    ) -> list[tuple[bytes, bytes]]:
+        _check_limit(limit)
+        return await self._read_only(lambda c: self._sql.scan(c, prefix, start, limit))
+
+    async def count(self) -> int:
+        """How many keys the table holds."""
+        return int(await self._read_only(lambda c: c.fetchval(self._sql.count)))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._bind_loop()
+        self._check_not_owner()
+        async with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._syncing is not None:
+                await asyncio.wait([self._syncing[0]])
+            for conn in (self._conn, self._sync_conn):
+                if conn is not None:
+                    await _close_quietly(conn)
+            self._conn = self._sync_conn = None
+            if self._pool is not None:
+                starting, self._pool = self._pool, None
+                await asyncio.wait([starting])
+                if not starting.cancelled() and starting.exception() is None:
+                    pool = starting.result()
+                    try:
+                        await asyncio.wait_for(pool.close(), self.connect_timeout)
+                    except (TimeoutError, Exception):
+                        pool.terminate()
+
+    # -- connections ---------------------------------------------------------------------
+    async def _connect(self, **settings: str) -> Any:
+        import asyncpg
+
+        server_settings = {"application_name": "tectonic-emu", **settings}
+        return await self._call(
+            lambda: asyncpg.connect(
+                self.dsn, timeout=self.connect_timeout, server_settings=server_settings
+            )
+        )
+
+    async def _connection(self) -> Any:
+        """The transactions' connection (lock held), the table created on first use."""
+        if self._conn is None or self._conn.is_closed():
+            self._conn = await self._connect()
+            try:
+                await self._ensure_table(self._conn)
+            except BaseException:
+                await self._drop_connection()
+                raise
+        return self._conn
+
+    async def _ensure_table(self, conn: Any) -> None:
+        """Create the table if it is missing, under the lock (two processes creating it at
+        once would clash in the catalog)."""
+        if not self._ready:
+            script = f"{self._sql.begin(self.busy_timeout, self._key)}; {self._sql.create}; COMMIT"
+            await self._call(lambda: conn.execute(script))
+            self._ready = True
+
+    async def _drop_connection(self) -> None:
+        """Forget the transactions' connection; the server rolls back what it had open."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.terminate()
+
+    async def _readers(self) -> Any:
+        """The pool of connections for reads outside transactions, made once."""
+        if self._pool is None:
+            self._pool = asyncio.ensure_future(self._make_pool())
+        try:
+            return await asyncio.shield(self._pool)
+        except BaseException:
+            if self._pool.done():
+                self._pool = None  # a failed start: the next call tries again
+            raise
+
+    async def _make_pool(self) -> Any:
+        import asyncpg
+
+        pool = await self._call(
+            lambda: asyncpg.create_pool(
+                self.dsn,
+                min_size=1,
+                max_size=READERS,
+                timeout=self.connect_timeout,
+                server_settings={"application_name": "tectonic-emu"},
+            )
+        )
+        try:
+            async with pool.acquire() as conn:
+                await self._ensure_table(conn)
+        except BaseException:
+            pool.terminate()
+            raise
+        return pool
+
+    async def _read_only(self, job: Callable[[Any], Awaitable[_T]]) -> _T:
+        self._bind_loop()
+        self._check_not_owner()  # it would not see the caller's own transaction
+        if self._closed:
+            raise OSError(errno.EBADF, "metadata store is closed", self.dsn)
+        pool = await self._readers()
+
+        async def pooled() -> _T:
+            async with pool.acquire() as conn:
+                return await job(conn)
+
+        return await self._call(pooled)
+
+    async def _call(self, make: Callable[[], Awaitable[_T]]) -> _T:
+        """Await ``make()``, its failures as OSError."""
+        try:
+            return await make()
+        except OSError as exc:  # refused, unreachable, reset: asyncio's own
+            raise OSError(exc.errno or errno.EIO, f"metadata store: {exc}", self.dsn) from exc
+        except TimeoutError as exc:
+            raise OSError(errno.ETIMEDOUT, "metadata store: timed out", self.dsn) from exc
+        except Exception as exc:
+            mapped = self._os_error(exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
+
+    def _os_error(self, exc: Exception) -> OSError | None:
+        import asyncpg
+
+        if isinstance(exc, asyncpg.PostgresError):
+            state = str(getattr(exc, "sqlstate", "") or "")
+            err = next(
+                (e for s, e in _ERRNO.items() if state.startswith(s)),
+                errno.EIO,
+            )
+            message = f"metadata store: {exc}"
+            if state == "55P03":
+                message += f" (waited {self.busy_timeout:g} s for other transactions)"
+            return OSError(err, message, self.dsn)
+        if isinstance(exc, asyncpg.InterfaceError):
+            return OSError(errno.ECONNRESET, f"metadata store: {exc}", self.dsn)
+        return None
+
+    # -- the loop's lock, as in SQLiteKV ---------------------------------------------------
+    def _bind_loop(self) -> None:
+        """Connections belong to the event loop that made them: used from another loop (one
+        ``asyncio.run`` after another), the store forgets them and opens new ones there."""
+        loop = asyncio.get_running_loop()
+        if loop is self._loop:
+            return
+        if self._loop is not None:
+            old = [c for c in (self._conn, self._sync_conn) if c is not None]
+            for conn in old:
+                with contextlib.suppress(Exception):
+                    conn.terminate()
+            self._conn = self._sync_conn = None
+            self._pool = None
+            self._syncing = None
+            self._lock = asyncio.Lock()
+            self._owner = None
+        self._loop = loop
+
+    def _check_not_owner(self) -> asyncio.Task[Any] | None:
+        task = asyncio.current_task()
+        if task is not None and task is self._owner:
+            raise OSError(errno.EDEADLK, "this task already holds a transaction on this store")
+        return task
+
+    async def _acquire(self) -> None:
+        self._bind_loop()
+        task = self._check_not_owner()
+        if self._closed:
+            raise OSError(errno.EBADF, "metadata store is closed", self.dsn)
+        await self._lock.acquire()
+        if self._closed:
+            self._lock.release()
+            raise OSError(errno.EBADF, "metadata store is closed", self.dsn)
+        self._owner = task
+
+    def _release(self) -> None:
+        self._owner = None
+        self._lock.release()
+
+    # -- group commit ------------------------------------------------------------------------
+    async def _durable(self, seq: int) -> None:
+        """Return once commit number ``seq`` is on disk: wait for a synchronous commit that
+        began after it (starting one if none is in flight)."""
+        while self._synced < seq:
+            if self._syncing is None:
+                started: asyncio.Future[None] = asyncio.ensure_future(self._flush())
+                self._syncing = (started, self._commits)  # it covers every commit counted
+            flight, covers = self._syncing
+            try:
+                await asyncio.shield(flight)
+            finally:
+                if flight.done() and self._syncing is not None and self._syncing[0] is flight:
+                    self._syncing = None
+                    if not flight.cancelled() and flight.exception() is None:
+                        self._synced = max(self._synced, covers)
+
+    async def _flush(self) -> None:
+        """A transaction that commits synchronously: an xid, so a commit record to flush."""
+        try:
+            if self._sync_conn is None or self._sync_conn.is_closed():
+                self._sync_conn = await self._connect(synchronous_commit="on")
+            conn = self._sync_conn
+            await self._call(lambda: conn.execute(_FLUSH))
+        except OSError as exc:
+            if self._sync_conn is not None:
+                self._sync_conn.terminate()
+                self._sync_conn = None
+            raise OSError(
+                exc.errno, f"metadata store: a commit may not be durable: {exc}", self.dsn
+            ) from exc
+
+
+_FLUSH = "BEGIN; SELECT txid_current(); COMMIT"
+
+
+class _Statements:
+    """The SQL for one table."""
+
+    def __init__(self, table: str) -> None:
+        t = table
+        self.create = f"CREATE TABLE IF NOT EXISTS {t} (k bytea PRIMARY KEY, v bytea NOT NULL)"
+        self.get = f"SELECT v FROM {t} WHERE k = $1"
+        self.count = f"SELECT count(*) FROM {t}"
+        self.upsert = (
+            f"INSERT INTO {t} (k, v) SELECT * FROM unnest($1::bytea[], $2::bytea[]) "
+            "ON CONFLICT (k) DO UPDATE SET v = excluded.v"
+        )
+        self.delete = f"DELETE FROM {t} WHERE k = ANY($1::bytea[])"
+        self.scan_to = f"SELECT k, v FROM {t} WHERE k >= $1 AND k < $2 ORDER BY k LIMIT $3"
+        self.scan_all = f"SELECT k, v FROM {t} WHERE k >= $1 ORDER BY k LIMIT $2"
+
+    @staticmethod
+    def begin(busy_timeout: float, key: int, asynchronous: bool = False) -> str:
+        """One round trip: begin, bound the wait for the lock, take it."""
+        sync = "SET LOCAL synchronous_commit = off; " if asynchronous else ""
+        return (
+            "BEGIN ISOLATION LEVEL READ COMMITTED; "
+            f"SET LOCAL lock_timeout = {max(1, int(busy_timeout * 1000))}; {sync}"
+            f"SELECT pg_advisory_xact_lock({key})"
+        )
+
+    async def apply(self, conn: Any, writes: _Writes) -> None:
+        puts = [(k, v) for k, v in writes.items() if v is not None]
+        if puts:
+            await conn.execute(self.upsert, [k for k, _ in puts], [v for _, v in puts])
+        if len(puts) < len(writes):
+            await conn.execute(self.delete, [k for k, v in writes.items() if v is None])
+
+    async def scan(
+        self, conn: Any, prefix: bytes, start: bytes | None, limit: int | None
+    ) -> list[tuple[bytes, bytes]]:
+        low = prefix if start is None or start < prefix else start
+        end = prefix_end(prefix)
+        if end is None:
+            rows = await conn.fetch(self.scan_all, low, limit)
+        else:
+            rows = await conn.fetch(self.scan_to, low, end, limit)
+        return [(bytes(r[0]), bytes(r[1])) for r in rows]
+
+
+class _PostgresTransaction(Transaction):
+    """Writes are kept here and sent with the next read or with the commit, so a transaction
+    that only writes costs three round trips: begin and lock, the writes, the commit."""
+
+    def __init__(self, store: PostgresKV, durable: bool = True) -> None:
+        self._store = store
+        self._durable = durable
+        self._writes: _Writes = {}
+        self._state = "new"  # -> "open" -> "done"; "broken" once a backend call failed
+        self._begun = False  # BEGIN (and the lock) reached the server
+        self._wrote = False  # writes were sent with a read
+        self._interrupted = False  # a call was cancelled or failed mid-flight
+
+    async def __aenter__(self) -> _PostgresTransaction:
+        if self._state != "new":
+            raise OSError(errno.EBADF, "a transaction object can be entered only once")
+        await self._store._acquire()
+        self._state = "open"
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        store = self._store
+        broken = self._state == "broken"
+        writes, self._writes = self._writes, {}
+        self._state = "done"
+        seq = 0
+        try:
+            if exc_type is None and not broken:
+                if writes or self._begun:
+                    await _settled(self._commit(writes))
+                    if writes or self._wrote:
+                        store._commits += 1
+                        seq = store._commits
+            elif self._begun:
+                if self._interrupted:
+                    await store._drop_connection()  # mid-call: the server rolls it back
+                else:
+                    await _settled(self._rollback())
+        finally:
+            store._release()
+        if broken and exc_type is None:
+            raise OSError(errno.EIO, "transaction rolled back: an operation in it failed")
+        if seq and store._group and self._durable:
+            await store._durable(seq)  # the lock is free meanwhile: others commit
+
+    async def _begin(self) -> Any:
+        store = self._store
+        conn = await store._connection()
+        if not self._begun:
+            sql = store._sql.begin(store.busy_timeout, store._key, asynchronous=True)
+            self._begun = True
+            await conn.execute(sql)
+        return conn
+
+    async def _commit(self, writes: _Writes) -> None:
+        store = self._store
+        try:
+            conn = await self._begin()
+            if writes:
+                await store._sql.apply(conn, writes)
+            await conn.execute("COMMIT")
+        except BaseException as exc:
+            await store._drop_connection()  # whatever was open is rolled back by the server
+            if isinstance(exc, Exception) and (mapped := store._os_error(exc)) is not None:
+                raise mapped from exc
+            raise
+
+    async def _rollback(self) -> None:
+        try:
+            await self._store._conn.execute("ROLLBACK")
+        except BaseException:
+            await self._store._drop_connection()
+            raise
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise OSError(errno.EBADF, f"transaction is {self._state}, not open")
+
+    async def _read(self, job: Callable[[Any], Awaitable[_T]]) -> _T:
+        store = self._store
+        writes, self._writes = self._writes, {}
+        self._wrote = self._wrote or bool(writes)
+
+        async def work() -> _T:
+            conn = await self._begin()
+            if writes:
+                await store._sql.apply(conn, writes)
+            return await job(conn)
+
+        try:
+            return await store._call(work)
+        except BaseException:
+            # Its writes may be half applied: nothing more of this transaction may commit.
+            self._state = "broken"
+            self._interrupted = True
+            raise
+
+    async def get(self, key: bytes) -> bytes | None:
+        self._check_open()
+        if key in self._writes:
+            return self._writes[key]
+        value = await self._read(lambda c: c.fetchval(self._store._sql.get, key))
+        return None if value is None else bytes(value)
+
+    async def scan(
+        self, prefix: bytes, *, start: bytes | None = None, limit: int | None = None
+    ) -> list[tuple[bytes, bytes]]:
+        self._check_open()
+        _check_limit(limit)
+        return await self._read(lambda c: self._store._sql.scan(c, prefix, start, limit))
+
+    async def put(self, key: bytes, value: bytes) -> None:
+        self._check_open()
+        if not isinstance(key, bytes) or not isinstance(value, bytes):
+            raise InvalidArgumentError(
+                f"keys and values are bytes, got {type(key).__name__} and {type(value).__name__}"
+            )
+        self._writes[key] = value
+
+    async def delete(self, key: bytes) -> None:
+        self._check_open()
+        self._writes[key] = None
+
+
+async def _settled(coro: Awaitable[None]) -> None:
+    """Run a commit or rollback to its end even if the caller is cancelled meanwhile; the
+    cancellation goes on once the outcome is settled."""
+    fut = asyncio.ensure_future(coro)
+    try:
+        await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        await asyncio.wait([fut])
+        if not fut.cancelled():
+            fut.exception()  # reported by the failed transaction's caller, not the loop
+        raise
+
+
+async def _close_quietly(conn: Any) -> None:
+    try:
+        await asyncio.wait_for(conn.close(), 5)
+    except (TimeoutError, Exception):
+        conn.terminate()
+
+
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and limit < 0:
+        raise InvalidArgumentError("scan limit must not be negative", str(limit))
+
+
+__all__ = ["PostgresKV"]

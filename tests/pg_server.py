@@ -1,0 +1,93 @@
+"""A private PostgreSQL server for the tests: its own data directory, port and lifetime.
+
+``PostgresServer.start()`` runs Debian's ``initdb`` and ``pg_ctl`` (``postgresql`` package,
+which ``scripts/bootstrap.sh`` installs) into a fresh temporary directory, listening on
+127.0.0.1 at a free port with ``trust`` authentication for the role ``tectonic``. PostgreSQL
+refuses to run as root, so as root the server runs as the ``postgres`` user. Nothing is
+shared with a system cluster, and ``stop()`` removes everything.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+ROLE = "tectonic"
+
+
+def bin_dir() -> Path | None:
+    """The newest PostgreSQL server's bin directory here, or None."""
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parts[-3])
+    )
+    if found:
+        return Path(found[-1]).parent
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PostgresServer:
+    def __init__(self, bindir: Path) -> None:
+        self.bindir = bindir
+        self.dir = Path(tempfile.mkdtemp(prefix="tectonic-pg-"))
+        self.data = self.dir / "data"
+        self.port = _free_port()
+        self._as: Callable[[], None] | None = None
+        if os.geteuid() == 0:
+            pw = pwd.getpwnam("postgres")
+            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+
+            def demote() -> None:
+                os.setgid(pw.pw_gid)
+                os.setuid(pw.pw_uid)
+
+            self._as = demote
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://{ROLE}@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *args: str) -> None:
+        r = subprocess.run(
+            [str(self.bindir / args[0]), *args[1:]],
+            preexec_fn=self._as,  # the server must not run as root
+            capture_output=True,
+            text=True,
+            cwd=self.dir,
+        )
+        if r.returncode != 0:
+            log = self.dir / "server.log"
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            raise RuntimeError(f"{args[0]} failed: {r.stderr.strip()}\n{tail}")
+
+    def start(self) -> PostgresServer:
+        self._run("initdb", "-D", str(self.data), "-U", ROLE, "--auth=trust", "-E", "UTF8")
+        self.pg_ctl("start")
+        return self
+
+    def pg_ctl(self, action: str) -> None:
+        """``pg_ctl start|stop|restart`` (stop and restart: fast mode; both wait)."""
+        args = ["pg_ctl", "-D", str(self.data), "-w"]
+        if action != "start":
+            args += ["-m", "fast"]
+        opts = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} -c max_connections=200"
+        self._run(*args, "-o", opts, "-l", str(self.dir / "server.log"), action)
+
+    def stop(self) -> None:
+        try:
+            self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
