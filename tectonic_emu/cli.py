@@ -29,7 +29,7 @@ from rich.progress import (
 from rich.table import Table
 
 from tectonic_emu.cluster import Cluster
-from tectonic_emu.config import DEFAULT_BLOCK_SIZE, parse_size
+from tectonic_emu.config import DEFAULT_BLOCK_SIZE, parse_size, redact
 from tectonic_emu.demo import run_demo
 from tectonic_emu.errors import IsADirectoryError_, NotFoundError, TectonicError
 from tectonic_emu.paths import join_path, split_path
@@ -151,6 +151,19 @@ def cluster_group() -> None:
 @click.option(
     "--compression", type=click.Choice(["auto", "zstd", "none"]), default="auto", show_default=True
 )
+@click.option(
+    "--metadata",
+    default="",
+    metavar="URL",
+    help="Keep the metadata in PostgreSQL (postgresql://user@host:port/db; password from "
+    "PGPASSWORD or ~/.pgpass), reachable from every host [default: a SQLite file in DIR].",
+)
+@click.option(
+    "--metadata-table",
+    default="tectonic_kv",
+    show_default=True,
+    help="The table in that database (one per cluster; it must be empty or missing).",
+)
 @json_option
 def cluster_create(
     cluster_dir: Path,
@@ -160,6 +173,8 @@ def cluster_create(
     block_size: str,
     no_sync: bool,
     compression: str,
+    metadata: str,
+    metadata_table: str,
     as_json: bool,
 ) -> None:
     """Create a new cluster in DIR.
@@ -167,6 +182,7 @@ def cluster_create(
     \b
     Example:
       tectonic-emu cluster create --cluster /tmp/c1 --nodes 12 --disks-per-node 2 --encoding r3
+      tectonic-emu cluster create --cluster /tmp/c2 --metadata postgresql://tectonic@db1/tectonic
     """
     config = Cluster.create(
         cluster_dir,
@@ -176,14 +192,21 @@ def cluster_create(
         block_size=parse_size(block_size),
         sync=not no_sync,
         compression=compression,  # type: ignore[arg-type]
+        metadata=metadata,
+        metadata_table=metadata_table,
+    )
+    where = (
+        f"PostgreSQL {redact(config.metadata)} table {config.metadata_table}"
+        if config.metadata
+        else "SQLite"
     )
     if as_json:
-        print_json({"path": str(cluster_dir), **asdict(config)})
+        print_json({"path": str(cluster_dir), **asdict(config), "metadata": redact(metadata)})
     else:
         click.echo(
             f"created {cluster_dir}: {nodes} nodes x {disks_per_node} disks, "
             f"encoding {config.encoding}, {config.block_size >> 10} KiB chunks, "
-            f"{'fsync' if config.sync else 'PAGE-CACHE (no fsync)'}"
+            f"{'fsync' if config.sync else 'PAGE-CACHE (no fsync)'}, metadata in {where}"
         )
 
 

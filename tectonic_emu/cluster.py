@@ -17,16 +17,18 @@ processes on one host share safely.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from tectonic_emu._malloc import keep_freed_memory
 from tectonic_emu.chunkstore import LocalNode, StorageNode
@@ -39,10 +41,11 @@ from tectonic_emu.config import (
     METADATA_FILE,
     ClusterConfig,
     Compression,
+    redact,
 )
 from tectonic_emu.datapath import DataPath
 from tectonic_emu.errors import AlreadyExistsError, InvalidArgumentError, NodeUnavailableError
-from tectonic_emu.metadata import KVStore, SQLiteKV
+from tectonic_emu.metadata import KVStore, PostgresKV, SQLiteKV
 from tectonic_emu.metadata.layers import Metadata
 from tectonic_emu.metadata.records import BlockRecord
 from tectonic_emu.served import (
@@ -77,6 +80,48 @@ class NodeStatus:
     pid: int | None = None
     heartbeat_ms: float | None = None
     down_reason: str | None = None
+
+
+def metadata_store(root: Path, config: ClusterConfig) -> KVStore:
+    """The cluster's metadata store: its SQLite file, or its PostgreSQL table."""
+    synchronous: Literal["full", "normal"] = "full" if config.sync else "normal"
+    if config.metadata:
+        return PostgresKV(config.metadata, table=config.metadata_table, synchronous=synchronous)
+    return SQLiteKV(root / METADATA_FILE, synchronous=synchronous)
+
+
+def _check_metadata_free(config: ClusterConfig) -> None:
+    """Raise AlreadyExistsError unless the PostgreSQL table for ``config`` is empty or missing
+    (another cluster's metadata must not be taken over); OSError if it cannot be reached. Runs
+    on a thread of its own, so it works inside or outside an event loop."""
+
+    async def count() -> int:
+        kv = await PostgresKV.open(config.metadata, table=config.metadata_table)
+        try:
+            return await kv.count()
+        finally:
+            await kv.close()
+
+    found: list[int] = []
+    failed: list[BaseException] = []
+
+    def probe() -> None:
+        try:
+            found.append(asyncio.run(count()))
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=probe, name="tectonic-metadata-probe")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    if found[0]:
+        raise AlreadyExistsError(
+            f"table {config.metadata_table} already holds {found[0]} metadata keys (another "
+            "cluster's?): name another with metadata_table",
+            redact(config.metadata),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,10 +183,17 @@ class Cluster:
         block_size: int = DEFAULT_BLOCK_SIZE,
         sync: bool = True,
         compression: Compression = "auto",
+        metadata: str = "",
+        metadata_table: str = "tectonic_kv",
     ) -> ClusterConfig:
         """Make a new cluster in ``path`` (created if missing; must not hold a cluster).
 
-        Raises AlreadyExistsError, UnknownEncodingError, InvalidArgumentError.
+        ``metadata``: a ``postgresql://`` URL to keep the metadata in that database's table
+        ``metadata_table`` (which must be empty or missing), reachable from every host of the
+        cluster; empty (the default) for a SQLite file in ``path``.
+
+        Raises AlreadyExistsError (also for a metadata table in use), UnknownEncodingError,
+        InvalidArgumentError, and OSError when the database cannot be reached.
         """
         root = Path(path)
         Encoding.parse(encoding)
@@ -152,12 +204,16 @@ class Cluster:
             block_size=block_size,
             sync=sync,
             compression=compression,
+            metadata=metadata,
+            metadata_table=metadata_table,
             created=time.time(),
         )
         if (root / CONFIG_FILE).exists():
             raise AlreadyExistsError("a cluster already exists here", str(root))
         if root.exists() and not root.is_dir():
             raise InvalidArgumentError("not a directory", str(root))
+        if metadata:
+            _check_metadata_free(config)
         root.mkdir(parents=True, exist_ok=True)
         for n in range(nodes):
             for d in range(disks_per_node):
@@ -191,7 +247,7 @@ class Cluster:
             max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="tectonic-cpu"
         )
         if kv is None:
-            kv = SQLiteKV(root / METADATA_FILE, synchronous="full" if config.sync else "normal")
+            kv = metadata_store(root, config)
         nodes: list[StorageNode] = []
         monitor: HealthMonitor | None = None
         cluster: Cluster | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -39,6 +40,11 @@ class ClusterConfig:
     # a machine crash (not a process crash) can lose acknowledged data. For experiments only.
     sync: bool = True
     compression: Compression = "auto"
+    # Where the metadata lives: "" for the SQLite file in the cluster directory (one host),
+    # or a postgresql:// URL that every host of the cluster reaches (issue 8), in the table
+    # metadata_table of that database.
+    metadata: str = ""
+    metadata_table: str = "tectonic_kv"
     version: int = FORMAT_VERSION
     created: float = field(default=0.0)
 
@@ -55,6 +61,16 @@ class ClusterConfig:
         if self.compression not in ("auto", "zstd", "none"):
             raise InvalidArgumentError(
                 f"compression must be auto, zstd or none, not {self.compression!r}"
+            )
+        if self.metadata and not self.metadata.startswith(("postgresql://", "postgres://")):
+            raise InvalidArgumentError(
+                "metadata is a postgresql://user@host:port/db URL (or empty for SQLite)",
+                redact(self.metadata),
+            )
+        if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", self.metadata_table):
+            raise InvalidArgumentError(
+                "a metadata table name is lower-case letters, digits and _, at most 63",
+                self.metadata_table,
             )
         enc = Encoding.parse(self.encoding)
         if enc.width > self.nodes:
@@ -90,6 +106,11 @@ class ClusterConfig:
         return cls(**raw)
 
 
+def redact(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for printing)."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
 def parse_size(text: str) -> int:
     """``'512MiB'``, ``'8M'``, ``'1.5GiB'``, ``'4096'`` -> bytes (binary units)."""
     units = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -105,4 +126,4 @@ def parse_size(text: str) -> int:
     return int(value * units[unit])
 
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "ClusterConfig", "Compression", "parse_size"]
+__all__ = ["DEFAULT_BLOCK_SIZE", "ClusterConfig", "Compression", "parse_size", "redact"]

@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
+from tectonic_emu.config import redact
 from tectonic_emu.errors import InvalidArgumentError
 from tectonic_emu.metadata.kv import KVStore, Transaction, prefix_end
 
@@ -101,8 +102,9 @@ class PostgresKV(KVStore):
                 "a table name is lower-case letters, digits and _, at most 63", table
             )
         if not dsn.startswith(("postgresql://", "postgres://")):
-            raise InvalidArgumentError("not a postgresql:// URL", dsn)
+            raise InvalidArgumentError("not a postgresql:// URL", redact(dsn))
         self.dsn = dsn
+        self._where = redact(dsn)  # errors name the database, never its password
         self.table = table
         self.synchronous: Synchronous = synchronous
         self.busy_timeout = busy_timeout
@@ -256,7 +258,7 @@ class PostgresKV(KVStore):
         self._bind_loop()
         self._check_not_owner()  # it would not see the caller's own transaction
         if self._closed:
-            raise OSError(errno.EBADF, "metadata store is closed", self.dsn)
+            raise OSError(errno.EBADF, "metadata store is closed", self._where)
         pool = await self._readers()
 
         async def pooled() -> _T:
@@ -270,9 +272,9 @@ class PostgresKV(KVStore):
         try:
             return await make()
         except OSError as exc:  # refused, unreachable, reset: asyncio's own
-            raise OSError(exc.errno or errno.EIO, f"metadata store: {exc}", self.dsn) from exc
+            raise OSError(exc.errno or errno.EIO, f"metadata store: {exc}", self._where) from exc
         except TimeoutError as exc:
-            raise OSError(errno.ETIMEDOUT, "metadata store: timed out", self.dsn) from exc
+            raise OSError(errno.ETIMEDOUT, "metadata store: timed out", self._where) from exc
         except Exception as exc:
             mapped = self._os_error(exc)
             if mapped is None:
@@ -291,9 +293,9 @@ class PostgresKV(KVStore):
             message = f"metadata store: {exc}"
             if state == "55P03":
                 message += f" (waited {self.busy_timeout:g} s for other transactions)"
-            return OSError(err, message, self.dsn)
+            return OSError(err, message, self._where)
         if isinstance(exc, asyncpg.InterfaceError):
-            return OSError(errno.ECONNRESET, f"metadata store: {exc}", self.dsn)
+            return OSError(errno.ECONNRESET, f"metadata store: {exc}", self._where)
         return None
 
     # -- the loop's lock, as in SQLiteKV ---------------------------------------------------
@@ -325,11 +327,11 @@ class PostgresKV(KVStore):
         self._bind_loop()
         task = self._check_not_owner()
         if self._closed:
-            raise OSError(errno.EBADF, "metadata store is closed", self.dsn)
+            raise OSError(errno.EBADF, "metadata store is closed", self._where)
         await self._lock.acquire()
         if self._closed:
             self._lock.release()
-            raise OSError(errno.EBADF, "metadata store is closed", self.dsn)
+            raise OSError(errno.EBADF, "metadata store is closed", self._where)
         self._owner = task
 
     def _release(self) -> None:
@@ -365,7 +367,7 @@ class PostgresKV(KVStore):
                 self._sync_conn.terminate()
                 self._sync_conn = None
             raise OSError(
-                exc.errno, f"metadata store: a commit may not be durable: {exc}", self.dsn
+                exc.errno, f"metadata store: a commit may not be durable: {exc}", self._where
             ) from exc
 
 
