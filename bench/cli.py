@@ -426,9 +426,17 @@ def train_cmd(
 )
 @click.option(
     "--backends",
-    default="sqlite,sqlite-nosync,memory",
-    show_default=True,
-    help="Comma-separated, from sqlite, sqlite-nosync, memory, mount (needs FUSE).",
+    default=None,
+    help="Comma-separated, from sqlite, sqlite-nosync, memory, postgresql, mount (needs "
+    "FUSE) [default: sqlite,sqlite-nosync,memory, and postgresql where it is installed].",
+)
+@click.option(
+    "--postgres",
+    "postgres_url",
+    default=None,
+    metavar="URL",
+    help="The PostgreSQL server for the postgresql backend (a fresh table in it) [default: a "
+    "throwaway server on loopback, started and removed by the bench].",
 )
 @click.option(
     "--files-total",
@@ -442,7 +450,8 @@ def train_cmd(
 @plot_option
 def metadata_cmd(
     ranks: str,
-    backends: str,
+    backends: str | None,
+    postgres_url: str | None,
     files_total: int,
     runs: int,
     directory: Path,
@@ -455,10 +464,11 @@ def metadata_cmd(
     \b
     Example:
       tectonic-emu bench metadata --ranks 1,16,256,1024 --json
+      tectonic-emu bench metadata --backends sqlite,postgresql --postgres postgresql://db1/bench
     """
     from bench import metadata as mod
 
-    names = tuple(csv_list(backends))
+    names = tuple(csv_list(backends)) if backends else mod.default_backends()
     unknown = [b for b in names if b not in mod.BACKENDS]
     if unknown:
         raise click.BadParameter(
@@ -473,6 +483,7 @@ def metadata_cmd(
         backends=names,
         files_total=files_total,
         runs=runs,
+        postgres_url=postgres_url,
     )
     emit(result, as_json, plot_dir, mod)
 

@@ -19,7 +19,7 @@ directories is not timed. ``F = max(min_files_per_rank, files_total // R)``: the
 point stays near ``files_total`` files, so 1,024 ranks finish in seconds. After the runs of a
 point, the backend's file records are counted (``files_left``, 0 when every delete landed).
 
-Backends (``BACKEND_FACTORIES``; PostgreSQL will be one more entry):
+Backends (``BACKEND_FACTORIES``):
 
 - ``sqlite``: a real cluster (``Cluster.create`` + ``Cluster.open``), SQLite WAL with
   ``synchronous=FULL``: every metadata commit is durable when it returns (group commit);
@@ -27,6 +27,11 @@ Backends (``BACKEND_FACTORIES``; PostgreSQL will be one more entry):
   commits reach the page cache only (a machine crash may lose the last ones);
 - ``memory``: the same cluster with its metadata in ``MemoryKV`` (``Cluster.open(kv=...)``):
   nothing durable, the cost of the client and the layers alone;
+- ``postgresql``: a real cluster whose metadata is in PostgreSQL (``cluster create
+  --metadata``), every commit durable (group commit: synchronous flushes shared). The server is
+  the one at ``postgres_url`` (a fresh table in it), or else a throwaway server on loopback
+  that the bench starts and removes (``bench/postgres.py``, PostgreSQL's defaults, fsync on).
+  Measured by default where PostgreSQL is installed or a URL is given;
 - ``mount`` (opt-in, needs FUSE): the ``sqlite`` cluster through a FUSE mount in a child
   process, with ``min(R, 32)`` threads doing ``os.open(O_CREAT)``+``close``, ``os.stat``,
   ``os.listdir`` and ``os.unlink``. The kernel caches attributes for 1 s, so a stat may not
@@ -72,6 +77,7 @@ from typing import Any, TypeVar
 
 from rich.table import Table
 
+from bench import postgres
 from tectonic_emu import Client, Cluster
 from tectonic_emu.errors import InvalidArgumentError, first_error
 from tectonic_emu.metadata import MemoryKV
@@ -256,14 +262,49 @@ async def _mount_backend(work: Path) -> AsyncIterator[MetaOps]:
         await asyncio.to_thread(proc.wait, 30)
 
 
+@asynccontextmanager
+async def _postgres_backend(work: Path, url: str | None = None) -> AsyncIterator[MetaOps]:
+    server = None
+    if url is None:
+        found = postgres.bin_dir()
+        if found is None:
+            raise InvalidArgumentError(
+                "no PostgreSQL server here to start (apt-get install postgresql), and no "
+                "--postgres URL given"
+            )
+        server = await asyncio.to_thread(postgres.PostgresServer(found).start)
+        url = server.url
+    try:
+        root = work / "cluster"
+        table = f"bench_{os.getpid()}_{int(time.time() * 1000)}"
+        await asyncio.to_thread(
+            Cluster.create, root, nodes=NODES, encoding="r1", metadata=url, metadata_table=table
+        )
+        durability = (
+            "PostgreSQL, synchronous_commit: every commit durable (group commit: flushes "
+            f"shared){'; a throwaway server on loopback' if server else ''}"
+        )
+        async with Cluster.open(root) as cluster:
+            yield ClientOps(cluster.client(), durability)
+    finally:
+        if server is not None:
+            await asyncio.to_thread(server.stop)
+
+
 BACKEND_FACTORIES: dict[str, BackendFactory] = {
     "sqlite": lambda work: _sqlite_backend(work, sync=True),
     "sqlite-nosync": lambda work: _sqlite_backend(work, sync=False),
     "memory": _memory_backend,
+    "postgresql": _postgres_backend,
     "mount": _mount_backend,
 }
 BACKENDS: tuple[str, ...] = tuple(BACKEND_FACTORIES)
 DEFAULT_BACKENDS = ("sqlite", "sqlite-nosync", "memory")  # mount needs FUSE: opt-in
+
+
+def default_backends() -> tuple[str, ...]:
+    """DEFAULT_BACKENDS, and ``postgresql`` where its server is installed."""
+    return DEFAULT_BACKENDS + (("postgresql",) if postgres.bin_dir() is not None else ())
 
 
 # -- results -------------------------------------------------------------------------------------
@@ -441,18 +482,22 @@ async def run_metadata_bench(
     *,
     directory: Path,
     ranks: Sequence[int] = (1, 4, 16, 64, 256, 1024),
-    backends: Sequence[str] = DEFAULT_BACKENDS,
+    backends: Sequence[str] | None = None,
     files_total: int = DEFAULT_FILES_TOTAL,
     min_files_per_rank: int = DEFAULT_MIN_FILES,
     runs: int = 1,
+    postgres_url: str | None = None,
     step: Callable[[str], None] = lambda _: None,
 ) -> MetadataBench:
-    """Measure every backend at every rank count (see the module docstring).
+    """Measure every backend at every rank count (see the module docstring). ``postgres_url``:
+    the server for ``postgresql`` (default: a throwaway one the bench starts). ``backends``
+    defaults to ``default_backends()``.
 
     Raises InvalidArgumentError (an unknown backend, a count below 1), VerificationError
     (a backend lost or kept a name), and the backend's own errors. The work directory under
     ``directory`` is removed in every case; a mount is unmounted.
     """
+    backends = default_backends() if backends is None else backends
     unknown = [b for b in backends if b not in BACKEND_FACTORIES]
     if unknown:
         raise InvalidArgumentError(f"unknown backend(s) {', '.join(unknown)}; known: {BACKENDS}")
@@ -465,7 +510,12 @@ async def run_metadata_bench(
         for backend in backends:
             (work / backend).mkdir()
             step(f"{backend}: starting")
-            async with BACKEND_FACTORIES[backend](work / backend) as ops:
+            opened = (
+                _postgres_backend(work / backend, postgres_url)
+                if backend == "postgresql"
+                else BACKEND_FACTORIES[backend](work / backend)
+            )
+            async with opened as ops:
                 durability[backend] = ops.durability
                 await ops.mkdir("/mdtest")
                 for r in ranks:

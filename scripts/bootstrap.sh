@@ -13,7 +13,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     # GlusterFS is one of the peers bench checkpoint compares against (issue 7).
     command -v glusterd >/dev/null || need_apt+=(glusterfs-server)
     # PostgreSQL: the metadata backend for clusters across hosts (issue 8); the tests start
-    # a private server of their own from its binaries (tests/pg_server.py).
+    # a private server of their own from its binaries (bench/postgres.py), as bench metadata does.
     compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need_apt+=(postgresql)
     if [ ${#need_apt[@]} -gt 0 ]; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \

@@ -51,12 +51,12 @@ def cluster_dir(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[Any]:
-    """A private PostgreSQL server for this test session (``tests/pg_server.py``). Without
+    """A private PostgreSQL server for this test session (``bench/postgres.py``). Without
     the server's binaries the tests that need it skip, except in CI (``CI=true``), whose
     set-up installs them: there a missing server fails instead of hiding."""
     import os
 
-    from tests.pg_server import PostgresServer, bin_dir
+    from bench.postgres import PostgresServer, bin_dir
 
     pytest.importorskip("asyncpg")
     found = bin_dir()

@@ -32,7 +32,12 @@ FILES_TOTAL = 32
 MIN_FILES = 2
 
 
-def _run(tmp: Path, backends: tuple[str, ...], ranks: tuple[int, ...] = RANKS) -> MetadataBench:
+def _run(
+    tmp: Path,
+    backends: tuple[str, ...],
+    ranks: tuple[int, ...] = RANKS,
+    postgres_url: str | None = None,
+) -> MetadataBench:
     steps: list[str] = []
     result = asyncio.run(
         run_metadata_bench(
@@ -41,6 +46,7 @@ def _run(tmp: Path, backends: tuple[str, ...], ranks: tuple[int, ...] = RANKS) -
             backends=backends,
             files_total=FILES_TOTAL,
             min_files_per_rank=MIN_FILES,
+            postgres_url=postgres_url,
             step=steps.append,
         )
     )
@@ -74,6 +80,15 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> MetadataBench:
 def test_tiny_run_matches_schema(tiny: MetadataBench) -> None:
     _check(tiny, DEFAULT_BACKENDS, RANKS)
     assert table(tiny).row_count == len(DEFAULT_BACKENDS) * len(RANKS)
+
+
+def test_postgresql_backend_beside_sqlite(tmp_path: Path, postgres_url: str) -> None:
+    """The PostgreSQL backend (a cluster created with --metadata, on the session's server)
+    measured in the same run as SQLite, every file created, found and deleted."""
+    backends = ("sqlite", "postgresql")
+    result = _run(tmp_path, backends, (1, 4), postgres_url=postgres_url)
+    _check(result, backends, (1, 4))
+    assert "PostgreSQL" in result.to_dict()["durability"]["postgresql"]
 
 
 def test_plot_writes_pngs(tiny: MetadataBench, tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
-"""A private PostgreSQL server for the tests: its own data directory, port and lifetime.
+"""A throwaway PostgreSQL server on loopback, for ``bench metadata`` and the tests.
 
-``PostgresServer.start()`` runs Debian's ``initdb`` and ``pg_ctl`` (``postgresql`` package,
-which ``scripts/bootstrap.sh`` installs) into a fresh temporary directory, listening on
-127.0.0.1 at a free port with ``trust`` authentication for the role ``tectonic``. PostgreSQL
+``PostgresServer(bin_dir()).start()`` runs the server's own ``initdb`` and ``pg_ctl``
+(Debian's ``postgresql`` package, which ``scripts/bootstrap.sh`` installs) in a fresh
+temporary directory, listening on 127.0.0.1 at a free port with ``trust`` authentication for
+the role ``tectonic``, and with PostgreSQL's defaults otherwise (``fsync`` on). PostgreSQL
 refuses to run as root, so as root the server runs as the ``postgres`` user. Nothing is
 shared with a system cluster, and ``stop()`` removes everything.
 """
@@ -40,6 +41,9 @@ def _free_port() -> int:
 
 
 class PostgresServer:
+    """One server: ``start()``, ``url``, ``pg_ctl("stop" | "start" | "restart")``, ``stop()``.
+    Raises RuntimeError (with the tail of the server's log) when a step fails."""
+
     def __init__(self, bindir: Path) -> None:
         self.bindir = bindir
         self.dir = Path(tempfile.mkdtemp(prefix="tectonic-pg-"))
