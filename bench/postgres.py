@@ -17,7 +17,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 ROLE = "tectonic"
@@ -44,8 +44,18 @@ class PostgresServer:
     """One server: ``start()``, ``url``, ``pg_ctl("stop" | "start" | "restart")``, ``stop()``.
     Raises RuntimeError (with the tail of the server's log) when a step fails."""
 
-    def __init__(self, bindir: Path) -> None:
+    def __init__(
+        self,
+        bindir: Path,
+        *,
+        listen: Sequence[str] = ("127.0.0.1",),
+        trust: Sequence[str] = (),
+    ) -> None:
+        """``listen``: the addresses to listen on (the first is in ``url``); ``trust``:
+        networks (``10.231.5.0/24``) whose clients may connect as well as loopback's."""
         self.bindir = bindir
+        self.listen = tuple(listen)
+        self.trust = tuple(trust)
         self.dir = Path(tempfile.mkdtemp(prefix="tectonic-pg-"))
         self.data = self.dir / "data"
         self.port = _free_port()
@@ -62,7 +72,7 @@ class PostgresServer:
 
     @property
     def url(self) -> str:
-        return f"postgresql://{ROLE}@127.0.0.1:{self.port}/postgres"
+        return f"postgresql://{ROLE}@{self.listen[0]}:{self.port}/postgres"
 
     def _run(self, *args: str) -> None:
         r = subprocess.run(
@@ -79,6 +89,9 @@ class PostgresServer:
 
     def start(self) -> PostgresServer:
         self._run("initdb", "-D", str(self.data), "-U", ROLE, "--auth=trust", "-E", "UTF8")
+        if self.trust:
+            with open(self.data / "pg_hba.conf", "a") as hba:
+                hba.writelines(f"host all all {net} trust\n" for net in self.trust)
         self.pg_ctl("start")
         return self
 
@@ -87,7 +100,8 @@ class PostgresServer:
         args = ["pg_ctl", "-D", str(self.data), "-w"]
         if action != "start":
             args += ["-m", "fast"]
-        opts = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} -c max_connections=200"
+        opts = f"-p {self.port} -c listen_addresses={','.join(self.listen)} -k {self.dir}"
+        opts += " -c max_connections=200"
         self._run(*args, "-o", opts, "-l", str(self.dir / "server.log"), action)
 
     def stop(self) -> None:

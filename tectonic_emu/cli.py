@@ -29,7 +29,7 @@ from rich.progress import (
 from rich.table import Table
 
 from tectonic_emu.cluster import Cluster
-from tectonic_emu.config import DEFAULT_BLOCK_SIZE, parse_size, redact
+from tectonic_emu.config import DEFAULT_BLOCK_SIZE, parse_node_addresses, parse_size, redact
 from tectonic_emu.demo import run_demo
 from tectonic_emu.errors import IsADirectoryError_, NotFoundError, TectonicError
 from tectonic_emu.paths import join_path, split_path
@@ -132,7 +132,12 @@ def cluster_group() -> None:
 
 @cluster_group.command("create")
 @cluster_option
-@click.option("--nodes", default=9, show_default=True, help="Storage nodes.")
+@click.option(
+    "--nodes",
+    default=None,
+    type=int,
+    help="Storage nodes [default: one per address in --node-addresses, else 9].",
+)
 @click.option(
     "--disks-per-node", default=2, show_default=True, help="Disks (directories) per node."
 )
@@ -159,6 +164,14 @@ def cluster_group() -> None:
     "PGPASSWORD or ~/.pgpass), reachable from every host [default: a SQLite file in DIR].",
 )
 @click.option(
+    "--node-addresses",
+    default="",
+    metavar="LIST",
+    help="Nodes on several hosts: where each node listens, node 0 first, host:port or "
+    "host:port-port for a run of ports (e.g. 10.0.0.1:7100-7102,10.0.0.2:7100-7102); "
+    "run `node serve --node N` on each host [default: nodes local to DIR].",
+)
+@click.option(
     "--metadata-table",
     default="tectonic_kv",
     show_default=True,
@@ -167,13 +180,14 @@ def cluster_group() -> None:
 @json_option
 def cluster_create(
     cluster_dir: Path,
-    nodes: int,
+    nodes: int | None,
     disks_per_node: int,
     encoding: str,
     block_size: str,
     no_sync: bool,
     compression: str,
     metadata: str,
+    node_addresses: str,
     metadata_table: str,
     as_json: bool,
 ) -> None:
@@ -184,9 +198,10 @@ def cluster_create(
       tectonic-emu cluster create --cluster /tmp/c1 --nodes 12 --disks-per-node 2 --encoding r3
       tectonic-emu cluster create --cluster /tmp/c2 --metadata postgresql://tectonic@db1/tectonic
     """
+    addresses = parse_node_addresses(node_addresses)
     config = Cluster.create(
         cluster_dir,
-        nodes=nodes,
+        nodes=nodes if nodes is not None else len(addresses) or 9,
         disks_per_node=disks_per_node,
         encoding=encoding,
         block_size=parse_size(block_size),
@@ -194,6 +209,7 @@ def cluster_create(
         compression=compression,  # type: ignore[arg-type]
         metadata=metadata,
         metadata_table=metadata_table,
+        node_addresses=addresses,
     )
     where = (
         f"PostgreSQL {redact(config.metadata)} table {config.metadata_table}"
@@ -204,7 +220,7 @@ def cluster_create(
         print_json({"path": str(cluster_dir), **asdict(config), "metadata": redact(metadata)})
     else:
         click.echo(
-            f"created {cluster_dir}: {nodes} nodes x {disks_per_node} disks, "
+            f"created {cluster_dir}: {config.nodes} nodes x {disks_per_node} disks, "
             f"encoding {config.encoding}, {config.block_size >> 10} KiB chunks, "
             f"{'fsync' if config.sync else 'PAGE-CACHE (no fsync)'}, metadata in {where}"
         )
@@ -623,17 +639,32 @@ def node_group() -> None:
 @node_group.command("serve")
 @cluster_option
 @click.option("--node", "node", type=int, required=True, help="Which node to serve.")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option("--port", default=0, show_default=True, help="Port (0: any free one).")
+@click.option(
+    "--host",
+    default=None,
+    help="Address to bind [default: the node's address in cluster.json, else 127.0.0.1].",
+)
+@click.option(
+    "--port",
+    default=None,
+    type=int,
+    help="Port [default: the node's port in cluster.json, else 0: any free one].",
+)
 @click.option("--slow", default="0", show_default=True, help="Delay added to every reply.")
 @click.option("--buffers", default=8, show_default=True, help="Chunk buffers in memory.")
-def node_serve(cluster_dir: Path, node: int, host: str, port: int, slow: str, buffers: int) -> None:
+def node_serve(
+    cluster_dir: Path, node: int, host: str | None, port: int | None, slow: str, buffers: int
+) -> None:
     """Serve one storage node in this process (`serve` starts these for every node).
 
-    Writes DIR/nodes/nNNN/address.json so clients find it; runs until SIGTERM or Ctrl-C.
+    Its chunks go in DIR/nodes/nNNN on this host. A cluster created with --node-addresses
+    names where each node listens: run this on that host, and clients anywhere reach it.
+    Otherwise it writes DIR/nodes/nNNN/address.json so that clients sharing DIR find it.
+    Runs until SIGTERM or Ctrl-C.
 
     \b
     Example:
+      tectonic-emu node serve --cluster /srv/c1 --node 4      # at its address in cluster.json
       tectonic-emu node serve --cluster /shared/c1 --node 4 --host 0.0.0.0 --port 7004
     """
     from tectonic_emu.served import run_node

@@ -185,12 +185,15 @@ class Cluster:
         compression: Compression = "auto",
         metadata: str = "",
         metadata_table: str = "tectonic_kv",
+        node_addresses: tuple[str, ...] = (),
     ) -> ClusterConfig:
         """Make a new cluster in ``path`` (created if missing; must not hold a cluster).
 
         ``metadata``: a ``postgresql://`` URL to keep the metadata in that database's table
         ``metadata_table`` (which must be empty or missing), reachable from every host of the
-        cluster; empty (the default) for a SQLite file in ``path``.
+        cluster; empty (the default) for a SQLite file in ``path``. ``node_addresses``: one
+        ``host:port`` per node, where ``tectonic-emu node serve --node N`` runs node N on its
+        own host, for a cluster that spans hosts (``docs/deploy.md``).
 
         Raises AlreadyExistsError (also for a metadata table in use), UnknownEncodingError,
         InvalidArgumentError, and OSError when the database cannot be reached.
@@ -206,6 +209,7 @@ class Cluster:
             compression=compression,
             metadata=metadata,
             metadata_table=metadata_table,
+            node_addresses=tuple(node_addresses),
             created=time.time(),
         )
         if (root / CONFIG_FILE).exists():
@@ -254,10 +258,11 @@ class Cluster:
         try:
             meta = Metadata(kv)
             await meta.ensure_root(time.time())
-            served = is_served(root, config.nodes)
+            # Nodes named by address live on their hosts; otherwise served ones publish theirs.
+            served = bool(config.node_addresses) or is_served(root, config.nodes)
             if served:
                 remote = [
-                    RemoteNode(n, config.disks_per_node, _resolver(root, n))
+                    RemoteNode(n, config.disks_per_node, _resolver(root, config, n))
                     for n in range(config.nodes)
                 ]
                 nodes.extend(remote)
@@ -373,9 +378,12 @@ class Cluster:
             served: dict[str, Any] = {}
             if isinstance(node, RemoteNode):
                 addr = read_address(self.path, node.node_id)
+                fixed = self.config.address_of(node.node_id)
                 ping = node.last_ping
                 served = {
-                    "address": f"{addr.host}:{addr.port}" if addr else None,
+                    "address": self.config.node_addresses[node.node_id]
+                    if fixed
+                    else (f"{addr.host}:{addr.port}" if addr else None),
                     "pid": addr.pid if addr else None,
                     "heartbeat_ms": round(ping.rtt * 1000, 3) if ping and node.available else None,
                     "down_reason": node.down_reason or None,
@@ -442,7 +450,12 @@ def block_fully_redundant(rec: BlockRecord, present: dict[tuple[int, int], set[s
     return all(c.chunk_id in present.get((c.node, c.disk), ()) for c in rec.chunks)
 
 
-def _resolver(root: Path, n: int) -> Callable[[], tuple[str, int] | None]:
+def _resolver(root: Path, config: ClusterConfig, n: int) -> Callable[[], tuple[str, int] | None]:
+    """Where node ``n`` is: the configured address, or the one its process published."""
+    fixed = config.address_of(n)
+    if fixed is not None:
+        return lambda: fixed
+
     def resolve() -> tuple[str, int] | None:
         addr = read_address(root, n)
         return (addr.host, addr.port) if addr is not None else None

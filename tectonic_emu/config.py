@@ -45,6 +45,11 @@ class ClusterConfig:
     # metadata_table of that database.
     metadata: str = ""
     metadata_table: str = "tectonic_kv"
+    # Nodes on several hosts (issue 8): node n listens at node_addresses[n], "host:port", on
+    # its own host (``tectonic-emu node serve --node n`` there), and every client reaches it
+    # there. Empty: nodes are this host's directories, or processes that ``serve`` started
+    # and that publish their addresses in the cluster directory (``served.py``).
+    node_addresses: tuple[str, ...] = ()
     version: int = FORMAT_VERSION
     created: float = field(default=0.0)
 
@@ -62,6 +67,18 @@ class ClusterConfig:
             raise InvalidArgumentError(
                 f"compression must be auto, zstd or none, not {self.compression!r}"
             )
+        object.__setattr__(self, "node_addresses", tuple(self.node_addresses))  # from JSON
+        if self.node_addresses:
+            if len(self.node_addresses) != self.nodes:
+                raise InvalidArgumentError(
+                    f"{len(self.node_addresses)} node addresses for {self.nodes} nodes"
+                )
+            for a in self.node_addresses:
+                split_address(a)
+            if len(set(self.node_addresses)) != len(self.node_addresses):
+                raise InvalidArgumentError(
+                    "two nodes share an address", ",".join(self.node_addresses)
+                )
         if self.metadata and not self.metadata.startswith(("postgresql://", "postgres://")):
             raise InvalidArgumentError(
                 "metadata is a postgresql://user@host:port/db URL (or empty for SQLite)",
@@ -77,6 +94,10 @@ class ClusterConfig:
             raise InvalidArgumentError(
                 f"default encoding {enc} needs {enc.width} nodes, the cluster has {self.nodes}"
             )
+
+    def address_of(self, node: int) -> tuple[str, int] | None:
+        """Where node ``node`` listens, when the configuration names it."""
+        return split_address(self.node_addresses[node]) if self.node_addresses else None
 
     def block_size_for(self, enc: Encoding) -> int:
         """Bytes per block of a file with encoding ``enc``: every chunk is ``block_size``."""
@@ -106,6 +127,33 @@ class ClusterConfig:
         return cls(**raw)
 
 
+def split_address(text: str) -> tuple[str, int]:
+    """``"host:port"`` (``"[::1]:7000"`` for IPv6) -> ``(host, port)``."""
+    host, sep, port = text.strip().rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise InvalidArgumentError(f"not a host:port address: {text!r} (try 10.0.0.5:7100)")
+    return host, int(port)
+
+
+def parse_node_addresses(text: str) -> tuple[str, ...]:
+    """``"h1:7100-7102,h2:7100"`` -> one ``host:port`` per node, port ranges expanded, in
+    order: node 0 is the first."""
+    out: list[str] = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        host, sep, ports = item.rpartition(":")
+        first, dash, last = ports.partition("-")
+        if not sep or not first.isdigit() or (dash and not last.isdigit()):
+            raise InvalidArgumentError(f"not host:port or host:port-port: {item!r}")
+        for port in range(int(first), int(last if dash else first) + 1):
+            out.append(f"{host}:{port}")
+    for a in out:
+        split_address(a)
+    return tuple(out)
+
+
 def redact(url: str) -> str:
     """``url`` with any password replaced by ``***`` (for printing)."""
     return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
@@ -126,4 +174,12 @@ def parse_size(text: str) -> int:
     return int(value * units[unit])
 
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "ClusterConfig", "Compression", "parse_size", "redact"]
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "ClusterConfig",
+    "Compression",
+    "parse_node_addresses",
+    "parse_size",
+    "redact",
+    "split_address",
+]

@@ -152,14 +152,16 @@ async def run_node(
     root: Path,
     n: int,
     *,
-    host: str = "127.0.0.1",
-    port: int = 0,
+    host: str | None = None,
+    port: int | None = None,
     delay: float = 0.0,
     buffers: int = 8,
     ready: asyncio.Event | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
-    """Serve node ``n`` of the cluster at ``root`` until SIGTERM/SIGINT (or ``stop``)."""
+    """Serve node ``n`` of the cluster at ``root`` until SIGTERM/SIGINT (or ``stop``).
+    ``host`` and ``port`` default to the node's address in the configuration (a cluster
+    across hosts), else to 127.0.0.1 and any free port."""
     from tectonic_emu.chunkstore import LocalNode
     from tectonic_emu.chunkstore.server import NodeServer
 
@@ -167,6 +169,9 @@ async def run_node(
     keep_freed_memory()
     if not 0 <= n < config.nodes:
         raise InvalidArgumentError(f"no node {n}; nodes are 0..{config.nodes - 1}")
+    configured = config.address_of(n)
+    host = host if host is not None else configured[0] if configured else "127.0.0.1"
+    port = port if port is not None else configured[1] if configured else 0
     current = read_address(root, n)
     if (
         current is not None
@@ -459,8 +464,8 @@ async def run_supervisor(root: Path, options: ServeOptions) -> None:
 class Serving:
     """Run ``tectonic-emu serve`` for a cluster in a child process::
 
-        with Serving(root, repair_interval=1, repair_after=2):
-            ...  # Cluster.open(root) now talks to node processes over TCP
+    with Serving(root, repair_interval=1, repair_after=2):
+        ...  # Cluster.open(root) now talks to node processes over TCP
     """
 
     def __init__(
