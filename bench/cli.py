@@ -217,6 +217,58 @@ def hedge(
     emit(result, as_json, plot_dir, mod)
 
 
+@bench.command("net")
+@click.option("--nic-gbps", default=1.0, show_default=True, help="The link's NIC rate, Gb/s.")
+@click.option("--rtt-ms", default=20.0, show_default=True, help="The link's added round trip.")
+@click.option("--loss", default=0.0, show_default=True, help="Probability a segment is lost.")
+@click.option("--chunk", default="1MiB", show_default=True, help="Bytes per chunk sent.")
+@click.option(
+    "--depth",
+    default=0,
+    show_default=True,
+    help="Chunks in flight (0: twice the bandwidth-delay product, at least 8).",
+)
+@click.option("--seconds", default=3.0, show_default=True, help="Seconds per figure and run.")
+@click.option("--runs", default=3, show_default=True, help="Runs (figures: the median).")
+@dir_option("Where the clusters go.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@plot_option
+def net(
+    nic_gbps: float,
+    rtt_ms: float,
+    loss: float,
+    chunk: str,
+    depth: int,
+    seconds: float,
+    runs: int,
+    directory: Path,
+    as_json: bool,
+    plot_dir: Path | None,
+) -> None:
+    """The emulated network (cluster create --nic-gbps/--rtt-ms/--loss): a paced link's
+    round trip, write and read rates beside its settings, each within 10% or not.
+
+    \b
+    Example:
+      tectonic-emu bench net --nic-gbps 2 --rtt-ms 5 --json
+    """
+    from bench import net as mod
+
+    result = run_bench(
+        "net",
+        mod.run_net_bench,
+        directory=directory,
+        nic_gbps=nic_gbps,
+        rtt_ms=rtt_ms,
+        loss=loss,
+        chunk=parse_size(chunk),
+        depth=depth,
+        seconds=seconds,
+        runs=runs,
+    )
+    emit(result, as_json, plot_dir, mod)
+
+
 @bench.command("fuse")
 @click.option("--size", default="1GiB", show_default=True, help="Bytes per file.")
 @click.option("--encoding", default="rs-6-3", show_default=True, help="Encoding of the files.")
@@ -535,7 +587,17 @@ def scale_cmd(
     emit(result, as_json, plot_dir, mod)
 
 
-SCHEMA_MODULES = ("store", "hedge", "fuse", "ckpt", "train", "checkpoint", "metadata", "scale")
+SCHEMA_MODULES = (
+    "store",
+    "hedge",
+    "fuse",
+    "ckpt",
+    "train",
+    "checkpoint",
+    "metadata",
+    "scale",
+    "net",
+)
 
 
 @bench.command("schema")

@@ -145,6 +145,16 @@ BENCHES: tuple[BenchRun, ...] = (
         "The most emulated h100 accelerators that keep AU >= 90% on a scaled unet3d dataset, "
         "through the native client, fsspec and local disk.",
     ),
+    BenchRun(
+        "net",
+        "net",
+        "run_net_bench",
+        "tectonic-emu bench net --nic-gbps 1 --rtt-ms 20",
+        {"nic_gbps": 1.0, "rtt_ms": 20.0, "seconds": 3.0, "runs": 3},
+        {"nic_gbps": 0.2, "rtt_ms": 20.0, "chunk": 256 << 10, "seconds": 0.5, "runs": 1},
+        "The emulated network (issue 8): a node process and a client, each pacing its NIC, "
+        "measured against the link's settings.",
+    ),
 )
 NAMES = tuple(b.name for b in BENCHES)
 

@@ -172,6 +172,22 @@ def cluster_group() -> None:
     "run `node serve --node N` on each host [default: nodes local to DIR].",
 )
 @click.option(
+    "--nic-gbps",
+    default=0.0,
+    show_default=True,
+    help="Emulated network: each host's NIC in Gb/s each way (0: unlimited). Paced by the "
+    "transport of served and multi-host clusters.",
+)
+@click.option(
+    "--rtt-ms", default=0.0, show_default=True, help="Emulated network: added round trip, ms."
+)
+@click.option(
+    "--loss",
+    default=0.0,
+    show_default=True,
+    help="Emulated network: probability that a 1,448-byte TCP segment is lost (TCP resends it).",
+)
+@click.option(
     "--metadata-table",
     default="tectonic_kv",
     show_default=True,
@@ -188,6 +204,9 @@ def cluster_create(
     compression: str,
     metadata: str,
     node_addresses: str,
+    nic_gbps: float,
+    rtt_ms: float,
+    loss: float,
     metadata_table: str,
     as_json: bool,
 ) -> None:
@@ -197,6 +216,7 @@ def cluster_create(
     Example:
       tectonic-emu cluster create --cluster /tmp/c1 --nodes 12 --disks-per-node 2 --encoding r3
       tectonic-emu cluster create --cluster /tmp/c2 --metadata postgresql://tectonic@db1/tectonic
+      tectonic-emu cluster create --cluster /tmp/c3 --nic-gbps 10 --rtt-ms 0.5 --loss 0.0001
     """
     addresses = parse_node_addresses(node_addresses)
     config = Cluster.create(
@@ -210,6 +230,9 @@ def cluster_create(
         metadata=metadata,
         metadata_table=metadata_table,
         node_addresses=addresses,
+        nic_gbps=nic_gbps,
+        rtt_ms=rtt_ms,
+        loss=loss,
     )
     where = (
         f"PostgreSQL {redact(config.metadata)} table {config.metadata_table}"

@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from tectonic_emu._malloc import keep_freed_memory
 from tectonic_emu.chunkstore import LocalNode, StorageNode
+from tectonic_emu.chunkstore.netem import Pacer
 from tectonic_emu.chunkstore.remote import HealthMonitor, RemoteNode
 from tectonic_emu.client import Client
 from tectonic_emu.coding import Encoding
@@ -186,6 +187,9 @@ class Cluster:
         metadata: str = "",
         metadata_table: str = "tectonic_kv",
         node_addresses: tuple[str, ...] = (),
+        nic_gbps: float = 0.0,
+        rtt_ms: float = 0.0,
+        loss: float = 0.0,
     ) -> ClusterConfig:
         """Make a new cluster in ``path`` (created if missing; must not hold a cluster).
 
@@ -193,7 +197,9 @@ class Cluster:
         ``metadata_table`` (which must be empty or missing), reachable from every host of the
         cluster; empty (the default) for a SQLite file in ``path``. ``node_addresses``: one
         ``host:port`` per node, where ``tectonic-emu node serve --node N`` runs node N on its
-        own host, for a cluster that spans hosts (``docs/deploy.md``).
+        own host, for a cluster that spans hosts (``docs/deploy.md``). ``nic_gbps``,
+        ``rtt_ms``, ``loss``: the emulated network between the hosts of a served or
+        multi-host cluster (``chunkstore/netem.py``).
 
         Raises AlreadyExistsError (also for a metadata table in use), UnknownEncodingError,
         InvalidArgumentError, and OSError when the database cannot be reached.
@@ -210,6 +216,9 @@ class Cluster:
             metadata=metadata,
             metadata_table=metadata_table,
             node_addresses=tuple(node_addresses),
+            nic_gbps=nic_gbps,
+            rtt_ms=rtt_ms,
+            loss=loss,
             created=time.time(),
         )
         if (root / CONFIG_FILE).exists():
@@ -261,8 +270,14 @@ class Cluster:
             # Nodes named by address live on their hosts; otherwise served ones publish theirs.
             served = bool(config.node_addresses) or is_served(root, config.nodes)
             if served:
+                # This process's NIC, shared by its connections to every node.
+                pacer = (
+                    Pacer(config.link, burst=config.block_size + (64 << 10))
+                    if config.link.active
+                    else None
+                )
                 remote = [
-                    RemoteNode(n, config.disks_per_node, _resolver(root, config, n))
+                    RemoteNode(n, config.disks_per_node, _resolver(root, config, n), pacer=pacer)
                     for n in range(config.nodes)
                 ]
                 nodes.extend(remote)

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from tectonic_emu.chunkstore.netem import LinkModel
 from tectonic_emu.coding import Encoding
 from tectonic_emu.errors import ClusterNotFoundError, InvalidArgumentError
 
@@ -50,6 +51,12 @@ class ClusterConfig:
     # there. Empty: nodes are this host's directories, or processes that ``serve`` started
     # and that publish their addresses in the cluster directory (``served.py``).
     node_addresses: tuple[str, ...] = ()
+    # The emulated network of a served or multi-host cluster (chunkstore/netem.py): every
+    # host's NIC in Gb/s each way (0: unlimited), round-trip time added to every exchange,
+    # probability that a TCP segment is lost. An embedded cluster has no network to pace.
+    nic_gbps: float = 0.0
+    rtt_ms: float = 0.0
+    loss: float = 0.0
     version: int = FORMAT_VERSION
     created: float = field(default=0.0)
 
@@ -68,6 +75,10 @@ class ClusterConfig:
                 f"compression must be auto, zstd or none, not {self.compression!r}"
             )
         object.__setattr__(self, "node_addresses", tuple(self.node_addresses))  # from JSON
+        try:
+            self.link  # noqa: B018 (checks the network settings)
+        except ValueError as e:
+            raise InvalidArgumentError(str(e)) from None
         if self.node_addresses:
             if len(self.node_addresses) != self.nodes:
                 raise InvalidArgumentError(
@@ -94,6 +105,11 @@ class ClusterConfig:
             raise InvalidArgumentError(
                 f"default encoding {enc} needs {enc.width} nodes, the cluster has {self.nodes}"
             )
+
+    @property
+    def link(self) -> LinkModel:
+        """The emulated network's model of one host's NIC."""
+        return LinkModel(self.nic_gbps, self.rtt_ms, self.loss)
 
     def address_of(self, node: int) -> tuple[str, int] | None:
         """Where node ``node`` listens, when the configuration names it."""

@@ -182,7 +182,9 @@ async def run_node(
         raise AlreadyExistsError(f"node {n} is already served by pid {current.pid}")
     (node_dir(root, n) / STOP_MARKER).unlink(missing_ok=True)
     node = LocalNode(node_dir(root, n), n, config.disks_per_node, sync=config.sync)
-    server = NodeServer(node, max_payload=config.block_size, buffers=buffers, delay=delay)
+    server = NodeServer(
+        node, max_payload=config.block_size, buffers=buffers, delay=delay, link=config.link
+    )
     bound_host, bound_port = await server.start(host, port)
     advertised = socket.getfqdn() if bound_host in ("0.0.0.0", "::") else bound_host
     me = NodeAddress(n, advertised, bound_port, os.getpid(), socket.gethostname(), time.time())

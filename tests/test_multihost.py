@@ -1,8 +1,9 @@
 """A cluster across hosts (issue 8), with hosts made as network namespaces (``bench/netns.py``):
 storage nodes on four hosts, writers on a fifth, metadata in PostgreSQL in the root namespace,
-and no directory shared between hosts (each has its own copy of ``cluster.json``). One node
-host is cut off the network mid-write: nothing acknowledged is lost, the writers finish, and
-repair restores full redundancy once the host is back."""
+and no directory shared between hosts (each has its own copy of ``cluster.json``). The links
+between them are paced by the emulated network (1 Gb/s, 4 ms round trips, a segment in 5,000
+lost). One node host is cut off the network mid-write: nothing acknowledged is lost, the
+writers finish, and repair restores full redundancy once the host is back."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pytest
 from bench import netns
 from bench.postgres import PostgresServer, bin_dir
 from tectonic_emu import Cluster
+from tectonic_emu.chunkstore.remote import RemoteNode
 from tectonic_emu.services.repair import repair
 from tests.conftest import SMALL_BLOCK, fresh_table, run_with
 from tests.served_writer import acknowledged, stream
@@ -28,6 +30,7 @@ from tests.test_served import until
 REPO = Path(__file__).resolve().parent.parent
 NODE_HOSTS = ["n1", "n2", "n3", "n4"]
 PORT = 7100
+RTT_MS = 4.0
 
 why_not = netns.unavailable()
 pytestmark = pytest.mark.skipif(why_not is not None, reason=why_not or "")
@@ -77,6 +80,9 @@ def test_a_host_cut_off_mid_write_loses_nothing_acknowledged(
         metadata=database,
         metadata_table=fresh_table(),
         node_addresses=tuple(f"{hosts.ip[h]}:{PORT}" for h in NODE_HOSTS),
+        nic_gbps=1.0,
+        rtt_ms=RTT_MS,
+        loss=0.0002,
     )
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -124,6 +130,9 @@ def test_a_host_cut_off_mid_write_loses_nothing_acknowledged(
     here = host_copy(template, tmp_path / "reader")
 
     async def check(c: Cluster) -> int:
+        await c.check_health()
+        pings = [n.last_ping.rtt for n in c.nodes if isinstance(n, RemoteNode) and n.available]
+        assert len(pings) == 3 and min(pings) >= (RTT_MS - 1) / 1000  # the links are paced
         client = c.client()
         for i, (records, size, _) in enumerate(done):
             st = await client.stat(f"/w{i}")

@@ -31,6 +31,7 @@ from tectonic_emu.chunkstore.base import (
     StorageNode,
     check_chunk_id,
 )
+from tectonic_emu.chunkstore.netem import Pacer, hold
 from tectonic_emu.chunkstore.wire import HEADER_SIZE, FrameError, Header, Op
 from tectonic_emu.coding import crc32c
 from tectonic_emu.errors import ChunkCorruptError, InvalidArgumentError, NodeUnavailableError
@@ -87,8 +88,10 @@ _HEAD, _META, _PAYLOAD = range(3)
 
 
 class _ClientConnection(asyncio.BufferedProtocol):
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, pacer: Pacer | None = None) -> None:
         self.name = name
+        self.pacer = pacer  # this host's emulated NIC (netem.py), shared by its connections
+        self._held = False
         self.pending: dict[int, _Call] = {}
         self.closed = False
         self.transport: asyncio.Transport | None = None
@@ -129,6 +132,8 @@ class _ClientConnection(asyncio.BufferedProtocol):
             self.transport.abort()
 
     async def send(self, head: bytes, payload: memoryview | None) -> None:
+        if self.pacer is not None:
+            await self.pacer.before_send(len(head) + (payload.nbytes if payload else 0))
         if self.closed or self.transport is None:
             raise NodeUnavailableError(f"{self.name}: connection closed")
         try:
@@ -154,10 +159,25 @@ class _ClientConnection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._got += nbytes
+        if self.pacer is not None:
+            self._hold(self.pacer.received(nbytes))
         try:
             self._advance()
         except FrameError as e:
             self.abort(f"bad reply frame: {e}")
+
+    def _hold(self, wait: float) -> None:
+        """Stop reading for ``wait`` seconds (the emulated NIC's ingress is dry)."""
+        if wait <= 0 or self._held or self.transport is None or self.closed:
+            return
+        self._held = True
+        self.transport.pause_reading()
+        asyncio.get_running_loop().call_later(wait, self._unhold)
+
+    def _unhold(self) -> None:
+        self._held = False
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
 
     def _advance(self) -> None:
         if self._state == _HEAD and self._got == HEADER_SIZE:
@@ -209,8 +229,10 @@ class RemoteNode(StorageNode):
         *,
         connect_timeout: float = 2.0,
         request_timeout: float = 120.0,
+        pacer: Pacer | None = None,
     ) -> None:
         self.node_id = node_id
+        self.pacer = pacer
         self.disks = disks
         self.available = True
         self.resolve = resolve
@@ -276,11 +298,13 @@ class RemoteNode(StorageNode):
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _ClientConnection(name), host, port),
+                loop.create_connection(lambda: _ClientConnection(name, self.pacer), host, port),
                 self.connect_timeout,
             )
         except (OSError, TimeoutError) as e:
             raise NodeUnavailableError(f"{name}: cannot connect ({e or 'timed out'})") from None
+        if self.pacer is not None and self.pacer.one_way:
+            await hold(2 * self.pacer.one_way)  # TCP's handshake: one round trip
         return conn
 
     async def call(

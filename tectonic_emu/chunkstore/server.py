@@ -30,6 +30,7 @@ from typing import Any
 from tectonic_emu.chunkstore import wire
 from tectonic_emu.chunkstore._local import LocalNode
 from tectonic_emu.chunkstore.base import BytesLike
+from tectonic_emu.chunkstore.netem import LinkModel, Pacer
 from tectonic_emu.chunkstore.wire import HEADER_SIZE, MAX_META, FrameError, Header, Op
 from tectonic_emu.coding import crc32c
 from tectonic_emu.errors import ChunkCorruptError, InvalidArgumentError, NoSpaceError
@@ -82,9 +83,21 @@ class NodeServer:
     latency; ``SET_DELAY`` changes it at run time)."""
 
     def __init__(
-        self, node: LocalNode, *, max_payload: int, buffers: int = 8, delay: float = 0.0
+        self,
+        node: LocalNode,
+        *,
+        max_payload: int,
+        buffers: int = 8,
+        delay: float = 0.0,
+        link: LinkModel | None = None,
     ) -> None:
         self.node = node
+        # The node host's emulated NIC (``netem.py``), when the cluster models a network.
+        self.pacer = (
+            Pacer(link, burst=max_payload + HEADER_SIZE + MAX_META)
+            if link is not None and link.active
+            else None
+        )
         self.max_payload = max_payload
         self.delay = delay
         self.pool = BufferPool(max_payload, buffers)
@@ -225,7 +238,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._h: Header | None = None
         self._meta = b""
         self._payload: mmap.mmap | None = None
-        self._paused = False
+        self._paused = False  # backpressure: no buffer, or too many requests running
+        self._held = False  # the emulated NIC's ingress is dry (netem.py)
         self.writer = wire.FrameWriter()
 
     # -- asyncio callbacks -------------------------------------------------------------------
@@ -259,11 +273,26 @@ class _Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._got += nbytes
+        if self.server.pacer is not None:
+            self._hold(self.server.pacer.received(nbytes))
         try:
             self._advance()
         except FrameError as e:
             log.warning("node %d: closing a connection: %s", self.server.node.node_id, e)
             self.abort()
+
+    def _hold(self, wait: float) -> None:
+        """Stop reading for ``wait`` seconds (the emulated NIC's ingress is dry)."""
+        if wait <= 0 or self._held or self._transport is None or self.closed:
+            return
+        self._held = True
+        self._transport.pause_reading()
+        asyncio.get_running_loop().call_later(wait, self._unhold)
+
+    def _unhold(self) -> None:
+        self._held = False
+        if not self._paused and self._transport is not None and not self.closed:
+            self._transport.resume_reading()
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
@@ -326,7 +355,8 @@ class _Connection(asyncio.BufferedProtocol):
     def _resume(self) -> None:
         if self._paused and self._transport is not None and not self.closed:
             self._paused = False
-            self._transport.resume_reading()
+            if not self._held:
+                self._transport.resume_reading()
 
     def abort(self) -> None:
         self.closed = True
@@ -359,6 +389,13 @@ class _Connection(asyncio.BufferedProtocol):
         try:
             if server.delay and h.op not in (Op.PING, Op.SET_DELAY):
                 await asyncio.sleep(server.delay)
+            if server.pacer is not None:
+                size = (
+                    reply_payload.count
+                    if isinstance(reply_payload, FilePayload)
+                    else memoryview(reply_payload).nbytes
+                )
+                await server.pacer.before_send(HEADER_SIZE + len(reply_meta) + size)
             if self.closed or self._transport is None:
                 return
             await self._reply(h, status, reply_meta, reply_payload, reply_crc)
@@ -387,7 +424,7 @@ class _Connection(asyncio.BufferedProtocol):
                         self._transport, head, payload.fd, payload.offset, payload.count
                     )
                 finally:
-                    if self._paused and not self.closed:  # sendfile resumed reading
+                    if (self._paused or self._held) and not self.closed:  # sendfile resumed it
                         self._transport.pause_reading()
             else:
                 body = memoryview(payload)

@@ -2,7 +2,7 @@
 
 Keys and values are ``bytes``; keys sort bytewise. The Name, File and Block layers
 (``layers.py``) are written against this interface only, so every backend (in-memory, SQLite,
-PostgreSQL later) runs the same contract tests (``tests/test_kv_contract.py``).
+PostgreSQL) runs the same contract tests (``tests/test_kv_contract.py``).
 
 Transactions are serializable: everything read and written inside one ``async with
 store.transaction() as txn`` block is applied atomically at the end of the block, or not at all
