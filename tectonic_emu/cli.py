@@ -588,7 +588,12 @@ def _setup_logging() -> None:
 
 @cli.command("serve")
 @cluster_option
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address nodes bind to.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address nodes bind to (a cluster made with --node-addresses: each node's own).",
+)
 @click.option(
     "--slow", multiple=True, metavar="NODE=DELAY", help="Delay one node's replies (repeatable)."
 )

@@ -43,6 +43,7 @@ from tectonic_emu.config import (
     ClusterConfig,
     Compression,
     redact,
+    split_address,
 )
 from tectonic_emu.datapath import DataPath
 from tectonic_emu.errors import AlreadyExistsError, InvalidArgumentError, NodeUnavailableError
@@ -171,6 +172,9 @@ class Cluster:
             compression=config.compression,
             cpu=cpu_pool,
             write_ack=write_ack,
+            domains=[split_address(a)[0] for a in config.node_addresses]
+            if config.node_addresses
+            else None,
         )
 
     # -- lifecycle ---------------------------------------------------------------------------

@@ -124,10 +124,16 @@ class DataPath:
         hedge_percentile: float = 95.0,
         hedge_share: float = 0.05,
         hedge_reads: bool = True,
+        domains: Sequence[str] | None = None,
     ) -> None:
         if write_ack not in ("all", "quorum"):
             raise ValueError(f"write_ack must be 'all' or 'quorum', not {write_ack!r}")
         self.nodes = nodes
+        # Each node's failure domain (its host, in a cluster across hosts): a block's chunks
+        # go to distinct domains first. None: every node is its own.
+        self.domains = list(domains) if domains is not None else None
+        if self.domains is not None and len(self.domains) != len(nodes):
+            raise ValueError(f"{len(self.domains)} failure domains for {len(nodes)} nodes")
         self.disks_per_node = disks_per_node
         self.compression: Compression = compression
         self.write_ack = write_ack
@@ -170,7 +176,8 @@ class DataPath:
     def place(
         self, enc: Encoding, count: int, *, avoid: Iterable[int] = ()
     ) -> list[tuple[int, int]]:
-        """``count`` (node, disk) targets on live nodes, distinct nodes first.
+        """``count`` (node, disk) targets on live nodes, distinct nodes first, and with
+        ``domains``, distinct domains before a second node of any one domain.
 
         Raises NotEnoughNodesError when the live nodes cannot hold the block safely.
         """
@@ -178,6 +185,8 @@ class DataPath:
         all_live = self.live_nodes()
         live = [n for n in all_live if n not in avoid_set]
         self._rng.shuffle(live)
+        if self.domains is not None:
+            live = self._across_domains(live)
         up = len(all_live)
         if up < self.min_live_nodes(enc):
             raise NotEnoughNodesError(
@@ -199,6 +208,15 @@ class DataPath:
                 disk_of[n] = (disk_of[n] + 1) % self.disks_per_node
         return targets
 
+    def _across_domains(self, nodes: list[int]) -> list[int]:
+        """``nodes`` (shuffled) reordered to take one node of each domain in turn."""
+        assert self.domains is not None
+        by_domain: dict[str, list[int]] = {}
+        for n in nodes:
+            by_domain.setdefault(self.domains[n], []).append(n)
+        rows = list(by_domain.values())
+        return [n for turn in itertools.zip_longest(*rows) for n in turn if n is not None]
+
     # -- write -----------------------------------------------------------------------------
     def _prepare(self, enc: Encoding, block: BytesLike) -> list[tuple[BytesLike, int, int, int]]:
         """(stored bytes, flags, crc32c, raw length) for each chunk index. Runs in a worker."""
@@ -216,7 +234,9 @@ class DataPath:
 
     async def _reserve_targets(self, enc: Encoding, nbytes: int) -> list[tuple[int, int]]:
         """``enc.width`` targets on distinct nodes; with spare live nodes, the first to accept
-        a reservation among ``hedge_extra`` more than needed."""
+        a reservation among ``hedge_extra`` more than needed. With failure domains, the race
+        goes on until the accepted targets span as many domains as the candidates that have
+        not failed can (or every answer is in)."""
         extra = min(self.hedge_extra, len(self.live_nodes()) - enc.width)
         if extra <= 0:
             return self.place(enc, enc.width)
@@ -228,7 +248,7 @@ class DataPath:
         full: set[int] = set()
         pending = set(asks)
         try:
-            while pending and len(accepted) < enc.width:
+            while pending and not self._enough(accepted, candidates, failed, enc.width):
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for ask in done:
                     exc = ask.exception()
@@ -243,12 +263,37 @@ class DataPath:
         finally:
             for ask in pending:
                 ask.cancel()
+        accepted = self._spread(accepted)
         taken = set(accepted)
         while len(accepted) < enc.width:  # too few accepted: fill as a failed write would
             target = self._replacement(enc, taken, failed, full)
             taken.add(target)
             accepted.append(target)
         return accepted[: enc.width]
+
+    def _spread(self, targets: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """``targets`` in order, one per failure domain in turn (as ``place`` orders them)."""
+        if self.domains is None:
+            return targets
+        order = self._across_domains([n for n, _ in targets])
+        disk = dict(targets)
+        return [(n, disk[n]) for n in order]
+
+    def _enough(
+        self,
+        accepted: list[tuple[int, int]],
+        candidates: list[tuple[int, int]],
+        failed: set[int],
+        width: int,
+    ) -> bool:
+        if len(accepted) < width:
+            return False
+        if self.domains is None:
+            return True
+        domains = self.domains
+        have = {domains[n] for n, _ in self._spread(accepted)[:width]}
+        could = {domains[n] for n, _ in candidates if n not in failed}
+        return len(have) >= min(width, len(could))
 
     async def write_block(
         self, enc: Encoding, block: BytesLike, *, block_id: int, file_id: int
@@ -494,9 +539,7 @@ class DataPath:
         now = time.monotonic()
         if self._slow_until.get(node, 0.0) <= now:
             self.stats.slow_nodes_marked += 1
-            log.info(
-                "node %d reads slowly: read around for %.0f s", node, SLOW_NODE_PENALTY
-            )
+            log.info("node %d reads slowly: read around for %.0f s", node, SLOW_NODE_PENALTY)
         self._slow_until[node] = now + SLOW_NODE_PENALTY
 
     def hedge_after(self, size: int) -> float:
@@ -719,9 +762,7 @@ class DataPath:
         good: dict[int, BytesLike] = dict(have)
         if not good:  # a plain read: race the chunks it needs against slow nodes
             self._count_read()
-            live = [
-                c for c in order if self.nodes[c.node].available and c.index not in failed
-            ]
+            live = [c for c in order if self.nodes[c.node].available and c.index not in failed]
             need = enc.min_chunks
             if len(live) >= need:
                 good, raced_failed = await self._race(live[:need], live[need:], enough=need)

@@ -296,7 +296,9 @@ class Supervisor:
 
     def _node_command(self, n: int) -> list[str]:
         cmd = [sys.executable, "-m", "tectonic_emu", "node", "serve", "--cluster", str(self.root)]
-        cmd += ["--node", str(n), "--host", self.options.host]
+        cmd += ["--node", str(n)]
+        if not self.config.node_addresses:  # else each binds to its configured address
+            cmd += ["--host", self.options.host]
         cmd += ["--buffers", str(self.options.buffers)]
         if self.options.slow.get(n):
             cmd += ["--slow", f"{self.options.slow[n]}"]

@@ -262,3 +262,39 @@ def test_a_persistently_slow_node_is_marked_and_read_around() -> None:
         assert not dp.is_slow(slow)
 
     run(go)
+
+
+@given(
+    hosts=st.integers(2, 5),
+    per_host=st.integers(1, 4),
+    enc=st.sampled_from(["r2", "r3", "rs-3-2"]),
+    down=st.sets(st.integers(0, 19), max_size=6),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_placement_spreads_a_block_over_failure_domains(
+    hosts: int, per_host: int, enc: str, down: set[int], seed: int
+) -> None:
+    """Nodes grouped in hosts: a block's targets, placed (``place``) or won in a hedged
+    reservation race (``_reserve_targets``), span as many hosts as the live nodes allow."""
+    e = Encoding.parse(enc)
+    n = hosts * per_host
+    nodes = [FaultyNode(MemoryNode(k, 2)) for k in range(n)]
+    domains = [f"10.0.0.{k // per_host}" for k in range(n)]
+    for k in down:
+        if k < n:
+            nodes[k].available = False
+    with ThreadPoolExecutor(1) as cpu:
+        dp = DataPath(
+            nodes, disks_per_node=2, compression="none", cpu=cpu, write_ack="quorum",
+            domains=domains,
+        )  # fmt: skip
+        dp._rng.seed(seed)
+        live = [k for k in range(n) if nodes[k].available]
+        if len(live) < dp.min_live_nodes(e) or len(live) * 2 < e.width:
+            return
+        possible = min(e.width, len({domains[k] for k in live}), len(live))
+        targets = dp.place(e, e.width)
+        assert len({domains[k] for k, _ in targets}) == possible
+        if len(live) > e.width:
+            won = run(lambda: dp._reserve_targets(e, 1000))
+            assert len({domains[k] for k, _ in won}) == possible
