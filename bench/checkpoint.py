@@ -63,7 +63,9 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -421,10 +423,19 @@ class NativeRoute(Route):
     load into tensors over it (allocating arrays per load costs fresh memory, 0.44 GB/s on
     this kind of VM: ../shared/MACHINE.md)."""
 
-    def __init__(self, cluster: Cluster, client: Client, encoding: str, ranks: int) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        client: Client,
+        encoding: str,
+        ranks: int,
+        *,
+        key: str = "native",
+        where: str = "",
+    ) -> None:
         super().__init__()
         enc = Encoding.parse(encoding).name
-        self.key, self.title = f"native/{enc}", f"native Checkpointer, {enc}"
+        self.key, self.title = f"{key}/{enc}", f"native Checkpointer, {enc}{where}"
         self.tolerates, self.overhead = redundancy(enc)
         self.cluster = cluster
         self.ckpt = Checkpointer(
@@ -583,11 +594,16 @@ async def run_checkpoint_bench(
     runs: int = 1,
     read_shift: int = 1,
     workers: int = 8,
+    hosts: int = 0,
+    hosts_nic_gbps: float = 0.0,
+    hosts_rtt_ms: float = 0.0,
     step: Callable[..., None] = lambda *_: None,
 ) -> CheckpointBench:
     """Run every path in ``paths`` (keys of DEFAULT_PATHS; ``native`` and ``fuse`` once per
-    encoding) and each peer named in ``peers``; see the module docstring. A path that cannot
-    run here (torch or a peer not installed) is reported with its reason, not measured.
+    encoding) and each peer named in ``peers``; see the module docstring. ``hosts``: also
+    the native client against a cluster across that many hosts (``hosts/<encoding>``). A
+    path that cannot run here (torch or a peer not installed) is reported with its reason,
+    not measured.
     Raises BenchError when a path reads back wrong bytes, InvalidArgumentError for a bad
     model, ranks or scale."""
     from bench import environment
@@ -650,6 +666,19 @@ async def run_checkpoint_bench(
                     )
             if not torch_missing:
                 routes += _torch_routes(paths, pool, local, mnt, root, client, dcp_enc)
+            if hosts:
+                across = await _hosts_cluster(
+                    work, hosts, width, hosts_nic_gbps, hosts_rtt_ms, stack, step
+                )
+                if isinstance(across, str):
+                    for e in encs:
+                        unavailable(f"hosts/{e}", f"native, {e}, across {hosts} hosts", across)
+                else:
+                    hc, where = across
+                    routes += [
+                        NativeRoute(hc, hc.client(), e, plan.ranks, key="hosts", where=where)
+                        for e in encs
+                    ]
             for name in peers:
                 routes_or_reason = await _peer_route(name, pool, work, stack, step)
                 if isinstance(routes_or_reason, str):
@@ -802,6 +831,76 @@ def _torch_routes(
             )
         )
     return routes
+
+
+async def _hosts_cluster(
+    work: Path,
+    hosts: int,
+    width: int,
+    nic_gbps: float,
+    rtt_ms: float,
+    stack: contextlib.AsyncExitStack,
+    step: Callable[[str], None],
+) -> tuple[Cluster, str] | str:
+    """A cluster across ``hosts`` network namespaces (issue 8), open (torn down when
+    ``stack`` closes), and the words for its paths' titles; or why it cannot be made here.
+    Nodes: ``ceil(width / hosts)`` on each host, each served by ``node serve`` from the host's
+    own copy of ``cluster.json``; metadata in a throwaway PostgreSQL server on the bridge; the
+    links paced at ``nic_gbps`` and ``rtt_ms`` (0: not paced). This process is the client,
+    in the root namespace."""
+    from bench import netns, postgres
+
+    reason = netns.unavailable()
+    bindir = postgres.bin_dir()
+    if reason or bindir is None:
+        return reason or "no PostgreSQL server here (apt-get install postgresql)"
+    step(f"making {hosts} hosts as network namespaces")
+    names = [f"h{i}" for i in range(hosts)]
+    net = stack.enter_context(netns.Hosts(names))
+    server = postgres.PostgresServer(bindir, listen=(net.gateway,), trust=(net.network,))
+    await asyncio.to_thread(server.start)
+    stack.callback(server.stop)
+    per_host = -(-width // hosts)
+    placed = [(h, 7100 + j) for h in names for j in range(per_host)]
+    template = work / "hosts" / "template"
+    Cluster.create(
+        template,
+        nodes=len(placed),
+        encoding="r1",
+        metadata=server.url,
+        node_addresses=tuple(f"{net.ip[h]}:{port}" for h, port in placed),
+        nic_gbps=nic_gbps,
+        rtt_ms=rtt_ms,
+    )
+    await asyncio.to_thread(_serve_on_hosts, net, placed, work / "hosts")
+    deadline = time.monotonic() + 60
+    for h, port in placed:
+        while not _listening(net.ip[h], port):
+            if time.monotonic() > deadline:
+                return f"the nodes on the namespaced hosts did not start ({work / 'hosts'})"
+            await asyncio.sleep(0.05)
+    cluster = await stack.enter_async_context(Cluster.open(template))
+    link = f", {nic_gbps:g} Gb/s, {rtt_ms:g} ms" if nic_gbps or rtt_ms else ""
+    return cluster, f", across {hosts} namespaced hosts x {per_host} nodes{link}"
+
+
+def _serve_on_hosts(net: Any, placed: list[tuple[str, int]], where: Path) -> None:
+    """Node k served on host ``placed[k][0]``, from that host's own copy of cluster.json
+    (``where/<host>/``); their output in ``where/nodes.log``."""
+    for h in {h for h, _ in placed}:
+        (where / h).mkdir()
+        shutil.copy(where / "template" / "cluster.json", where / h / "cluster.json")
+    with open(where / "nodes.log", "ab") as log:
+        for k, (h, _) in enumerate(placed):
+            cmd = [sys.executable, "-m", "tectonic_emu", "node", "serve"]
+            net.popen(h, [*cmd, "--cluster", str(where / h), "--node", str(k)],
+                      stdin=subprocess.DEVNULL, stdout=log, stderr=log)  # fmt: skip
+
+
+def _listening(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
 
 
 async def _peer_route(

@@ -379,6 +379,19 @@ def ckpt(
     help="Rank r reads rank (r + K)'s files (0: its own).",
 )
 @click.option("--workers", default=8, show_default=True, help="Threads for blocking paths.")
+@click.option(
+    "--hosts",
+    default=0,
+    show_default=True,
+    help="Also measure our client against a cluster across N hosts made as network namespaces "
+    "(paths hosts/<encoding>; needs root and PostgreSQL) (0: not).",
+)
+@click.option(
+    "--hosts-nic-gbps", default=0.0, show_default=True, help="Those hosts' emulated NICs, Gb/s."
+)
+@click.option(
+    "--hosts-rtt-ms", default=0.0, show_default=True, help="Those hosts' emulated round trip."
+)
 @dir_option("Where the cluster, mounts, local files and peers go.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema: docs/schemas/).")
 @plot_option
@@ -395,17 +408,22 @@ def checkpoint_cmd(
     runs: int,
     read_shift: int,
     workers: int,
+    hosts: int,
+    hosts_nic_gbps: float,
+    hosts_rtt_ms: float,
     directory: Path,
     as_json: bool,
     plot_dir: Path | None,
 ) -> None:
     """MLPerf Storage v2.0 checkpointing, through every path in one run: the raw disk, our
     client per encoding, the FUSE mount, torch.save and DCP locally, DCP through our plugin
-    and at the mount, and the peers named in --peers.
+    and at the mount, the peers named in --peers, and with --hosts our client against a
+    cluster across namespaced hosts.
 
     \b
     Example:
       tectonic-emu bench checkpoint --model llama3-8b --scale 0.01 --peers juicefs,glusterfs-r3
+      tectonic-emu bench checkpoint --paths native --hosts 3 --hosts-nic-gbps 10 --hosts-rtt-ms 1
     """
     from bench import checkpoint as mod
 
@@ -424,6 +442,9 @@ def checkpoint_cmd(
         runs=runs,
         read_shift=read_shift,
         workers=workers,
+        hosts=hosts,
+        hosts_nic_gbps=hosts_nic_gbps,
+        hosts_rtt_ms=hosts_rtt_ms,
         directory=directory,
     )
     emit(result, as_json, plot_dir, mod)

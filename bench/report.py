@@ -77,12 +77,13 @@ BENCHES: tuple[BenchRun, ...] = (
         "checkpoint",
         "checkpoint",
         "run_checkpoint_bench",
-        "tectonic-emu bench checkpoint --model llama3-8b --scale 0.01 --writes 2 "
+        "tectonic-emu bench checkpoint --model llama3-8b --scale 0.01 --writes 2 --hosts 3 "
         "--peers <every installed peer>",
-        {"model": "llama3-8b", "scale": 0.01, "writes": 2},
+        {"model": "llama3-8b", "scale": 0.01, "writes": 2, "hosts": 3},
         {"model": "llama3-8b", "scale": 0.00005, "writes": 1, "pause": 0.0},
         "MLPerf Storage v2.0 checkpointing (llama3-8b's files on 8 ranks, scaled) through every "
-        "path: duration of the slowest rank, throughput = bytes / that duration.",
+        "path, and our client against a cluster across 3 namespaced hosts (hosts/...): "
+        "duration of the slowest rank, throughput = bytes / that duration.",
         ("targets_table",),
     ),
     BenchRun(

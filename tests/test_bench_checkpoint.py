@@ -211,3 +211,29 @@ def test_peers_are_measured_at_the_same_redundancy(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
     mounts = Path("/proc/mounts").read_text()
     assert "juicefs" not in mounts and "glusterfs" not in mounts
+
+
+def test_our_client_across_namespaced_hosts(tmp_path: Path) -> None:
+    """``--hosts 2``: the native client against a cluster of two network-namespace hosts over
+    paced links, every byte read back checked, or the reason it cannot run here."""
+    from bench import netns, postgres
+
+    res = asyncio.run(
+        ck.run_checkpoint_bench(
+            model="llama3-8b", directory=tmp_path, scale=TINY, encodings=["r1", "r3"],
+            paths=["native"], writes=1, pause=0.0, hosts=2, hosts_nic_gbps=2, hosts_rtt_ms=2,
+        )
+    )  # fmt: skip
+    doc = res.to_dict()
+    jsonschema.validate(doc, ck.SCHEMA)
+    across = {p["key"]: p for p in doc["paths"] if p["key"].startswith("hosts/")}
+    assert set(across) == {"hosts/r1", "hosts/r3"}
+    why = netns.unavailable() or (None if postgres.bin_dir() else "no PostgreSQL")
+    for p in across.values():
+        if why is None:
+            assert p["available"], p["reason"]
+            assert "across 2 namespaced hosts x 2 nodes, 2 Gb/s, 2 ms" in p["title"]
+            assert p["write"]["throughput_gb_s"] > 0 and p["read"]["throughput_gb_s"] > 0
+        else:
+            assert not p["available"] and p["reason"] == why
+    assert list(tmp_path.iterdir()) == []
