@@ -356,6 +356,143 @@ def test_concurrent_increments_lose_no_update(store: KVStore) -> None:
     run(body())
 
 
+# -- durable backends: SQLite and PostgreSQL ----------------------------------------------
+class Durable:
+    """One durable store's place, opened as often as a test likes: a SQLite file, or a
+    PostgreSQL table."""
+
+    def __init__(self, kind: str, where: str, table: str = "") -> None:
+        self.kind, self.where, self.table = kind, where, table
+
+    def make(self, **kwargs: Any) -> KVStore:
+        if self.kind == "sqlite":
+            return SQLiteKV(self.where, **kwargs)
+        return PostgresKV(self.where, table=self.table, **kwargs)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def durable(request: pytest.FixtureRequest, tmp_path: Path) -> Durable:
+    if request.param == "sqlite":
+        return Durable("sqlite", str(tmp_path / "m.db"))
+    return Durable("postgres", request.getfixturevalue("postgres_url"), fresh_table())
+
+
+def test_two_stores_on_one_place_lose_no_update(durable: Durable) -> None:
+    """Two stores on one file or table (as two processes, or two hosts, would have)."""
+
+    async def body() -> None:
+        stores = [durable.make(synchronous="normal") for _ in range(2)]
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for s in stores:
+                    for _ in range(3):
+                        tg.create_task(increment(s, b"counter", 10))
+            for s in stores:
+                assert await s.get(b"counter") == b"60"
+        finally:
+            for s in stores:
+                await s.close()
+
+    run(body())
+
+
+_INCREMENTER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from tectonic_emu.metadata import PostgresKV, SQLiteKV
+
+    async def main(kind: str, where: str, table: str, times: int) -> None:
+        store = SQLiteKV(where) if kind == "sqlite" else PostgresKV(where, table=table)
+        try:
+            for _ in range(times):
+                async with store.transaction() as txn:
+                    value = int(await txn.get(b"counter") or b"0")
+                    await txn.put(b"counter", b"%d" % (value + 1))
+        finally:
+            await store.close()
+
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])))
+    """
+)
+
+
+def test_processes_share_a_store_without_lost_updates(durable: Durable) -> None:
+    argv = [sys.executable, "-c", _INCREMENTER, durable.kind, durable.where, durable.table]
+    procs = [subprocess.Popen([*argv, "50"]) for _ in range(4)]
+    assert [p.wait(timeout=120) for p in procs] == [0] * 4
+    store = durable.make()
+    assert run(store.get(b"counter")) == b"200"
+    run(store.close())
+
+
+def test_group_commit_shares_flushes(durable: Durable) -> None:
+    """Concurrent durable commits share flushes (an fsync of SQLite's WAL, a synchronous
+    commit in PostgreSQL), each returning once a flush that began after its commit is done.
+    A transaction with durable=False returns without one; ``sync`` then makes it durable; a
+    read-only transaction needs none; every commit is there after a reopen. Each flush is
+    made 20 ms slower, so that sharing does not hang on how fast this disk's fsync is."""
+    kv = durable.make()
+    log = kv._log  # type: ignore[attr-defined]
+    began: list[int] = []  # commits made when each flush began
+    real = log._flush
+
+    async def counting() -> None:
+        began.append(log.commits)
+        await asyncio.sleep(0.02)  # a slow disk: commits pile up behind each flush
+        await real()
+
+    log._flush = counting
+
+    async def one(k: int) -> None:
+        async with kv.transaction() as txn:
+            await txn.put(b"k%03d" % k, b"v")
+        assert began and max(began) >= 1 and log.synced >= 1
+
+    async def body() -> None:
+        await asyncio.gather(*(one(k) for k in range(40)))
+        assert 1 <= len(began) < 40 and log.synced == log.commits == 40
+        before = len(began)
+        async with kv.transaction(durable=False) as txn:
+            await txn.put(b"later", b"1")
+        assert len(began) == before and log.synced == 40
+        await kv.sync()
+        assert len(began) == before + 1 and log.synced == 41
+        await kv.sync()  # nothing new: no flush
+        assert len(began) == before + 1
+        async with kv.transaction() as txn:  # reads only: nothing to make durable
+            await txn.get(b"later")
+        assert len(began) == before + 1
+        await kv.close()
+
+    run(body())
+    again = durable.make()
+    assert len(run(again.scan(b""))) == 41
+    run(again.close())
+
+
+def test_a_busy_store_fails_with_ebusy_after_timeout(durable: Durable) -> None:
+    async def body() -> None:
+        holder = durable.make()
+        waiter = durable.make(busy_timeout=0.2)
+        try:
+            async with holder.transaction() as txn:
+                await txn.get(b"x")  # holds the write lock from here
+                with pytest.raises(OSError) as info:
+                    async with waiter.transaction() as other:
+                        await other.put(b"x", b"1")
+                assert info.value.errno == errno.EBUSY
+                await txn.put(b"x", b"holder")
+            assert await waiter.get(b"x") == b"holder"
+            async with waiter.transaction() as other:  # usable again
+                await other.put(b"y", b"1")
+            assert await holder.get(b"y") == b"1"
+        finally:
+            await holder.close()
+            await waiter.close()
+
+    run(body())
+
+
 # -- SQLite only -----------------------------------------------------------------------------
 def test_sqlite_persists_after_reopen(tmp_path: Path) -> None:
     path = tmp_path / "m.db"
@@ -405,25 +542,6 @@ def test_sqlite_reads_outside_transactions_do_not_wait_for_them(tmp_path: Path) 
     run(body())
 
 
-def test_sqlite_two_stores_on_one_file_lose_no_update(tmp_path: Path) -> None:
-    path = tmp_path / "m.db"
-
-    async def body() -> None:
-        stores = [SQLiteKV(path, synchronous="normal") for _ in range(2)]
-        try:
-            async with asyncio.TaskGroup() as tg:
-                for s in stores:
-                    for _ in range(3):
-                        tg.create_task(increment(s, b"counter", 10))
-            for s in stores:
-                assert await s.get(b"counter") == b"60"
-        finally:
-            for s in stores:
-                await s.close()
-
-    run(body())
-
-
 def test_sqlite_stores_start_together_on_a_new_file(tmp_path: Path) -> None:
     async def body(path: Path) -> None:
         stores = [SQLiteKV(path) for _ in range(2)]
@@ -439,81 +557,6 @@ def test_sqlite_stores_start_together_on_a_new_file(tmp_path: Path) -> None:
 
     for i in range(20):  # the race this guards against is hit in about 1 round in 7
         run(body(tmp_path / f"{i}.db"))
-
-
-_INCREMENTER = textwrap.dedent(
-    """
-    import asyncio, sys
-    from tectonic_emu.metadata import SQLiteKV
-
-    async def main(path: str, times: int) -> None:
-        store = SQLiteKV(path)
-        try:
-            for _ in range(times):
-                async with store.transaction() as txn:
-                    value = int(await txn.get(b"counter") or b"0")
-                    await txn.put(b"counter", b"%d" % (value + 1))
-        finally:
-            await store.close()
-
-    asyncio.run(main(sys.argv[1], int(sys.argv[2])))
-    """
-)
-
-
-def test_sqlite_processes_share_a_file_without_lost_updates(tmp_path: Path) -> None:
-    path = tmp_path / "m.db"
-    procs = [
-        subprocess.Popen([sys.executable, "-c", _INCREMENTER, str(path), "50"]) for _ in range(4)
-    ]
-    assert [p.wait(timeout=60) for p in procs] == [0] * 4
-    store = SQLiteKV(path)
-    assert run(store.get(b"counter")) == b"200"
-    run(store.close())
-
-
-def test_sqlite_group_commit_shares_fsyncs_of_the_log(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Concurrent durable commits share fsyncs of the WAL, each returning once an fsync that
-    began after its commit is done. A transaction with durable=False returns without one;
-    ``sync`` then makes it durable; every commit is there after a reopen."""
-    kv = SQLiteKV(tmp_path / "g.db")
-    began: list[int] = []  # commits made when each fsync began
-
-    real = SQLiteKV._sync_wal
-
-    def counting(self: SQLiteKV) -> None:
-        began.append(self._commits)
-        real(self)
-
-    monkeypatch.setattr(SQLiteKV, "_sync_wal", counting)
-
-    async def one(k: int) -> None:
-        async with kv.transaction() as txn:
-            await txn.put(b"k%03d" % k, b"v")
-        assert began and max(began) >= 1 and kv._synced >= 1
-
-    async def body() -> None:
-        await asyncio.gather(*(one(k) for k in range(40)))
-        assert 1 <= len(began) < 40 and kv._synced == kv._commits == 40
-        before = len(began)
-        async with kv.transaction(durable=False) as txn:
-            await txn.put(b"later", b"1")
-        assert len(began) == before and kv._synced == 40
-        await kv.sync()
-        assert len(began) == before + 1 and kv._synced == 41
-        await kv.sync()  # nothing new: no fsync
-        assert len(began) == before + 1
-        async with kv.transaction() as txn:  # reads only: nothing to make durable
-            await txn.get(b"later")
-        assert len(began) == before + 1
-        await kv.close()
-
-    run(body())
-    again = SQLiteKV(tmp_path / "g.db")
-    assert len(run(again.scan(b""))) == 41
-    run(again.close())
 
 
 def test_sqlite_a_failed_fsync_of_the_log_is_an_os_error(
@@ -552,28 +595,6 @@ def test_sqlite_not_a_database_is_an_os_error(tmp_path: Path) -> None:
         run(SQLiteKV.open(path))
     assert info.value.errno == errno.EIO
     assert str(path) in str(info.value)
-
-
-def test_sqlite_busy_file_fails_with_ebusy_after_timeout(tmp_path: Path) -> None:
-    path = tmp_path / "m.db"
-
-    async def body() -> None:
-        holder = SQLiteKV(path)
-        waiter = SQLiteKV(path, busy_timeout=0.2)
-        try:
-            async with holder.transaction() as txn:
-                await txn.get(b"x")  # holds the write lock from here
-                with pytest.raises(OSError) as info:
-                    async with waiter.transaction() as other:
-                        await other.put(b"x", b"1")
-                assert info.value.errno == errno.EBUSY
-                await txn.put(b"x", b"holder")
-            assert await waiter.get(b"x") == b"holder"
-        finally:
-            await holder.close()
-            await waiter.close()
-
-    run(body())
 
 
 def test_sqlite_failed_operation_poisons_transaction(tmp_path: Path) -> None:
@@ -759,124 +780,6 @@ def test_postgres_kv_machine(postgres_url: str) -> None:
 
 
 # -- PostgreSQL only -------------------------------------------------------------------------
-def test_postgres_two_stores_on_one_table_lose_no_update(postgres_url: str) -> None:
-    """Two stores (as on two client hosts) share one table: their transactions serialize."""
-    table = fresh_table()
-
-    async def body() -> None:
-        stores = [PostgresKV(postgres_url, table=table) for _ in range(2)]
-        try:
-            async with asyncio.TaskGroup() as tg:
-                for s in stores:
-                    for _ in range(3):
-                        tg.create_task(increment(s, b"counter", 10))
-            for s in stores:
-                assert await s.get(b"counter") == b"60"
-        finally:
-            for s in stores:
-                await s.close()
-
-    run(body())
-
-
-_PG_INCREMENTER = textwrap.dedent(
-    """
-    import asyncio, sys
-    from tectonic_emu.metadata import PostgresKV
-
-    async def main(url: str, table: str, times: int) -> None:
-        store = PostgresKV(url, table=table)
-        try:
-            for _ in range(times):
-                async with store.transaction() as txn:
-                    value = int(await txn.get(b"counter") or b"0")
-                    await txn.put(b"counter", b"%d" % (value + 1))
-        finally:
-            await store.close()
-
-    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
-    """
-)
-
-
-def test_postgres_processes_share_a_table_without_lost_updates(postgres_url: str) -> None:
-    table = fresh_table()
-    procs = [
-        subprocess.Popen([sys.executable, "-c", _PG_INCREMENTER, postgres_url, table, "40"])
-        for _ in range(4)
-    ]
-    assert [p.wait(timeout=120) for p in procs] == [0] * 4
-    store = PostgresKV(postgres_url, table=table)
-    assert run(store.get(b"counter")) == b"160"
-    run(store.close())
-
-
-def test_postgres_group_commit_shares_flushes(
-    postgres_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Concurrent durable commits share synchronous flushes, each returning once one that
-    began after its commit is done; durable=False returns without one and ``sync`` adds it;
-    a read-only transaction needs none."""
-    table = fresh_table()
-    kv = PostgresKV(postgres_url, table=table)
-    began: list[int] = []
-    real = PostgresKV._flush
-
-    async def counting(self: PostgresKV) -> None:
-        began.append(self._commits)
-        await real(self)
-
-    monkeypatch.setattr(PostgresKV, "_flush", counting)
-
-    async def one(k: int) -> None:
-        async with kv.transaction() as txn:
-            await txn.put(b"k%03d" % k, b"v")
-        assert began and kv._synced >= 1
-
-    async def body() -> None:
-        await asyncio.gather(*(one(k) for k in range(40)))
-        assert 1 <= len(began) < 40 and kv._synced == kv._commits == 40
-        before = len(began)
-        async with kv.transaction(durable=False) as txn:
-            await txn.put(b"later", b"1")
-        assert len(began) == before and kv._synced == 40
-        await kv.sync()
-        assert len(began) == before + 1 and kv._synced == 41
-        await kv.sync()
-        async with kv.transaction() as txn:
-            await txn.get(b"later")
-        assert len(began) == before + 1
-        await kv.close()
-
-    run(body())
-    again = PostgresKV(postgres_url, table=table)
-    assert len(run(again.scan(b""))) == 41
-    run(again.close())
-
-
-def test_postgres_busy_table_fails_with_ebusy_after_timeout(postgres_url: str) -> None:
-    table = fresh_table()
-
-    async def body() -> None:
-        holder = PostgresKV(postgres_url, table=table)
-        waiter = PostgresKV(postgres_url, table=table, busy_timeout=0.2)
-        try:
-            async with holder.transaction() as txn:
-                await txn.get(b"x")  # holds the lock from here
-                with pytest.raises(OSError) as info:
-                    async with waiter.transaction() as other:
-                        await other.put(b"x", b"1")
-                assert info.value.errno == errno.EBUSY
-                await txn.put(b"x", b"holder")
-            assert await waiter.get(b"x") == b"holder"
-            async with waiter.transaction() as other:  # usable again
-                await other.put(b"y", b"1")
-            assert await holder.get(b"y") == b"1"
-        finally:
-            await holder.close()
-            await waiter.close()
-
-    run(body())
 
 
 def test_postgres_bad_urls_and_arguments(postgres_url: str) -> None:

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import errno
 from types import TracebackType
-from typing import Any
 
 from tectonic_emu.errors import InvalidArgumentError
-from tectonic_emu.metadata.kv import KVStore, Transaction, prefix_end
+from tectonic_emu.metadata._common import SerialStore, check_limit
+from tectonic_emu.metadata.kv import Transaction, prefix_end
 
 
-class MemoryKV(KVStore):
+class MemoryKV(SerialStore):
     """An ordered key-value store in this process's memory, used from one event loop.
 
     Keys live in a sorted list beside a dict, so a scan costs O(log n + k). Transactions run
@@ -24,11 +23,9 @@ class MemoryKV(KVStore):
     """
 
     def __init__(self) -> None:
+        super().__init__()
         self._keys: list[bytes] = []  # sorted, always the keys of _data
         self._data: dict[bytes, bytes] = {}
-        self._lock = asyncio.Lock()
-        self._owner: asyncio.Task[Any] | None = None
-        self._closed = False
 
     def transaction(self, *, durable: bool = True) -> _MemoryTransaction:
         return _MemoryTransaction(self)  # nothing here is durable: nothing to wait for
@@ -57,31 +54,10 @@ class MemoryKV(KVStore):
             self._closed = True
 
     # -- internals shared with _MemoryTransaction --------------------------------------------
-    def _check_not_owner(self) -> asyncio.Task[Any] | None:
-        task = asyncio.current_task()
-        if task is not None and task is self._owner:
-            raise OSError(errno.EDEADLK, "this task already holds a transaction on this store")
-        return task
-
-    async def _acquire(self) -> None:
-        task = self._check_not_owner()
-        if self._closed:
-            raise OSError(errno.EBADF, "metadata store is closed")
-        await self._lock.acquire()
-        if self._closed:
-            self._lock.release()
-            raise OSError(errno.EBADF, "metadata store is closed")
-        self._owner = task
-
-    def _release(self) -> None:
-        self._owner = None
-        self._lock.release()
-
     def _scan(
         self, prefix: bytes, start: bytes | None, limit: int | None
     ) -> list[tuple[bytes, bytes]]:
-        if limit is not None and limit < 0:
-            raise InvalidArgumentError("scan limit must not be negative", str(limit))
+        check_limit(limit)
         keys = self._keys
         lo = bisect.bisect_left(keys, prefix if start is None or start < prefix else start)
         end = prefix_end(prefix)

@@ -32,17 +32,22 @@ import errno
 import hashlib
 import re
 from collections.abc import Awaitable, Callable
-from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 from tectonic_emu.config import redact
 from tectonic_emu.errors import InvalidArgumentError
-from tectonic_emu.metadata.kv import KVStore, Transaction, prefix_end
+from tectonic_emu.metadata._common import (
+    BufferedTransaction,
+    DurableStore,
+    GroupCommit,
+    Writes,
+    check_limit,
+)
+from tectonic_emu.metadata.kv import prefix_end
 
 Synchronous = Literal["full", "normal"]
 
 _T = TypeVar("_T")
-_Writes = dict[bytes, bytes | None]  # key -> new value, None for a delete
 
 _TABLE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 READERS = 4  # connections for reads outside transactions
@@ -68,7 +73,7 @@ def _lock_key(table: str) -> int:
     return int.from_bytes(hashlib.blake2b(table.encode(), digest_size=8).digest(), signed=True)
 
 
-class PostgresKV(KVStore):
+class PostgresKV(DurableStore):
     """An ordered key-value store in the table ``table`` of the PostgreSQL database at ``dsn``
     (``postgresql://user@host:port/db``; a password from ``PGPASSWORD`` or ``~/.pgpass``).
 
@@ -103,6 +108,7 @@ class PostgresKV(KVStore):
             )
         if not dsn.startswith(("postgresql://", "postgres://")):
             raise InvalidArgumentError("not a postgresql:// URL", redact(dsn))
+        super().__init__()
         self.dsn = dsn
         self._where = redact(dsn)  # errors name the database, never its password
         self.table = table
@@ -115,13 +121,8 @@ class PostgresKV(KVStore):
         self._sync_conn: Any = None  # group commit's flushes
         self._ready = False  # the table exists (made by whichever connection came first)
         self._loop: asyncio.AbstractEventLoop | None = None  # the connections' loop
-        self._lock = asyncio.Lock()
-        self._owner: asyncio.Task[Any] | None = None
-        self._closed = False
         self._group = synchronous == "full"
-        self._commits = 0
-        self._synced = 0
-        self._syncing: tuple[asyncio.Future[None], int] | None = None
+        self._log = GroupCommit(lambda: self._flush())
         self._sql = _Statements(table)
 
     @classmethod
@@ -145,8 +146,7 @@ class PostgresKV(KVStore):
 
     async def sync(self) -> None:
         self._bind_loop()
-        if self._group and self._synced < self._commits:
-            await self._durable(self._commits)
+        await super().sync()
 
     async def get(self, key: bytes) -> bytes | None:
         value = await self._read_only(lambda c: c.fetchval(self._sql.get, key))
@@ -155,7 +155,7 @@ class PostgresKV(KVStore):
     async def scan(
         self, prefix: bytes, *, start: bytes | None = None, limit: int | None = None
     ) -> list[tuple[bytes, bytes]]:
-        _check_limit(limit)
+        check_limit(limit)
         return await self._read_only(lambda c: self._sql.scan(c, prefix, start, limit))
 
     async def count(self) -> int:
@@ -171,8 +171,7 @@ class PostgresKV(KVStore):
             if self._closed:
                 return
             self._closed = True
-            if self._syncing is not None:
-                await asyncio.wait([self._syncing[0]])
+            await self._log.settle()
             for conn in (self._conn, self._sync_conn):
                 if conn is not None:
                     await _close_quietly(conn)
@@ -258,7 +257,7 @@ class PostgresKV(KVStore):
         self._bind_loop()
         self._check_not_owner()  # it would not see the caller's own transaction
         if self._closed:
-            raise OSError(errno.EBADF, "metadata store is closed", self._where)
+            raise self._closed_error()
         pool = await self._readers()
 
         async def pooled() -> _T:
@@ -312,49 +311,16 @@ class PostgresKV(KVStore):
                     conn.terminate()
             self._conn = self._sync_conn = None
             self._pool = None
-            self._syncing = None
+            self._log.forget()
             self._lock = asyncio.Lock()
             self._owner = None
         self._loop = loop
 
-    def _check_not_owner(self) -> asyncio.Task[Any] | None:
-        task = asyncio.current_task()
-        if task is not None and task is self._owner:
-            raise OSError(errno.EDEADLK, "this task already holds a transaction on this store")
-        return task
-
     async def _acquire(self) -> None:
         self._bind_loop()
-        task = self._check_not_owner()
-        if self._closed:
-            raise OSError(errno.EBADF, "metadata store is closed", self._where)
-        await self._lock.acquire()
-        if self._closed:
-            self._lock.release()
-            raise OSError(errno.EBADF, "metadata store is closed", self._where)
-        self._owner = task
-
-    def _release(self) -> None:
-        self._owner = None
-        self._lock.release()
+        await super()._acquire()
 
     # -- group commit ------------------------------------------------------------------------
-    async def _durable(self, seq: int) -> None:
-        """Return once commit number ``seq`` is on disk: wait for a synchronous commit that
-        began after it (starting one if none is in flight)."""
-        while self._synced < seq:
-            if self._syncing is None:
-                started: asyncio.Future[None] = asyncio.ensure_future(self._flush())
-                self._syncing = (started, self._commits)  # it covers every commit counted
-            flight, covers = self._syncing
-            try:
-                await asyncio.shield(flight)
-            finally:
-                if flight.done() and self._syncing is not None and self._syncing[0] is flight:
-                    self._syncing = None
-                    if not flight.cancelled() and flight.exception() is None:
-                        self._synced = max(self._synced, covers)
-
     async def _flush(self) -> None:
         """A transaction that commits synchronously: an xid, so a commit record to flush."""
         try:
@@ -400,7 +366,7 @@ class _Statements:
             f"SELECT pg_advisory_xact_lock({key})"
         )
 
-    async def apply(self, conn: Any, writes: _Writes) -> None:
+    async def apply(self, conn: Any, writes: Writes) -> None:
         puts = [(k, v) for k, v in writes.items() if v is not None]
         if puts:
             await conn.execute(self.upsert, [k for k, _ in puts], [v for _, v in puts])
@@ -419,55 +385,29 @@ class _Statements:
         return [(bytes(r[0]), bytes(r[1])) for r in rows]
 
 
-class _PostgresTransaction(Transaction):
+class _PostgresTransaction(BufferedTransaction):
     """Writes are kept here and sent with the next read or with the commit, so a transaction
     that only writes costs three round trips: begin and lock, the writes, the commit."""
 
+    _store: PostgresKV
+
     def __init__(self, store: PostgresKV, durable: bool = True) -> None:
-        self._store = store
-        self._durable = durable
-        self._writes: _Writes = {}
-        self._state = "new"  # -> "open" -> "done"; "broken" once a backend call failed
+        super().__init__(store, durable)
         self._begun = False  # BEGIN (and the lock) reached the server
-        self._wrote = False  # writes were sent with a read
         self._interrupted = False  # a call was cancelled or failed mid-flight
 
-    async def __aenter__(self) -> _PostgresTransaction:
-        if self._state != "new":
-            raise OSError(errno.EBADF, "a transaction object can be entered only once")
-        await self._store._acquire()
-        self._state = "open"
-        return self
+    @property
+    def _started(self) -> bool:
+        return self._begun
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        store = self._store
-        broken = self._state == "broken"
-        writes, self._writes = self._writes, {}
-        self._state = "done"
-        seq = 0
-        try:
-            if exc_type is None and not broken:
-                if writes or self._begun:
-                    await _settled(self._commit(writes))
-                    if writes or self._wrote:
-                        store._commits += 1
-                        seq = store._commits
-            elif self._begun:
-                if self._interrupted:
-                    await store._drop_connection()  # mid-call: the server rolls it back
-                else:
-                    await _settled(self._rollback())
-        finally:
-            store._release()
-        if broken and exc_type is None:
-            raise OSError(errno.EIO, "transaction rolled back: an operation in it failed")
-        if seq and store._group and self._durable:
-            await store._durable(seq)  # the lock is free meanwhile: others commit
+    async def _commit(self, writes: Writes) -> None:
+        await _settled(self._send_commit(writes))
+
+    async def _abandon(self) -> None:
+        if self._interrupted:
+            await self._store._drop_connection()  # mid-call: the server rolls it back
+        else:
+            await _settled(self._rollback())
 
     async def _begin(self) -> Any:
         store = self._store
@@ -478,7 +418,7 @@ class _PostgresTransaction(Transaction):
             await conn.execute(sql)
         return conn
 
-    async def _commit(self, writes: _Writes) -> None:
+    async def _send_commit(self, writes: Writes) -> None:
         store = self._store
         try:
             conn = await self._begin()
@@ -498,14 +438,9 @@ class _PostgresTransaction(Transaction):
             await self._store._drop_connection()
             raise
 
-    def _check_open(self) -> None:
-        if self._state != "open":
-            raise OSError(errno.EBADF, f"transaction is {self._state}, not open")
-
     async def _read(self, job: Callable[[Any], Awaitable[_T]]) -> _T:
         store = self._store
-        writes, self._writes = self._writes, {}
-        self._wrote = self._wrote or bool(writes)
+        writes = self._take_writes()
 
         async def work() -> _T:
             conn = await self._begin()
@@ -521,10 +456,7 @@ class _PostgresTransaction(Transaction):
             self._interrupted = True
             raise
 
-    async def get(self, key: bytes) -> bytes | None:
-        self._check_open()
-        if key in self._writes:
-            return self._writes[key]
+    async def _fetch(self, key: bytes) -> bytes | None:
         value = await self._read(lambda c: c.fetchval(self._store._sql.get, key))
         return None if value is None else bytes(value)
 
@@ -532,20 +464,8 @@ class _PostgresTransaction(Transaction):
         self, prefix: bytes, *, start: bytes | None = None, limit: int | None = None
     ) -> list[tuple[bytes, bytes]]:
         self._check_open()
-        _check_limit(limit)
+        check_limit(limit)
         return await self._read(lambda c: self._store._sql.scan(c, prefix, start, limit))
-
-    async def put(self, key: bytes, value: bytes) -> None:
-        self._check_open()
-        if not isinstance(key, bytes) or not isinstance(value, bytes):
-            raise InvalidArgumentError(
-                f"keys and values are bytes, got {type(key).__name__} and {type(value).__name__}"
-            )
-        self._writes[key] = value
-
-    async def delete(self, key: bytes) -> None:
-        self._check_open()
-        self._writes[key] = None
 
 
 async def _settled(coro: Awaitable[None]) -> None:
@@ -566,11 +486,6 @@ async def _close_quietly(conn: Any) -> None:
         await asyncio.wait_for(conn.close(), 5)
     except (TimeoutError, Exception):
         conn.terminate()
-
-
-def _check_limit(limit: int | None) -> None:
-    if limit is not None and limit < 0:
-        raise InvalidArgumentError("scan limit must not be negative", str(limit))
 
 
 __all__ = ["PostgresKV"]

@@ -30,16 +30,21 @@ import sqlite3
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from types import TracebackType
-from typing import Any, Literal, TypeVar, cast
+from typing import Literal, TypeVar, cast
 
 from tectonic_emu.errors import InvalidArgumentError
-from tectonic_emu.metadata.kv import KVStore, Transaction, prefix_end
+from tectonic_emu.metadata._common import (
+    BufferedTransaction,
+    DurableStore,
+    GroupCommit,
+    Writes,
+    check_limit,
+)
+from tectonic_emu.metadata.kv import prefix_end
 
 Synchronous = Literal["full", "normal", "off"]
 
 _T = TypeVar("_T")
-_Writes = dict[bytes, bytes | None]  # key -> new value, None for a delete
 
 _SCHEMA = "CREATE TABLE IF NOT EXISTS kv(k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID"
 
@@ -56,7 +61,7 @@ _ERRNO = {
 }
 
 
-class SQLiteKV(KVStore):
+class SQLiteKV(DurableStore):
     """An ordered key-value store in one SQLite file (WAL mode), shareable between processes.
 
     Transactions start with ``BEGIN IMMEDIATE``: they hold the file's write lock from their
@@ -85,7 +90,9 @@ class SQLiteKV(KVStore):
     ) -> None:
         if synchronous not in ("full", "normal", "off"):
             raise InvalidArgumentError("synchronous must be 'full', 'normal' or 'off'", synchronous)
+        super().__init__()
         self.path = os.fspath(path)
+        self._where = self.path
         self.synchronous: Synchronous = synchronous
         self.busy_timeout = busy_timeout
         # Transactions' sqlite3 calls happen on this one thread; _db is touched only there.
@@ -94,16 +101,13 @@ class SQLiteKV(KVStore):
         # Reads outside transactions: their own connection, touched only on this thread.
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlitekv-read")
         self._read_db: sqlite3.Connection | None = None
-        self._lock = asyncio.Lock()
-        self._owner: asyncio.Task[Any] | None = None
-        self._closed = False
-        # Group commit: commits counted on the loop, and how many of them an fsync of the WAL
-        # has covered; the fsync in flight, on its own thread.
+        # Group commit: commits counted on the loop; one fsync of the WAL at a time, on a
+        # thread of its own, covers every commit before it.
         self._group = synchronous == "full"
-        self._commits = 0
-        self._synced = 0
-        self._syncing: tuple[asyncio.Future[None], int] | None = None
         self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlitekv-sync")
+        self._log = GroupCommit(
+            lambda: asyncio.get_running_loop().run_in_executor(self._syncer, self._sync_wal)
+        )
 
     @classmethod
     async def open(
@@ -125,10 +129,6 @@ class SQLiteKV(KVStore):
     def transaction(self, *, durable: bool = True) -> _SQLiteTransaction:
         return _SQLiteTransaction(self, durable)
 
-    async def sync(self) -> None:
-        if self._group and self._synced < self._commits:
-            await self._durable(self._commits)
-
     async def get(self, key: bytes) -> bytes | None:
         # Autocommit read on the reader: sees committed data only; no lock, no wait for the
         # transactions (WAL readers do not block on the writer).
@@ -137,13 +137,13 @@ class SQLiteKV(KVStore):
     async def scan(
         self, prefix: bytes, *, start: bytes | None = None, limit: int | None = None
     ) -> list[tuple[bytes, bytes]]:
-        _check_limit(limit)
+        check_limit(limit)
         return await self._read_only(lambda db: _scan(db, prefix, start, limit))
 
     async def _read_only(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
         self._check_not_owner()  # it would not see the caller's own transaction
         if self._closed:
-            raise OSError(errno.EBADF, "metadata store is closed", self.path)
+            raise self._closed_error()
         return await asyncio.get_running_loop().run_in_executor(
             self._reader, self._in_worker, job, True
         )
@@ -158,8 +158,7 @@ class SQLiteKV(KVStore):
             self._closed = True
             loop = asyncio.get_running_loop()
             try:
-                if self._syncing is not None:
-                    await asyncio.wait([self._syncing[0]])
+                await self._log.settle()
                 await loop.run_in_executor(self._executor, self._close_in_worker, False)
                 await loop.run_in_executor(self._reader, self._close_in_worker, True)
             finally:
@@ -168,26 +167,6 @@ class SQLiteKV(KVStore):
                 self._syncer.shutdown(wait=False)
 
     # -- event-loop side ---------------------------------------------------------------------
-    def _check_not_owner(self) -> asyncio.Task[Any] | None:
-        task = asyncio.current_task()
-        if task is not None and task is self._owner:
-            raise OSError(errno.EDEADLK, "this task already holds a transaction on this store")
-        return task
-
-    async def _acquire(self) -> None:
-        task = self._check_not_owner()
-        if self._closed:
-            raise OSError(errno.EBADF, "metadata store is closed", self.path)
-        await self._lock.acquire()
-        if self._closed:
-            self._lock.release()
-            raise OSError(errno.EBADF, "metadata store is closed", self.path)
-        self._owner = task
-
-    def _release(self) -> None:
-        self._owner = None
-        self._lock.release()
-
     async def _run(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run ``job`` on the worker thread. If the caller is cancelled, a job that already
         started still runs to its end; one still queued is dropped."""
@@ -206,22 +185,6 @@ class SQLiteKV(KVStore):
             if not fut.cancelled():
                 fut.exception()  # reported by the failed transaction's caller, not the loop
             raise
-
-    async def _durable(self, seq: int) -> None:
-        """Return once commit number ``seq`` is on disk: wait for an fsync of the WAL that
-        began after it (starting one if none is in flight). Raises OSError if it fails."""
-        while self._synced < seq:
-            if self._syncing is None:
-                flight = asyncio.get_running_loop().run_in_executor(self._syncer, self._sync_wal)
-                self._syncing = (flight, self._commits)  # it covers every commit counted
-            flight, covers = self._syncing
-            try:
-                await asyncio.shield(flight)
-            finally:
-                if flight.done() and self._syncing is not None and self._syncing[0] is flight:
-                    self._syncing = None
-                    if not flight.cancelled() and flight.exception() is None:
-                        self._synced = max(self._synced, covers)
 
     # -- worker-thread side ------------------------------------------------------------------
     def _sync_wal(self) -> None:
@@ -294,7 +257,7 @@ class SQLiteKV(KVStore):
         except sqlite3.Error as exc:
             raise self._os_error(exc) from exc
 
-    def _commit_in_worker(self, writes: _Writes) -> None:
+    def _commit_in_worker(self, writes: Writes) -> None:
         try:
             db = self._db
             if writes:
@@ -342,56 +305,26 @@ class SQLiteKV(KVStore):
         return OSError(err, message, self.path)
 
 
-class _SQLiteTransaction(Transaction):
+class _SQLiteTransaction(BufferedTransaction):
+    _store: SQLiteKV
+
     def __init__(self, store: SQLiteKV, durable: bool = True) -> None:
-        self._store = store
-        self._durable = durable  # wait for the commit's fsync (else: KVStore.sync)
-        self._writes: _Writes = {}  # not yet sent to the worker
-        self._state = "new"  # -> "open" -> "done"; "broken" once a backend call failed
+        super().__init__(store, durable)
         self._sent = False  # a job of this transaction reached the worker's queue
-        self._wrote = False  # writes were sent with a read (so the commit has some)
 
-    async def __aenter__(self) -> _SQLiteTransaction:
-        if self._state != "new":
-            raise OSError(errno.EBADF, "a transaction object can be entered only once")
-        await self._store._acquire()
-        self._state = "open"
-        return self
+    @property
+    def _started(self) -> bool:
+        return self._sent
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def _commit(self, writes: Writes) -> None:
         store = self._store
-        broken = self._state == "broken"
-        writes, self._writes = self._writes, {}
-        self._state = "done"
-        seq = 0  # this commit's number, when it wrote and must be made durable
-        try:
-            if exc_type is None and not broken:
-                if writes or self._sent:
-                    await store._finish(lambda: store._commit_in_worker(writes))
-                    if writes or self._wrote:
-                        store._commits += 1
-                        seq = store._commits
-            elif self._sent:
-                await store._finish(store._rollback_in_worker)
-        finally:
-            store._release()
-        if broken and exc_type is None:
-            raise OSError(errno.EIO, "transaction rolled back: an operation in it failed")
-        if seq and store._group and self._durable:
-            await store._durable(seq)  # the store is free meanwhile: others commit
+        await store._finish(lambda: store._commit_in_worker(writes))
 
-    def _check_open(self) -> None:
-        if self._state != "open":
-            raise OSError(errno.EBADF, f"transaction is {self._state}, not open")
+    async def _abandon(self) -> None:
+        await self._store._finish(self._store._rollback_in_worker)
 
     async def _read(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
-        writes, self._writes = self._writes, {}
-        self._wrote = self._wrote or bool(writes)
+        writes = self._take_writes()
 
         def work(db: sqlite3.Connection) -> _T:
             _begin(db)
@@ -407,30 +340,15 @@ class _SQLiteTransaction(Transaction):
             self._state = "broken"
             raise
 
-    async def get(self, key: bytes) -> bytes | None:
-        self._check_open()
-        if key in self._writes:
-            return self._writes[key]
+    async def _fetch(self, key: bytes) -> bytes | None:
         return await self._read(lambda db: _select(db, key))
 
     async def scan(
         self, prefix: bytes, *, start: bytes | None = None, limit: int | None = None
     ) -> list[tuple[bytes, bytes]]:
         self._check_open()
-        _check_limit(limit)
+        check_limit(limit)
         return await self._read(lambda db: _scan(db, prefix, start, limit))
-
-    async def put(self, key: bytes, value: bytes) -> None:
-        self._check_open()
-        if not isinstance(key, bytes) or not isinstance(value, bytes):
-            raise InvalidArgumentError(
-                f"keys and values are bytes, got {type(key).__name__} and {type(value).__name__}"
-            )
-        self._writes[key] = value
-
-    async def delete(self, key: bytes) -> None:
-        self._check_open()
-        self._writes[key] = None
 
 
 # -- statements (worker thread) --------------------------------------------------------------
@@ -439,7 +357,7 @@ def _begin(db: sqlite3.Connection) -> None:
         db.execute("BEGIN IMMEDIATE")
 
 
-def _apply(db: sqlite3.Connection, writes: _Writes) -> None:
+def _apply(db: sqlite3.Connection, writes: Writes) -> None:
     puts = [(k, v) for k, v in writes.items() if v is not None]
     if puts:
         db.executemany("INSERT OR REPLACE INTO kv(k, v) VALUES (?, ?)", puts)
@@ -466,11 +384,6 @@ def _scan(
             "SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k LIMIT ?", (low, end, n)
         )
     return cast(list[tuple[bytes, bytes]], cur.fetchall())
-
-
-def _check_limit(limit: int | None) -> None:
-    if limit is not None and limit < 0:
-        raise InvalidArgumentError("scan limit must not be negative", str(limit))
 
 
 __all__ = ["SQLiteKV"]

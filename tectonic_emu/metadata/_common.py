@@ -1,0 +1,235 @@
+"""What the metadata backends share: transactions one at a time on the event loop, writes
+kept in the transaction until they must go, and group commit.
+
+- ``SerialStore``: one transaction at a time per store object (an ``asyncio.Lock`` held for
+  the whole block). A task that holds a transaction and starts another one, or calls ``get``
+  or ``scan``, gets ``OSError(EDEADLK)`` at once instead of waiting for itself. A closed
+  store answers ``OSError(EBADF)``.
+- ``BufferedTransaction``: puts and deletes stay in the transaction object until its next
+  read or its commit, so a block that only writes costs the backend one round trip. Gets see
+  the transaction's own writes. A transaction is entered once, and once a backend call fails
+  it is "broken": nothing more of it may commit.
+- ``DurableStore`` and ``GroupCommit``: commits counted in order, and one flush at a time
+  that makes durable every commit counted before it began. A durable commit waits for a
+  flush that began after it, starting one if none runs, so concurrent commits share
+  flushes.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import errno
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, Self
+
+from tectonic_emu.errors import InvalidArgumentError
+from tectonic_emu.metadata.kv import KVStore, Transaction
+
+Writes = dict[bytes, bytes | None]  # key -> new value, None for a delete
+
+
+class SerialStore(KVStore):
+    """A store whose transactions run one at a time on the event loop (module docstring).
+    ``_where`` names the store in its errors (a path, a redacted URL)."""
+
+    _where: str | None = None
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+        self._owner: asyncio.Task[Any] | None = None
+        self._closed = False
+
+    def _closed_error(self) -> OSError:
+        return OSError(errno.EBADF, "metadata store is closed", self._where)
+
+    def _check_not_owner(self) -> asyncio.Task[Any] | None:
+        task = asyncio.current_task()
+        if task is not None and task is self._owner:
+            raise OSError(errno.EDEADLK, "this task already holds a transaction on this store")
+        return task
+
+    async def _acquire(self) -> None:
+        task = self._check_not_owner()
+        if self._closed:
+            raise self._closed_error()
+        await self._lock.acquire()
+        if self._closed:
+            self._lock.release()
+            raise self._closed_error()
+        self._owner = task
+
+    def _release(self) -> None:
+        self._owner = None
+        self._lock.release()
+
+
+class DurableStore(SerialStore):
+    """A ``SerialStore`` whose commits may wait for a flush: ``_log`` counts them and shares
+    flushes (``GroupCommit``) when ``_group`` is set."""
+
+    _log: GroupCommit
+    _group: bool
+
+    async def sync(self) -> None:
+        if self._group:
+            await self._log.sync()
+
+
+class BufferedTransaction(Transaction):
+    """Writes kept until the next read or the commit (module docstring). A backend
+    implements ``_fetch`` (a get that misses the kept writes), ``scan``, ``_started`` (the
+    backend holds part of this transaction), ``_commit(writes)`` and ``_abandon()`` (roll
+    back what the backend holds), taking the kept writes with ``_take_writes`` whenever it
+    sends them with a read. The exit commits, or rolls back, then releases the store, then
+    (a durable transaction that wrote) waits for its commit to be flushed: the store is free
+    meanwhile, so that others commit into the same flush."""
+
+    _store: DurableStore
+
+    def __init__(self, store: DurableStore, durable: bool = True) -> None:
+        self._store = store
+        self._durable = durable  # wait for the commit to be durable (else: KVStore.sync)
+        self._writes: Writes = {}  # not yet sent to the backend
+        self._state = "new"  # -> "open" -> "done"; "broken" once a backend call failed
+        self._wrote = False  # writes were sent with a read (so the commit has some)
+
+    async def __aenter__(self) -> Self:
+        if self._state != "new":
+            raise OSError(errno.EBADF, "a transaction object can be entered only once")
+        await self._store._acquire()
+        self._state = "open"
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        store = self._store
+        broken = self._state == "broken"
+        writes, self._writes = self._writes, {}
+        self._state = "done"
+        seq = 0  # this commit's number, when it wrote and must be made durable
+        try:
+            if exc_type is None and not broken:
+                if writes or self._started:
+                    await self._commit(writes)
+                    if writes or self._wrote:
+                        seq = store._log.count()
+            elif self._started:
+                await self._abandon()
+        finally:
+            store._release()
+        if broken and exc_type is None:
+            raise OSError(errno.EIO, "transaction rolled back: an operation in it failed")
+        if seq and store._group and self._durable:
+            await store._log.durable(seq)
+
+    @property
+    @abc.abstractmethod
+    def _started(self) -> bool:
+        """Whether the backend holds part of this transaction (a read went out)."""
+
+    @abc.abstractmethod
+    async def _commit(self, writes: Writes) -> None:
+        """Send ``writes`` and commit; settled even if the caller is cancelled."""
+
+    @abc.abstractmethod
+    async def _abandon(self) -> None:
+        """Roll back what the backend holds; settled even if the caller is cancelled."""
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise OSError(errno.EBADF, f"transaction is {self._state}, not open")
+
+    def _take_writes(self) -> Writes:
+        """The kept writes, now on their way to the backend with a read."""
+        writes, self._writes = self._writes, {}
+        self._wrote = self._wrote or bool(writes)
+        return writes
+
+    async def get(self, key: bytes) -> bytes | None:
+        self._check_open()
+        if key in self._writes:
+            return self._writes[key]
+        return await self._fetch(key)
+
+    @abc.abstractmethod
+    async def _fetch(self, key: bytes) -> bytes | None:
+        """The value at ``key`` in the backend, after sending the kept writes."""
+
+    async def put(self, key: bytes, value: bytes) -> None:
+        self._check_open()
+        if not isinstance(key, bytes) or not isinstance(value, bytes):
+            raise InvalidArgumentError(
+                f"keys and values are bytes, got {type(key).__name__} and {type(value).__name__}"
+            )
+        self._writes[key] = value
+
+    async def delete(self, key: bytes) -> None:
+        self._check_open()
+        self._writes[key] = None
+
+
+class GroupCommit:
+    """Commit numbers and shared flushes (module docstring). ``flush()`` makes every commit
+    made before it was called durable, or raises OSError."""
+
+    def __init__(self, flush: Callable[[], Awaitable[None]]) -> None:
+        self._flush = flush
+        self.commits = 0  # commits counted so far
+        self.synced = 0  # commits a finished flush has covered
+        self._flight: tuple[asyncio.Future[None], int] | None = None
+
+    def count(self) -> int:
+        """Count one more commit; its number."""
+        self.commits += 1
+        return self.commits
+
+    async def durable(self, seq: int) -> None:
+        """Return once commit ``seq`` is durable. Raises the flush's OSError; the next
+        call starts another flush."""
+        while self.synced < seq:
+            if self._flight is None:
+                started: asyncio.Future[None] = asyncio.ensure_future(self._flush())
+                self._flight = (started, self.commits)  # it covers every commit counted
+            flight, covers = self._flight
+            try:
+                await asyncio.shield(flight)
+            finally:
+                if flight.done() and self._flight is not None and self._flight[0] is flight:
+                    self._flight = None
+                    if not flight.cancelled() and flight.exception() is None:
+                        self.synced = max(self.synced, covers)
+
+    async def sync(self) -> None:
+        """Return once every commit counted so far is durable."""
+        if self.synced < self.commits:
+            await self.durable(self.commits)
+
+    async def settle(self) -> None:
+        """Wait for the flush in flight, if any, to end (its outcome is its waiters')."""
+        if self._flight is not None:
+            await asyncio.wait([self._flight[0]])
+
+    def forget(self) -> None:
+        """Drop the flush in flight (its event loop is gone)."""
+        self._flight = None
+
+
+def check_limit(limit: int | None) -> None:
+    if limit is not None and limit < 0:
+        raise InvalidArgumentError("scan limit must not be negative", str(limit))
+
+
+__all__ = [
+    "BufferedTransaction",
+    "DurableStore",
+    "GroupCommit",
+    "SerialStore",
+    "Writes",
+    "check_limit",
+]
