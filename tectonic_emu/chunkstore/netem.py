@@ -33,6 +33,7 @@ import asyncio
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 SEGMENT = 1448  # bytes of payload in one TCP segment on a 1,500-byte MTU
@@ -154,4 +155,30 @@ class Pacer:
         return cost
 
 
-__all__ = ["Bucket", "Line", "LinkModel", "Pacer", "hold"]
+class ReadGate:
+    """Holds a connection's reading while its host's ingress bucket is dry. ``may_resume()``
+    says whether the connection has no reason of its own to stay paused (backpressure)."""
+
+    def __init__(self, pacer: Pacer | None, may_resume: Callable[[], bool]) -> None:
+        self.pacer = pacer
+        self.may_resume = may_resume
+        self.held = False
+
+    def received(self, nbytes: int, transport: asyncio.Transport | None) -> None:
+        """``nbytes`` came in on ``transport``: pause its reading as long as the NIC says."""
+        if self.pacer is None or transport is None:
+            return
+        wait = self.pacer.received(nbytes)
+        if wait <= 0 or self.held:
+            return
+        self.held = True
+        transport.pause_reading()
+        asyncio.get_running_loop().call_later(wait, self._release, transport)
+
+    def _release(self, transport: asyncio.Transport) -> None:
+        self.held = False
+        if self.may_resume() and not transport.is_closing():
+            transport.resume_reading()
+
+
+__all__ = ["Bucket", "Line", "LinkModel", "Pacer", "ReadGate", "hold"]

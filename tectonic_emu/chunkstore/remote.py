@@ -31,7 +31,7 @@ from tectonic_emu.chunkstore.base import (
     StorageNode,
     check_chunk_id,
 )
-from tectonic_emu.chunkstore.netem import Pacer, hold
+from tectonic_emu.chunkstore.netem import Pacer, ReadGate, hold
 from tectonic_emu.chunkstore.wire import HEADER_SIZE, FrameError, Header, Op
 from tectonic_emu.coding import crc32c
 from tectonic_emu.errors import ChunkCorruptError, InvalidArgumentError, NodeUnavailableError
@@ -91,7 +91,7 @@ class _ClientConnection(asyncio.BufferedProtocol):
     def __init__(self, name: str, pacer: Pacer | None = None) -> None:
         self.name = name
         self.pacer = pacer  # this host's emulated NIC (netem.py), shared by its connections
-        self._held = False
+        self._gate = ReadGate(pacer, lambda: not self.closed)
         self.pending: dict[int, _Call] = {}
         self.closed = False
         self.transport: asyncio.Transport | None = None
@@ -159,25 +159,11 @@ class _ClientConnection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._got += nbytes
-        if self.pacer is not None:
-            self._hold(self.pacer.received(nbytes))
+        self._gate.received(nbytes, self.transport)
         try:
             self._advance()
         except FrameError as e:
             self.abort(f"bad reply frame: {e}")
-
-    def _hold(self, wait: float) -> None:
-        """Stop reading for ``wait`` seconds (the emulated NIC's ingress is dry)."""
-        if wait <= 0 or self._held or self.transport is None or self.closed:
-            return
-        self._held = True
-        self.transport.pause_reading()
-        asyncio.get_running_loop().call_later(wait, self._unhold)
-
-    def _unhold(self) -> None:
-        self._held = False
-        if self.transport is not None and not self.closed:
-            self.transport.resume_reading()
 
     def _advance(self) -> None:
         if self._state == _HEAD and self._got == HEADER_SIZE:

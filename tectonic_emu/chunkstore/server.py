@@ -30,7 +30,7 @@ from typing import Any
 from tectonic_emu.chunkstore import wire
 from tectonic_emu.chunkstore._local import LocalNode
 from tectonic_emu.chunkstore.base import BytesLike
-from tectonic_emu.chunkstore.netem import LinkModel, Pacer
+from tectonic_emu.chunkstore.netem import LinkModel, Pacer, ReadGate
 from tectonic_emu.chunkstore.wire import HEADER_SIZE, MAX_META, FrameError, Header, Op
 from tectonic_emu.coding import crc32c
 from tectonic_emu.errors import ChunkCorruptError, InvalidArgumentError, NoSpaceError
@@ -239,7 +239,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._meta = b""
         self._payload: mmap.mmap | None = None
         self._paused = False  # backpressure: no buffer, or too many requests running
-        self._held = False  # the emulated NIC's ingress is dry (netem.py)
+        # Reading held while the emulated NIC's ingress is dry (netem.py).
+        self._gate = ReadGate(server.pacer, lambda: not self._paused and not self.closed)
         self.writer = wire.FrameWriter()
 
     # -- asyncio callbacks -------------------------------------------------------------------
@@ -273,26 +274,12 @@ class _Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._got += nbytes
-        if self.server.pacer is not None:
-            self._hold(self.server.pacer.received(nbytes))
+        self._gate.received(nbytes, self._transport)
         try:
             self._advance()
         except FrameError as e:
             log.warning("node %d: closing a connection: %s", self.server.node.node_id, e)
             self.abort()
-
-    def _hold(self, wait: float) -> None:
-        """Stop reading for ``wait`` seconds (the emulated NIC's ingress is dry)."""
-        if wait <= 0 or self._held or self._transport is None or self.closed:
-            return
-        self._held = True
-        self._transport.pause_reading()
-        asyncio.get_running_loop().call_later(wait, self._unhold)
-
-    def _unhold(self) -> None:
-        self._held = False
-        if not self._paused and self._transport is not None and not self.closed:
-            self._transport.resume_reading()
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
@@ -355,7 +342,7 @@ class _Connection(asyncio.BufferedProtocol):
     def _resume(self) -> None:
         if self._paused and self._transport is not None and not self.closed:
             self._paused = False
-            if not self._held:
+            if not self._gate.held:
                 self._transport.resume_reading()
 
     def abort(self) -> None:
@@ -424,7 +411,7 @@ class _Connection(asyncio.BufferedProtocol):
                         self._transport, head, payload.fd, payload.offset, payload.count
                     )
                 finally:
-                    if (self._paused or self._held) and not self.closed:  # sendfile resumed it
+                    if (self._paused or self._gate.held) and not self.closed:  # sendfile resumed it
                         self._transport.pause_reading()
             else:
                 body = memoryview(payload)
