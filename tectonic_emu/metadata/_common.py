@@ -77,7 +77,26 @@ class DurableStore(SerialStore):
             await self._log.sync()
 
 
-class BufferedTransaction(Transaction):
+class OnceTransaction(Transaction):
+    """A transaction object entered at most once, that holds its store's lock while open."""
+
+    def __init__(self, store: SerialStore) -> None:
+        self._store = store
+        self._state = "new"  # -> "open" -> "done" (backends may add states)
+
+    async def __aenter__(self) -> Self:
+        if self._state != "new":
+            raise OSError(errno.EBADF, "a transaction object can be entered only once")
+        await self._store._acquire()
+        self._state = "open"
+        return self
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise OSError(errno.EBADF, f"transaction is {self._state}, not open")
+
+
+class BufferedTransaction(OnceTransaction):
     """Writes kept until the next read or the commit (module docstring). A backend
     implements ``_fetch`` (a get that misses the kept writes), ``scan``, ``_started`` (the
     backend holds part of this transaction), ``_commit(writes)`` and ``_abandon()`` (roll
@@ -89,18 +108,11 @@ class BufferedTransaction(Transaction):
     _store: DurableStore
 
     def __init__(self, store: DurableStore, durable: bool = True) -> None:
-        self._store = store
+        super().__init__(store)
         self._durable = durable  # wait for the commit to be durable (else: KVStore.sync)
         self._writes: Writes = {}  # not yet sent to the backend
-        self._state = "new"  # -> "open" -> "done"; "broken" once a backend call failed
+        # States as OnceTransaction's, and "broken" once a backend call failed.
         self._wrote = False  # writes were sent with a read (so the commit has some)
-
-    async def __aenter__(self) -> Self:
-        if self._state != "new":
-            raise OSError(errno.EBADF, "a transaction object can be entered only once")
-        await self._store._acquire()
-        self._state = "open"
-        return self
 
     async def __aexit__(
         self,
@@ -140,10 +152,6 @@ class BufferedTransaction(Transaction):
     @abc.abstractmethod
     async def _abandon(self) -> None:
         """Roll back what the backend holds; settled even if the caller is cancelled."""
-
-    def _check_open(self) -> None:
-        if self._state != "open":
-            raise OSError(errno.EBADF, f"transaction is {self._state}, not open")
 
     def _take_writes(self) -> Writes:
         """The kept writes, now on their way to the backend with a read."""
@@ -220,6 +228,19 @@ class GroupCommit:
         self._flight = None
 
 
+async def settled(work: Awaitable[None]) -> None:
+    """Await ``work`` (a commit or a rollback) to its end even if the caller is cancelled
+    meanwhile: the cancellation goes on once the outcome is settled."""
+    fut = asyncio.ensure_future(work)
+    try:
+        await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        await asyncio.wait([fut])
+        if not fut.cancelled():
+            fut.exception()  # reported by the failed transaction's caller, not the loop
+        raise
+
+
 def check_limit(limit: int | None) -> None:
     if limit is not None and limit < 0:
         raise InvalidArgumentError("scan limit must not be negative", str(limit))
@@ -229,7 +250,9 @@ __all__ = [
     "BufferedTransaction",
     "DurableStore",
     "GroupCommit",
+    "OnceTransaction",
     "SerialStore",
     "Writes",
     "check_limit",
+    "settled",
 ]

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import bisect
-import errno
 from types import TracebackType
 
 from tectonic_emu.errors import InvalidArgumentError
-from tectonic_emu.metadata._common import SerialStore, check_limit
-from tectonic_emu.metadata.kv import Transaction, prefix_end
+from tectonic_emu.metadata._common import OnceTransaction, SerialStore, check_limit
+from tectonic_emu.metadata.kv import prefix_end
 
 
 class MemoryKV(SerialStore):
@@ -80,18 +79,12 @@ class MemoryKV(SerialStore):
         return old
 
 
-class _MemoryTransaction(Transaction):
-    def __init__(self, store: MemoryKV) -> None:
-        self._store = store
-        self._undo: dict[bytes, bytes | None] = {}  # each written key's value before this txn
-        self._state = "new"  # -> "open" -> "done"
+class _MemoryTransaction(OnceTransaction):
+    _store: MemoryKV
 
-    async def __aenter__(self) -> _MemoryTransaction:
-        if self._state != "new":
-            raise OSError(errno.EBADF, "a transaction object can be entered only once")
-        await self._store._acquire()
-        self._state = "open"
-        return self
+    def __init__(self, store: MemoryKV) -> None:
+        super().__init__(store)
+        self._undo: dict[bytes, bytes | None] = {}  # each written key's value before this txn
 
     async def __aexit__(
         self,
@@ -107,10 +100,6 @@ class _MemoryTransaction(Transaction):
         finally:
             self._undo = {}
             self._store._release()
-
-    def _check_open(self) -> None:
-        if self._state != "open":
-            raise OSError(errno.EBADF, "transaction is not open")
 
     async def get(self, key: bytes) -> bytes | None:
         self._check_open()

@@ -42,6 +42,7 @@ from tectonic_emu.metadata._common import (
     GroupCommit,
     Writes,
     check_limit,
+    settled,
 )
 from tectonic_emu.metadata.kv import prefix_end
 
@@ -401,13 +402,13 @@ class _PostgresTransaction(BufferedTransaction):
         return self._begun
 
     async def _commit(self, writes: Writes) -> None:
-        await _settled(self._send_commit(writes))
+        await settled(self._send_commit(writes))
 
     async def _abandon(self) -> None:
         if self._interrupted:
             await self._store._drop_connection()  # mid-call: the server rolls it back
         else:
-            await _settled(self._rollback())
+            await settled(self._rollback())
 
     async def _begin(self) -> Any:
         store = self._store
@@ -466,19 +467,6 @@ class _PostgresTransaction(BufferedTransaction):
         self._check_open()
         check_limit(limit)
         return await self._read(lambda c: self._store._sql.scan(c, prefix, start, limit))
-
-
-async def _settled(coro: Awaitable[None]) -> None:
-    """Run a commit or rollback to its end even if the caller is cancelled meanwhile; the
-    cancellation goes on once the outcome is settled."""
-    fut = asyncio.ensure_future(coro)
-    try:
-        await asyncio.shield(fut)
-    except asyncio.CancelledError:
-        await asyncio.wait([fut])
-        if not fut.cancelled():
-            fut.exception()  # reported by the failed transaction's caller, not the loop
-        raise
 
 
 async def _close_quietly(conn: Any) -> None:

@@ -39,6 +39,7 @@ from tectonic_emu.metadata._common import (
     GroupCommit,
     Writes,
     check_limit,
+    settled,
 )
 from tectonic_emu.metadata.kv import prefix_end
 
@@ -174,17 +175,9 @@ class SQLiteKV(DurableStore):
         return await loop.run_in_executor(self._executor, self._in_worker, job)
 
     async def _finish(self, job: Callable[[], None]) -> None:
-        """Run a commit or rollback on the worker thread to its end, even if cancelled."""
-        fut = asyncio.get_running_loop().run_in_executor(self._executor, job)
-        try:
-            await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            # The outcome is settled before the cancellation goes on (unless cancelled again;
-            # even then, whatever this store runs next is queued behind the job).
-            await asyncio.wait([fut])
-            if not fut.cancelled():
-                fut.exception()  # reported by the failed transaction's caller, not the loop
-            raise
+        """Run a commit or rollback on the worker thread to its end, even if cancelled
+        (whatever this store runs next is queued behind it anyway)."""
+        await settled(asyncio.get_running_loop().run_in_executor(self._executor, job))
 
     # -- worker-thread side ------------------------------------------------------------------
     def _sync_wal(self) -> None:
