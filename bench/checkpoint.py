@@ -63,9 +63,7 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -872,35 +870,18 @@ async def _hosts_cluster(
         nic_gbps=nic_gbps,
         rtt_ms=rtt_ms,
     )
-    await asyncio.to_thread(_serve_on_hosts, net, placed, work / "hosts")
+    await asyncio.to_thread(
+        netns.serve_nodes, net, template, work / "hosts", [h for h, _ in placed]
+    )
     deadline = time.monotonic() + 60
     for h, port in placed:
-        while not _listening(net.ip[h], port):
+        while not netns.listening(net.ip[h], port):
             if time.monotonic() > deadline:
                 return f"the nodes on the namespaced hosts did not start ({work / 'hosts'})"
             await asyncio.sleep(0.05)
     cluster = await stack.enter_async_context(Cluster.open(template))
     link = f", {nic_gbps:g} Gb/s, {rtt_ms:g} ms" if nic_gbps or rtt_ms else ""
     return cluster, f", across {hosts} namespaced hosts x {per_host} nodes{link}"
-
-
-def _serve_on_hosts(net: Any, placed: list[tuple[str, int]], where: Path) -> None:
-    """Node k served on host ``placed[k][0]``, from that host's own copy of cluster.json
-    (``where/<host>/``); their output in ``where/nodes.log``."""
-    for h in {h for h, _ in placed}:
-        (where / h).mkdir()
-        shutil.copy(where / "template" / "cluster.json", where / h / "cluster.json")
-    with open(where / "nodes.log", "ab") as log:
-        for k, (h, _) in enumerate(placed):
-            cmd = [sys.executable, "-m", "tectonic_emu", "node", "serve"]
-            net.popen(h, [*cmd, "--cluster", str(where / h), "--node", str(k)],
-                      stdin=subprocess.DEVNULL, stdout=log, stderr=log)  # fmt: skip
-
-
-def _listening(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.2)
-        return s.connect_ex((host, port)) == 0
 
 
 async def _peer_route(

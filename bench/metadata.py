@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
 import os
 import platform
 import shutil
@@ -507,15 +508,15 @@ async def run_metadata_bench(
     points: list[MetadataPoint] = []
     durability: dict[str, str] = {}
     try:
+        # This run's server for the postgresql backend (default: one the bench starts).
+        factories = {
+            **BACKEND_FACTORIES,
+            "postgresql": functools.partial(_postgres_backend, url=postgres_url),
+        }
         for backend in backends:
             (work / backend).mkdir()
             step(f"{backend}: starting")
-            opened = (
-                _postgres_backend(work / backend, postgres_url)
-                if backend == "postgresql"
-                else BACKEND_FACTORIES[backend](work / backend)
-            )
-            async with opened as ops:
+            async with factories[backend](work / backend) as ops:
                 durability[backend] = ops.durability
                 await ops.mkdir("/mdtest")
                 for r in ranks:

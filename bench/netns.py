@@ -21,8 +21,11 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -135,4 +138,31 @@ class Hosts:
         _ip("link", "set", self._veth[host], "up")
 
 
-__all__ = ["Hosts", "unavailable"]
+def host_copy(template: Path, where: Path) -> Path:
+    """A host's own cluster directory ``where``: nothing but its copy of the template's
+    cluster.json (the metadata is in PostgreSQL, each node's chunks on its host)."""
+    where.mkdir(parents=True, exist_ok=True)
+    shutil.copy(template / "cluster.json", where / "cluster.json")
+    return where
+
+
+def serve_nodes(net: Hosts, template: Path, where: Path, node_hosts: Sequence[str]) -> None:
+    """Node k served by ``tectonic-emu node serve`` on host ``node_hosts[k]``, from that
+    host's own cluster directory ``where/<host>``; their output in ``where/nodes.log``."""
+    for h in set(node_hosts):
+        host_copy(template, where / h)
+    with open(where / "nodes.log", "ab") as log:
+        for k, h in enumerate(node_hosts):
+            cmd = [sys.executable, "-m", "tectonic_emu", "node", "serve"]
+            net.popen(h, [*cmd, "--cluster", str(where / h), "--node", str(k)],
+                      stdin=subprocess.DEVNULL, stdout=log, stderr=log)  # fmt: skip
+
+
+def listening(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections at ``host:port``."""
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
+
+
+__all__ = ["Hosts", "host_copy", "listening", "serve_nodes", "unavailable"]

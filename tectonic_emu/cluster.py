@@ -275,11 +275,7 @@ class Cluster:
             served = bool(config.node_addresses) or is_served(root, config.nodes)
             if served:
                 # This process's NIC, shared by its connections to every node.
-                pacer = (
-                    Pacer(config.link, burst=config.block_size + (64 << 10))
-                    if config.link.active
-                    else None
-                )
+                pacer = Pacer.of(config.link, chunk=config.block_size)
                 remote = [
                     RemoteNode(n, config.disks_per_node, _resolver(root, config, n), pacer=pacer)
                     for n in range(config.nodes)

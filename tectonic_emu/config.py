@@ -76,7 +76,7 @@ class ClusterConfig:
             )
         object.__setattr__(self, "node_addresses", tuple(self.node_addresses))  # from JSON
         try:
-            self.link  # noqa: B018 (checks the network settings)
+            LinkModel(self.nic_gbps, self.rtt_ms, self.loss)  # checks the network settings
         except ValueError as e:
             raise InvalidArgumentError(str(e)) from None
         if self.node_addresses:

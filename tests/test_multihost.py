@@ -8,8 +8,6 @@ writers finish, and repair restores full redundancy once the host is back."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -55,19 +53,6 @@ def database(hosts: netns.Hosts) -> Iterator[str]:
         server.stop()
 
 
-def listening(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.2)
-        return s.connect_ex((host, port)) == 0
-
-
-def host_copy(template: Path, where: Path) -> Path:
-    """A host's own cluster directory: nothing but its copy of cluster.json."""
-    where.mkdir(parents=True)
-    shutil.copy(template / "cluster.json", where / "cluster.json")
-    return where
-
-
 def test_a_host_cut_off_mid_write_loses_nothing_acknowledged(
     tmp_path: Path, hosts: netns.Hosts, database: str
 ) -> None:
@@ -84,20 +69,10 @@ def test_a_host_cut_off_mid_write_loses_nothing_acknowledged(
         rtt_ms=RTT_MS,
         loss=0.0002,
     )
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    for k, h in enumerate(NODE_HOSTS):
-        root = host_copy(template, tmp_path / h)
-        with open(logs / f"{h}.log", "wb") as log:
-            hosts.popen(
-                h,
-                [sys.executable, "-m", "tectonic_emu", "node", "serve", "--cluster", str(root),
-                 "--node", str(k)],
-                cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            )  # fmt: skip
+    netns.serve_nodes(hosts, template, tmp_path, NODE_HOSTS)
     for h in NODE_HOSTS:
-        until(lambda h=h: listening(hosts.ip[h], PORT), f"node on {h} listens", 30)
-    client_root = host_copy(template, tmp_path / "client")
+        until(lambda h=h: netns.listening(hosts.ip[h], PORT), f"node on {h} listens", 30)
+    client_root = netns.host_copy(template, tmp_path / "client")
     stop = tmp_path / "stop"
     progress = [tmp_path / f"progress-{i}" for i in range(2)]
     writer = [sys.executable, "-m", "tests.served_writer", str(client_root)]
@@ -127,7 +102,7 @@ def test_a_host_cut_off_mid_write_loses_nothing_acknowledged(
     assert time.monotonic() - cut_at < 90
 
     # Read from the root namespace, with n4 still cut off: every acknowledged byte is there.
-    here = host_copy(template, tmp_path / "reader")
+    here = netns.host_copy(template, tmp_path / "reader")
 
     async def check(c: Cluster) -> int:
         await c.check_health()
@@ -153,7 +128,7 @@ def test_a_host_cut_off_mid_write_loses_nothing_acknowledged(
             assert await c.client().read_file(f"/w{i}") == stream(i, records)
         return st.blocks_below_redundancy
 
-    until(lambda: listening(hosts.ip["n4"], PORT), "n4 is reachable again", 30)
+    until(lambda: netns.listening(hosts.ip["n4"], PORT), "n4 is reachable again", 30)
     assert run_with(here, mended) == 0
     assert asyncio.run(_names(here)) == ["w0", "w1"]
 

@@ -40,6 +40,7 @@ SEGMENT = 1448  # bytes of payload in one TCP segment on a 1,500-byte MTU
 TAIL_SEGMENTS = 3  # a loss here has too few duplicate ACKs behind it for fast retransmit
 MIN_RTO = 0.2  # Linux's TCP_RTO_MIN
 MIN_RETRANSMIT = 0.001
+FRAME_OVERHEAD = 64 << 10  # room in the ingress burst for a frame's header and meta
 TIMER_LATE_MS = 0.15  # how late asyncio's timer wake-ups run here (measured)
 
 
@@ -118,6 +119,14 @@ class Pacer:
         self.ingress = Bucket(rate, max(burst, 64 << 10)) if rate else None
         self.one_way = model.rtt_ms / 2000
         self._rng = rng or random.Random()
+
+    @classmethod
+    def of(cls, model: LinkModel | None, *, chunk: int) -> Pacer | None:
+        """A host's NIC for ``model`` (None when it paces nothing), its ingress one frame of a
+        ``chunk``-byte payload deep."""
+        if model is None or not model.active:
+            return None
+        return cls(model, burst=chunk + FRAME_OVERHEAD)
 
     def send_delay(self, nbytes: int) -> float:
         """Seconds to hold a frame of ``nbytes`` before it goes to the socket: its turn on

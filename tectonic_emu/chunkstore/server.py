@@ -93,11 +93,7 @@ class NodeServer:
     ) -> None:
         self.node = node
         # The node host's emulated NIC (``netem.py``), when the cluster models a network.
-        self.pacer = (
-            Pacer(link, burst=max_payload + HEADER_SIZE + MAX_META)
-            if link is not None and link.active
-            else None
-        )
+        self.pacer = Pacer.of(link, chunk=max_payload)
         self.max_payload = max_payload
         self.delay = delay
         self.pool = BufferPool(max_payload, buffers)
