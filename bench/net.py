@@ -57,6 +57,7 @@ from tectonic_emu.errors import InvalidArgumentError
 from tectonic_emu.served import read_address
 
 META_BYTES = 24  # a chunk write's meta: disk, flags and the chunk id (wire.py)
+MAX_CHUNKS = 100_000  # written per round at most, whatever the rate
 NODE_SERVE = [sys.executable, "-m", "tectonic_emu", "node", "serve"]
 
 
@@ -128,15 +129,15 @@ async def _round(
         assert isinstance(node, RemoteNode)
         rtt = await _median_ping(node, pings)
         stamp = f"{os.getpid():x}{time.monotonic_ns():x}"
-        ids = [f"{stamp}{k:08x}" for k in range(100_000)]
         written: list[tuple[int, str]] = []  # (disk, chunk id)
         crc = crc32c(payload)
 
         async def write(k: int) -> None:
-            await node.write_chunk(k % node.disks, ids[k], payload, crc32c=crc)
-            written.append((k % node.disks, ids[k]))
+            chunk_id = f"{stamp}{k:08x}"
+            await node.write_chunk(k % node.disks, chunk_id, payload, crc32c=crc)
+            written.append((k % node.disks, chunk_id))
 
-        n, secs = await _stream(len(ids), depth, seconds, write)
+        n, secs = await _stream(MAX_CHUNKS, depth, seconds, write)
         write_gbps = n * chunk * 8 / secs / 1e9
         bufs = [memoryview(bytearray(chunk)) for _ in range(depth)]
         spare = list(bufs)
