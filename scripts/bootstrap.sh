@@ -15,6 +15,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     # PostgreSQL: the metadata backend for clusters across hosts (issue 8); the tests start
     # a private server of their own from its binaries (bench/postgres.py), as bench metadata does.
     compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need_apt+=(postgresql)
+    # ip (iproute2): hosts as network namespaces for the multi-host tests (bench/netns.py).
+    command -v ip >/dev/null || need_apt+=(iproute2)
     if [ ${#need_apt[@]} -gt 0 ]; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
             --no-install-recommends "${need_apt[@]}" >/dev/null
