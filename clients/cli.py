@@ -284,15 +284,31 @@ def simulate() -> None:
     show_default=True,
     help="Scale of the dataset generated when --data is not given.",
 )
-@click.option("-n", "--accelerators", default=1, show_default=True, help="Emulated accelerators.")
+@click.option(
+    "-n",
+    "--accelerators",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 65536),
+    help="Emulated accelerators (1..65536).",
+)
 @click.option("--accelerator", default="h100", show_default=True, help="h100 or a100.")
-@click.option("--epochs", default=3, show_default=True, help="Epochs to run.")
+@click.option(
+    "--epochs", default=3, show_default=True, type=click.IntRange(1), help="Epochs to run."
+)
 @click.option("--seed", default=0, show_default=True, help="Shuffle seed.")
-@click.option("--prefetch", default=2, show_default=True, help="Batches each rank reads ahead.")
+@click.option(
+    "--prefetch",
+    default=2,
+    show_default=True,
+    type=click.IntRange(0, 1024),
+    help="Batches each rank reads ahead.",
+)
 @click.option(
     "--processes",
     default=1,
     show_default=True,
+    type=click.IntRange(1, 256),
     help="Processes to spread the accelerators over, launched here (under torchrun or srun, "
     "RANK and WORLD_SIZE say instead).",
 )

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import asdict
 from importlib.metadata import entry_points
@@ -18,21 +19,31 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from rich import box
 from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
     Progress,
+    TaskProgressColumn,
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
 from rich.table import Table
 
 from tectonic_emu.cluster import Cluster
-from tectonic_emu.config import DEFAULT_BLOCK_SIZE, parse_node_addresses, parse_size, redact
-from tectonic_emu.demo import run_demo
+from tectonic_emu.coding import KNOWN_ENCODINGS, Encoding
+from tectonic_emu.config import (
+    DEFAULT_BLOCK_SIZE,
+    parse_duration,
+    parse_node_addresses,
+    parse_size,
+    redact,
+)
+from tectonic_emu.demo import DemoReport, run_demo
 from tectonic_emu.errors import IsADirectoryError_, NotFoundError, TectonicError
 from tectonic_emu.paths import join_path, split_path
+from tectonic_emu.resources import check_fits, human_bytes
 from tectonic_emu.services import DEFAULT_GC_GRACE, repair, scrub
 
 T = TypeVar("T")
@@ -66,10 +77,12 @@ def print_json(data: Any) -> None:
 
 
 def progress_bar(total: int | None) -> Progress:
-    """A transfer bar on stderr, shown only when stderr is a terminal."""
+    """A transfer bar on stderr, shown only when stderr is a terminal: percentage, bytes,
+    rate and ETA once a task has a total; a pulsing bar until then."""
     return Progress(
         "[progress.description]{task.description}",
         BarColumn(),
+        TaskProgressColumn(),
         DownloadColumn(binary_units=True),
         TransferSpeedColumn(),
         TimeRemainingColumn(),
@@ -263,40 +276,38 @@ def cluster_status(cluster_dir: Path, as_json: bool) -> None:
     if as_json:
         print_json(st.to_dict())
         return
-    table = Table(title=f"cluster {st.path}" + (" (served)" if st.served else ""))
+    # Served rows carry an address and a pid too: a light box keeps them in 80 columns.
+    table = Table(
+        title=f"cluster {st.path}" + (" (served)" if st.served else ""),
+        box=box.SIMPLE_HEAD if st.served else box.HEAVY_HEAD,
+        pad_edge=not st.served,
+    )
     columns = ["node", "state", "chunks", "used", "free"]
     if st.served:
-        columns += ["address", "pid", "heartbeat"]
+        columns += ["address", "pid", "beat ms"]
     for col in columns:
-        table.add_column(col, justify="right")
+        # An address cut to "127.0.0.1:385…" is no use: it never shrinks.
+        table.add_column(col, justify="right", no_wrap=True, min_width=len(col))
     for n in st.nodes:
         row = [
             str(n.node),
             "up" if n.up else f"[red]{n.state}[/red]",
             "-" if n.chunks is None else str(n.chunks),
-            "-" if n.bytes_used is None else _human(n.bytes_used),
-            "-" if n.bytes_free is None else _human(n.bytes_free),
+            "-" if n.bytes_used is None else human_bytes(n.bytes_used),
+            "-" if n.bytes_free is None else human_bytes(n.bytes_free),
         ]
         if st.served:
             row += [
                 n.address or "-",
                 "-" if n.pid is None else str(n.pid),
-                "-" if n.heartbeat_ms is None else f"{n.heartbeat_ms:.1f} ms",
+                "-" if n.heartbeat_ms is None else f"{n.heartbeat_ms:.1f}",
             ]
         table.add_row(*row)
     out_console.print(table)
     out_console.print(
-        f"files {st.files}  blocks {st.blocks}  logical {_human(st.logical_bytes)}  "
-        f"physical {_human(st.physical_bytes)}  below redundancy {st.blocks_below_redundancy}"
+        f"files {st.files}  blocks {st.blocks}  below redundancy {st.blocks_below_redundancy}\n"
+        f"logical {human_bytes(st.logical_bytes)}  physical {human_bytes(st.physical_bytes)}"
     )
-
-
-def _human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    raise AssertionError
 
 
 # -- files -----------------------------------------------------------------------------------
@@ -549,23 +560,6 @@ def stat(cluster_dir: Path, path: str, as_json: bool) -> None:
 
 
 # -- serving ---------------------------------------------------------------------------------
-def parse_duration(text: str) -> float:
-    """``'50ms'``, ``'2s'``, ``'0.5'`` (seconds) -> seconds."""
-    t = text.strip().lower()
-    scale = 1.0
-    for suffix, factor in (("ms", 1e-3), ("us", 1e-6), ("s", 1.0)):
-        if t.endswith(suffix):
-            t, scale = t[: -len(suffix)], factor
-            break
-    try:
-        value = float(t) * scale
-    except ValueError:
-        raise click.BadParameter(f"not a duration: {text!r} (try 50ms, 2s, 0.5)") from None
-    if value < 0:
-        raise click.BadParameter(f"a duration cannot be negative: {text!r}")
-    return value
-
-
 def _parse_slow(values: tuple[str, ...]) -> dict[int, float]:
     slow: dict[int, float] = {}
     for v in values:
@@ -597,7 +591,13 @@ def _setup_logging() -> None:
 @click.option(
     "--slow", multiple=True, metavar="NODE=DELAY", help="Delay one node's replies (repeatable)."
 )
-@click.option("--buffers", default=8, show_default=True, help="Chunk buffers per node process.")
+@click.option(
+    "--buffers",
+    default=8,
+    show_default=True,
+    type=click.IntRange(1, 1024),
+    help="Chunk buffers per node process.",
+)
 @click.option(
     "--repair-interval", default="10s", show_default=True, help="Pause between repair passes."
 )
@@ -679,7 +679,13 @@ def node_group() -> None:
     help="Port [default: the node's port in cluster.json, else 0: any free one].",
 )
 @click.option("--slow", default="0", show_default=True, help="Delay added to every reply.")
-@click.option("--buffers", default=8, show_default=True, help="Chunk buffers in memory.")
+@click.option(
+    "--buffers",
+    default=8,
+    show_default=True,
+    type=click.IntRange(1, 1024),
+    help="Chunk buffers in memory.",
+)
 def node_serve(
     cluster_dir: Path, node: int, host: str | None, port: int | None, slow: str, buffers: int
 ) -> None:
@@ -727,7 +733,8 @@ def node_kill(cluster_dir: Path, node: int, as_json: bool) -> None:
         click.echo(f"node {node}: killed pid {pid}")
 
 
-@node_group.command("slow")
+# A negative delay reaches parse_duration, which says so, instead of click's "No such option".
+@node_group.command("slow", context_settings={"ignore_unknown_options": True})
 @cluster_option
 @click.argument("node", type=int)
 @click.argument("delay")
@@ -791,8 +798,9 @@ def scrub_cmd(cluster_dir: Path, as_json: bool) -> None:
     """
 
     async def go(c: Cluster) -> Any:
-        with progress_bar(None) as bar:
-            task = bar.add_task("scrub", total=None)
+        total = (await c.status()).physical_bytes  # scrub counts the chunk bytes it checked
+        with progress_bar(total) as bar:
+            task = bar.add_task("scrub", total=total)
             return await scrub(c, progress=lambda n: bar.advance(task, n))
 
     report = run(with_cluster(cluster_dir, go))
@@ -801,7 +809,7 @@ def scrub_cmd(cluster_dir: Path, as_json: bool) -> None:
     else:
         click.echo(
             f"checked {report.blocks} blocks, {report.chunks} chunks, "
-            f"{_human(report.bytes_checked)}: "
+            f"{human_bytes(report.bytes_checked)}: "
             f"{len(report.corrupt)} corrupt, {len(report.missing)} missing, "
             f"{len(report.unavailable)} on nodes that are down"
         )
@@ -830,8 +838,9 @@ def repair_cmd(cluster_dir: Path, gc_grace: float, as_json: bool) -> None:
     """
 
     async def go(c: Cluster) -> Any:
-        with progress_bar(None) as bar:
-            task = bar.add_task("repair", total=None)
+        total = (await c.status()).logical_bytes  # repair counts each block's length
+        with progress_bar(total) as bar:
+            task = bar.add_task("repair", total=total)
             return await repair(c, gc_grace=gc_grace, progress=lambda n: bar.advance(task, n))
 
     report = run(with_cluster(cluster_dir, go))
@@ -856,7 +865,9 @@ def repair_cmd(cluster_dir: Path, gc_grace: float, as_json: bool) -> None:
     default=None,
     help="Where to create the demo cluster (default: a temporary directory, removed after).",
 )
-@click.option("--size", default="48MiB", show_default=True, help="Bytes written per encoding.")
+@click.option(
+    "--size", default="48MiB", show_default=True, help="Bytes written per encoding (at least 1MiB)."
+)
 @json_option
 def demo(cluster_dir: Path | None, size: str, as_json: bool) -> None:
     """The main job: store and read back data with every encoding, lose a node, repair.
@@ -867,40 +878,56 @@ def demo(cluster_dir: Path | None, size: str, as_json: bool) -> None:
     Example:
       tectonic-emu demo --size 64MiB
     """
+    nbytes = parse_size(size, minimum=DEMO_MIN_SIZE)
+    where = cluster_dir if cluster_dir is not None else Path(tempfile.gettempdir())
+    overheads = sum(Encoding.parse(e).overhead for e in KNOWN_ENCODINGS)
+    # The bytes written, their read-back copy and the blocks in flight; every encoding on disk.
+    check_fits("demo --size", nbytes, memory_per_byte=3, disk_per_byte=overheads, where=where)
     with err_console.status("demo") as status:
-        report = run(run_demo(cluster_dir, size=parse_size(size), step=lambda s: status.update(s)))
+        report = run(run_demo(cluster_dir, size=nbytes, step=lambda s: status.update(s)))
     if as_json:
         print_json(report.to_dict())
     else:
-        table = Table(title=f"tectonic-emu demo: {report.nodes} nodes, {size} per encoding")
-        for col in (
-            "encoding",
-            "overhead",
-            "write MB/s",
-            "read MB/s",
-            "verified",
-            f"after losing node {report.stopped_node}",
-        ):
-            table.add_column(col, justify="right")
-        for r in report.results:
-            table.add_row(
-                r.encoding,
-                f"{r.overhead:.2f}x",
-                f"{r.write_mb_s:.0f}",
-                f"{r.read_mb_s:.0f}",
-                _ok(r.verified),
-                _ok(r.verified_after_node_loss),
-            )
-        out_console.print(table)
-        out_console.print(
-            f"blocks below redundancy after the loss: {report.below_redundancy_after_loss}; "
-            f"repair rebuilt {report.repaired_blocks} blocks; below redundancy after repair: "
-            f"{report.below_redundancy_after_repair} (encodings as wide as the cluster wait for "
-            f"the node), after it returned and repair ran again: "
-            f"{report.below_redundancy_after_restart}"
-        )
+        _print_demo(report, nbytes)
     if not report.all_verified or report.below_redundancy_after_restart:
         sys.exit(3)
+
+
+DEMO_MIN_SIZE = 1 << 20  # below a MiB a write or read takes too little time to give a rate
+
+
+def _print_demo(report: DemoReport, nbytes: int) -> None:
+    lost = f"node {report.stopped_node} lost"
+    table = Table(title=f"tectonic-emu demo: {report.nodes} nodes, {human_bytes(nbytes)} each")
+    for col in ("encoding", "overhead", "write MB/s", "read MB/s", "read back", lost):
+        table.add_column(col, justify="right")
+    for r in report.results:
+        table.add_row(
+            r.encoding,
+            f"{r.overhead:.2f}x",
+            f"{r.write_mb_s:.0f}",
+            f"{r.read_mb_s:.0f}",
+            _ok(r.verified),
+            _ok(r.verified_after_node_loss),
+        )
+    out_console.print(table)
+    held = report.stopped_node_encodings
+    missing = [e for e in KNOWN_ENCODINGS if e not in held and e != "r1"]
+    if missing:
+        which = f"held no chunks of {', '.join(missing)} (too few blocks to reach every node)"
+    else:
+        which = "held chunks of every encoding but r1 (one copy survives no loss)"
+    out_console.print(f"node {report.stopped_node} {which}")
+    out_console.print(
+        f"blocks below redundancy: {report.below_redundancy_after_loss} after the loss, "
+        f"{report.below_redundancy_after_repair} after repair"
+    )
+    if report.below_redundancy_after_repair:
+        out_console.print("  (encodings as wide as the cluster wait for the node to return)")
+    out_console.print(
+        f"repair rebuilt {report.repaired_blocks} blocks; "
+        f"{report.below_redundancy_after_restart} below redundancy once the node was back"
+    )
 
 
 def _ok(flag: bool) -> str:
@@ -911,8 +938,16 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: one clear line on stderr for every expected error, no traceback."""
     try:
         code = cli.main(args=argv, prog_name="tectonic-emu", standalone_mode=False)
+    except click.UsageError as e:
+        # One line, as for every other error: click's own three (usage, hint, error) bury it.
+        where = e.ctx.command_path if e.ctx is not None else "tectonic-emu"
+        what = e.format_message()
+        if isinstance(e, click.NoSuchOption) and e.option_name[1:2].isdigit():
+            what = f"{e.option_name} is not an option, and this command takes no negative number"
+        click.echo(f"{where}: error: {what} (see {where} --help)", err=True)
+        sys.exit(e.exit_code)
     except click.ClickException as e:
-        e.show()
+        click.echo(f"tectonic-emu: error: {e.format_message()}", err=True)
         sys.exit(e.exit_code)
     except click.Abort:
         err_console.print("aborted")
@@ -932,4 +967,4 @@ def _describe(e: OSError) -> str:
     return f"{e.strerror or e}{where}"
 
 
-__all__ = ["cli", "main"]
+__all__ = ["cli", "main", "parse_duration"]

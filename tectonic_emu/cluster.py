@@ -84,6 +84,19 @@ class NodeStatus:
     down_reason: str | None = None
 
 
+def _same_cluster(found: ClusterConfig, asked: ClusterConfig, root: Path) -> ClusterConfig:
+    """``found`` if it was made with ``asked``'s settings, else AlreadyExistsError naming
+    the first one that differs."""
+    mine, theirs = asdict(asked), asdict(found)
+    for key in mine:
+        if key != "created" and mine[key] != theirs.get(key):
+            raise AlreadyExistsError(
+                f"a cluster with {key} {theirs.get(key)!r}, not {mine[key]!r}, is already here",
+                str(root),
+            )
+    return found
+
+
 def metadata_store(root: Path, config: ClusterConfig) -> KVStore:
     """The cluster's metadata store: its SQLite file, or its PostgreSQL table."""
     synchronous: Literal["full", "normal"] = "full" if config.sync else "normal"
@@ -194,8 +207,13 @@ class Cluster:
         nic_gbps: float = 0.0,
         rtt_ms: float = 0.0,
         loss: float = 0.0,
+        exist_ok: bool = False,
     ) -> ClusterConfig:
         """Make a new cluster in ``path`` (created if missing; must not hold a cluster).
+
+        ``exist_ok``: a cluster already at ``path`` made with these same settings is left as
+        it is and its config returned (so a script can run twice); one made otherwise is
+        still an ``AlreadyExistsError``.
 
         ``metadata``: a ``postgresql://`` URL to keep the metadata in that database's table
         ``metadata_table`` (which must be empty or missing), reachable from every host of the
@@ -226,6 +244,8 @@ class Cluster:
             created=time.time(),
         )
         if (root / CONFIG_FILE).exists():
+            if exist_ok:
+                return _same_cluster(ClusterConfig.load(root), config, root)
             raise AlreadyExistsError("a cluster already exists here", str(root))
         if root.exists() and not root.is_dir():
             raise InvalidArgumentError("not a directory", str(root))

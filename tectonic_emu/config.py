@@ -12,6 +12,7 @@ from typing import Literal
 from tectonic_emu.chunkstore.netem import LinkModel
 from tectonic_emu.coding import Encoding
 from tectonic_emu.errors import ClusterNotFoundError, InvalidArgumentError
+from tectonic_emu.resources import human_bytes
 
 CONFIG_FILE = "cluster.json"
 METADATA_FILE = "metadata.db"
@@ -175,25 +176,63 @@ def redact(url: str) -> str:
     return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
-def parse_size(text: str) -> int:
-    """``'512MiB'``, ``'8M'``, ``'1.5GiB'``, ``'4096'`` -> bytes (binary units)."""
-    units = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    s = text.strip().upper().removesuffix("IB").removesuffix("B")
-    num = s.rstrip("KMGT")
-    unit = s[len(num) :]
-    try:
-        value = float(num)
-    except ValueError:
-        raise InvalidArgumentError(f"not a size: {text!r} (try 512MiB, 8M, 4096)") from None
-    if unit not in units or value < 0:
-        raise InvalidArgumentError(f"not a size: {text!r} (try 512MiB, 8M, 4096)")
-    return int(value * units[unit])
+_SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([KMGTPE]?)(?:I?B)?", re.IGNORECASE)
+_SIZE_SHIFT = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40, "P": 50, "E": 60}
+MAX_SIZE = (1 << 63) - 1  # what an off_t holds: no file, disk or buffer is bigger
+SIZE_HINT = "try 512MiB, 8M, 1.5GiB, 4096"
+
+
+def parse_size(text: str, *, minimum: int = 0) -> int:
+    """``'512MiB'``, ``'8M'``, ``'1.5GiB'``, ``'2PiB'``, ``'4096'`` -> bytes (binary units).
+
+    Raises ``InvalidArgumentError`` for anything else, for a size below ``minimum`` and for
+    one past 8 EiB (``MAX_SIZE``), each with a line that says what to give instead."""
+    m = _SIZE.fullmatch(text.strip())
+    if m is None and _SIZE.fullmatch(text.strip().removeprefix("-")):
+        raise InvalidArgumentError(f"a size cannot be negative: {text!r}")
+    if m is None:
+        raise InvalidArgumentError(f"not a size: {text!r} ({SIZE_HINT})")
+    number, unit = m.groups()
+    whole, _, frac = number.partition(".")
+    shift = _SIZE_SHIFT[unit.upper()]
+    # Exact integer arithmetic: float would round 99999999999999999999 and let inf through.
+    value = (int(whole or "0") << shift) + ((int(frac) << shift) // 10 ** len(frac) if frac else 0)
+    if value > MAX_SIZE:
+        raise InvalidArgumentError(f"size too large: {text!r} (at most 8 EiB)")
+    if value < minimum:
+        raise InvalidArgumentError(f"size too small: {text!r} (at least {human_bytes(minimum)})")
+    return value
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(us|ms|s|min|h)?", re.IGNORECASE)
+_DURATION_SCALE = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
+MAX_DURATION = 365 * 86400.0  # a year: past it asyncio's timers overflow, and nobody waits
+
+
+def parse_duration(text: str) -> float:
+    """``'50ms'``, ``'2s'``, ``'5min'``, ``'0.5'`` (seconds) -> seconds.
+
+    Raises ``InvalidArgumentError`` for anything else: a negative, ``inf`` or ``nan`` value,
+    or one longer than a year."""
+    m = _DURATION.fullmatch(text.strip())
+    if m is None:
+        if _DURATION.fullmatch(text.strip().removeprefix("-")):
+            raise InvalidArgumentError(f"a duration cannot be negative: {text!r}")
+        raise InvalidArgumentError(f"not a duration: {text!r} (try 50ms, 2s, 5min, 0.5)")
+    number, unit = m.groups()
+    value = float(number) * _DURATION_SCALE[(unit or "s").lower()]
+    if value > MAX_DURATION:
+        raise InvalidArgumentError(f"duration too long: {text!r} (at most a year)")
+    return value
 
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
+    "MAX_DURATION",
+    "MAX_SIZE",
     "ClusterConfig",
     "Compression",
+    "parse_duration",
     "parse_node_addresses",
     "parse_size",
     "redact",

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tectonic_emu.client import Client
 from tectonic_emu.cluster import Cluster
 from tectonic_emu.coding import KNOWN_ENCODINGS, Encoding
 from tectonic_emu.services import repair
@@ -36,6 +37,8 @@ class DemoReport:
     nodes: int
     results: list[EncodingResult] = field(default_factory=list)
     stopped_node: int = -1
+    # The encodings the stopped node held chunks of; r1 never (one copy survives no loss).
+    stopped_node_encodings: list[str] = field(default_factory=list)
     below_redundancy_after_loss: int = 0
     repaired_blocks: int = 0
     below_redundancy_after_repair: int = 0  # still down: encodings as wide as the cluster wait
@@ -82,12 +85,8 @@ async def run_demo(
                         hashlib.sha256(back).hexdigest() == digest,
                     )
                 )
-            # r1 keeps one copy and survives no loss: lose the busiest node that holds none.
-            r1_nodes = {ch.node for b in await client.layout("/demo/r1.bin") for ch in b.chunks}
-            st = await cluster.status()
-            victim = max(
-                (n for n in st.nodes if n.node not in r1_nodes), key=lambda n: n.chunks or 0
-            ).node
+            victim, held = await _victim(cluster, client)
+            report.stopped_node_encodings = held
             step(f"stop node {victim} and read everything back")
             cluster.stop_node(victim)
             report.stopped_node = victim
@@ -105,6 +104,21 @@ async def run_demo(
             report.below_redundancy_after_restart = (await cluster.status()).blocks_below_redundancy
         report.all_verified = all(r.verified and r.verified_after_node_loss for r in report.results)
         return report
+
+
+async def _victim(cluster: Cluster, client: Client) -> tuple[int, list[str]]:
+    """The node to lose, and the encodings it holds chunks of: r1 keeps one copy and
+    survives no loss, so a node holding none of r1 that holds chunks of as many other
+    encodings as any does (then the most chunks)."""
+    holds: dict[int, set[str]] = {}
+    for name in KNOWN_ENCODINGS:
+        for b in await client.layout(f"/demo/{name}.bin"):
+            for ch in b.chunks:
+                holds.setdefault(ch.node, set()).add(name)
+    chunks = {n.node: n.chunks or 0 for n in (await cluster.status()).nodes}
+    candidates = [n for n in chunks if "r1" not in holds.get(n, set())]
+    victim = max(candidates, key=lambda n: (len(holds.get(n, ())), chunks[n]))
+    return victim, [e for e in KNOWN_ENCODINGS if e in holds.get(victim, set())]
 
 
 __all__ = ["DemoReport", "EncodingResult", "run_demo"]
