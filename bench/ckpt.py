@@ -22,7 +22,6 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,8 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
+from bench.fits import Needs, check_fits, in_flight, stored_bytes
+from bench.progress import Stages, Step, no_step
 from bench.schema import schema_of
 from bench.store import aligned_buffer, mb_s, raw_write, size_text
 from clients.checkpoint import Checkpointer, Shard
@@ -37,6 +38,7 @@ from tectonic_emu import Cluster
 from tectonic_emu.coding import Encoding
 
 IO = 1 << 20
+ROW_BYTES = 256 * 4  # a row of the float32 array the ranks' shards are cut from
 
 
 @dataclass(slots=True)
@@ -60,6 +62,18 @@ class CkptBench:
         return asdict(self)
 
 
+def needs(size: int, ranks: int, encoding: str) -> Needs:
+    """What a run of ``size`` bytes holds at its peak (``bench.fits``). Memory: the random
+    bytes (the ranks' shards are views of them), ``save_async``'s staged copy of every
+    rank's state, and every rank's blocks in flight at once. Disk: with ``keep_last=1`` the
+    last step stays while the next is written (or the raw file, or the one writer's file)."""
+    step = stored_bytes(size, encoding, files=ranks)
+    return Needs(
+        2 * size + in_flight(encoding, writers=ranks, nbytes=size),
+        step + max(size, stored_bytes(size, encoding), step),
+    )
+
+
 async def run_ckpt_bench(
     *,
     size: int,
@@ -67,11 +81,20 @@ async def run_ckpt_bench(
     encoding: str,
     directory: Path,
     runs: int = 3,
-    step: Callable[[str], None] = lambda _: None,
+    step: Step = no_step,
 ) -> CkptBench:
+    """Raises InvalidArgumentError or NoSpaceError, before allocating anything, when
+    ``size`` is less than one 1 KiB row or does not fit (``bench.fits``)."""
+    check_fits(
+        size,
+        lambda n: needs(n, ranks, encoding),
+        directory,
+        minimum=ROW_BYTES,
+        at_least="one row of 256 float32",
+    )
     work = Path(tempfile.mkdtemp(prefix="tectonic-ckpt-bench-", dir=directory))
     try:
-        rows = size // 4 // 256  # a float32 array of 256 columns
+        rows = size // ROW_BYTES  # a float32 array of 256 columns
         data = aligned_buffer(rows * 256 * 4)
         data[:] = os.urandom(len(data))
         g = np.frombuffer(data, dtype=np.float32).reshape(rows, 256)
@@ -85,16 +108,17 @@ async def run_ckpt_bench(
         per: dict[str, list[float]] = {k: [] for k in ("raw", "writer", "save", "async")}
         blocked: list[float] = []
         save_s: list[float] = []
+        stage = Stages(step, (runs + 1) * len(per))
         async with Cluster.open(root) as cluster:
             client = cluster.client()
             ckpt = Checkpointer(client, "/ckpt", world_size=ranks, keep_last=1)
             n = 0
             for rnd in range(runs + 1):
                 label = "warm-up" if rnd == 0 else f"run {rnd}/{runs}"
-                step(f"{label}: raw disk")
+                stage(f"{label}: raw disk")
                 raw = await asyncio.to_thread(raw_write, work / "raw.bin", data)
                 (work / "raw.bin").unlink()
-                step(f"{label}: one writer")
+                stage(f"{label}: one writer")
                 t0 = time.perf_counter()
                 async with client.open_writer("/one") as w:
                     for off in range(0, len(data), IO):
@@ -102,14 +126,14 @@ async def run_ckpt_bench(
                 await cluster.datapath.drain()
                 one = time.perf_counter() - t0
                 await client.delete("/one")
-                step(f"{label}: {ranks} ranks save")
+                stage(f"{label}: {ranks} ranks save")
                 n += 1
                 t0 = time.perf_counter()
                 await asyncio.gather(*(ckpt.save(n, r, s) for r, s in enumerate(states)))
                 await cluster.datapath.drain()
                 sync = time.perf_counter() - t0
                 await ckpt.wait_cleanup()  # retention of the previous step: not in any timing
-                step(f"{label}: {ranks} ranks save_async")
+                stage(f"{label}: {ranks} ranks save_async")
                 n += 1
                 t0 = time.perf_counter()
                 pending = await asyncio.gather(

@@ -14,11 +14,15 @@ from rich.console import Console
 from rich.progress import (
     BarColumn,
     Progress,
+    ProgressColumn,
     SpinnerColumn,
+    Task,
     TaskProgressColumn,
     TextColumn,
     TimeElapsedColumn,
+    TimeRemainingColumn,
 )
+from rich.text import Text
 
 from bench.checkpoint import DEFAULT_PATHS
 from bench.models import MODELS
@@ -43,17 +47,38 @@ def dir_option(what: str) -> Callable[[F], F]:
     )
 
 
-def run_bench(name: str, bench_fn: Callable[..., Coroutine[Any, Any, T]], **kwargs: Any) -> T:
-    """Run ``bench_fn(**kwargs, step=...)`` under a progress bar on stderr. ``step(text)``
-    names the stage; ``step(text, fraction)`` also moves the bar (it pulses until then)."""
-    columns = (
+class EtaColumn(TimeRemainingColumn):
+    """``eta 0:01:03``: the time remaining, named (beside the time elapsed); blank while the
+    total is unknown."""
+
+    def render(self, task: Task) -> Text:
+        left = super().render(task)
+        return Text(f"eta {left.plain}", style=left.style) if left.plain else left
+
+
+def bar_columns() -> tuple[ProgressColumn, ...]:
+    """The bar's columns: stage, bar, percentage, time elapsed and time remaining. Until a
+    bench gives a fraction the bar pulses and the percentage and time remaining are blank."""
+    return (
         SpinnerColumn(),
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
         TaskProgressColumn(),
         TimeElapsedColumn(),
+        EtaColumn(),
     )
-    with Progress(*columns, console=err_console, transient=True) as progress:
+
+
+def run_bench(name: str, bench_fn: Callable[..., Coroutine[Any, Any, T]], **kwargs: Any) -> T:
+    """Run ``bench_fn(**kwargs, step=...)`` under a progress bar on stderr. ``step(text)``
+    names the stage; ``step(text, fraction)`` also moves the bar (it pulses until then).
+    No bar when stderr is not a terminal: rich would leave an empty line there."""
+    with Progress(
+        *bar_columns(),
+        console=err_console,
+        transient=True,
+        disable=not err_console.is_terminal,
+    ) as progress:
         task = progress.add_task(f"bench {name}", total=None)
 
         def step(text: str, fraction: float | None = None) -> None:

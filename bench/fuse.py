@@ -24,13 +24,14 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
+from bench.fits import Needs, check_fits, in_flight, stored_bytes
+from bench.progress import Stages, Step, no_step
 from bench.schema import schema_of
 from bench.store import aligned_buffer, drop_caches, mb_s, size_text, write_durably
 from fuse_mount.mount import start_mount, unmount
@@ -83,14 +84,29 @@ def _read_file(path: Path, buf: memoryview) -> float:
     return time.perf_counter() - t0
 
 
+def needs(size: int, encoding: str) -> Needs:
+    """What a run of ``size`` bytes holds at its peak (``bench.fits``). Memory: the random
+    bytes and the read-back buffer (``os.urandom``'s transient copy is gone before the
+    buffer exists), and blocks in flight in this process and in each of the two mount
+    processes. Disk: one file at a time (local, native, then each mount's, each deleted
+    before the next)."""
+    return Needs(
+        2 * size + 3 * in_flight(encoding, nbytes=size),
+        max(size, stored_bytes(size, encoding)),
+    )
+
+
 async def run_fuse_bench(
     *,
     size: int,
     encoding: str,
     directory: Path,
     runs: int = 3,
-    step: Callable[[str], None] = lambda _: None,
+    step: Step = no_step,
 ) -> FuseBench:
+    """Raises InvalidArgumentError or NoSpaceError, before allocating anything, when
+    ``size`` does not fit (``bench.fits``)."""
+    check_fits(size, lambda n: needs(n, encoding), directory)
     work = Path(tempfile.mkdtemp(prefix="tectonic-fuse-bench-", dir=directory))
     procs = []
     mnt, dmnt = work / "mnt", work / "mnt-direct"
@@ -112,17 +128,18 @@ async def run_fuse_bench(
         keys = ("local", "native", "mount", "direct")
         per: dict[str, list[float]] = {f"{k}_{rw}": [] for k in keys for rw in "wr"}
         cold = False
+        stage = Stages(step, (runs + 1) * len(keys))
         async with Cluster.open(root) as cluster:
             client = cluster.client()
             for rnd in range(runs + 1):
                 label = "warm-up" if rnd == 0 else f"run {rnd}/{runs}"
-                step(f"{label}: local disk")
+                stage(f"{label}: local disk")
                 w = await asyncio.to_thread(_write_file, work / "local.bin", data)
                 cold = drop_caches()
                 r = await asyncio.to_thread(_read_file, work / "local.bin", buf)
                 assert buf == data, "local read-back differs"
                 (work / "local.bin").unlink()
-                step(f"{label}: native client")
+                stage(f"{label}: native client")
                 t0 = time.perf_counter()
                 async with client.open_writer("/native") as writer:
                     for off in range(0, size, IO):
@@ -137,7 +154,7 @@ async def run_fuse_bench(
                 await client.delete("/native")
                 timed = [w, r, nw, nr]
                 for where, name in ((mnt, "mount"), (dmnt, "mount --direct-io")):
-                    step(f"{label}: {name}")
+                    stage(f"{label}: {name}")
                     timed.append(await asyncio.to_thread(_write_file, where / "mounted", data))
                     drop_caches()
                     timed.append(await asyncio.to_thread(_read_file, where / "mounted", buf))

@@ -23,13 +23,15 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
+from bench.fits import Needs, check_fits, in_flight, stored_bytes
+from bench.progress import Stages, Step, no_step
 from bench.schema import schema_of
 from bench.store import aligned_buffer, drop_caches, mb_s, size_text
 from tectonic_emu import Cluster
@@ -87,7 +89,7 @@ async def _one_encoding(
     data: memoryview,
     payload: bytes,
     buf: memoryview,
-    step: Callable[[str], None],
+    stage: Callable[[str], None],
 ) -> tuple[int, list[CaseFigures]]:
     nodes = Encoding.parse(enc).width + 2
     root = work / f"cluster-{enc}"
@@ -109,7 +111,7 @@ async def _one_encoding(
                 await cluster.datapath.drain()
                 # Rotate the order round by round, so no case always follows the same one.
                 for case in CASES[rnd % 3 :] + CASES[: rnd % 3]:
-                    step(f"{enc}: {'warm-up' if rnd == 0 else f'run {rnd}/{runs}'}: {case}")
+                    stage(f"{enc}: {'warm-up' if rnd == 0 else f'run {rnd}/{runs}'}: {case}")
                     await cluster.set_node_delay(0, 0.0 if case == "baseline" else delay)
                     _set_hedging(cluster, case != "slow, unhedged")
                     stats = cluster.datapath.stats
@@ -171,6 +173,18 @@ async def _one_encoding(
     return nodes, figures
 
 
+def needs(size: int, encodings: Sequence[str], block_size: int) -> Needs:
+    """What a run of ``size`` bytes holds at its peak (``bench.fits``). Memory: the random
+    bytes, their immutable copy and the read-back buffer, and one encoding's blocks in
+    flight. Disk: two files at once (the one read back and the one timed), on one
+    encoding's cluster at a time. Hedged writes reserve on spare nodes but still write one
+    encoding's width of chunks."""
+    return Needs(
+        3 * size + max(in_flight(e, block_size, nbytes=size) for e in encodings),
+        max(2 * stored_bytes(size, e, block_size) for e in encodings),
+    )
+
+
 async def run_hedge_bench(
     *,
     size: int,
@@ -179,8 +193,11 @@ async def run_hedge_bench(
     directory: Path,
     block_size: int,
     runs: int = 2,
-    step: Callable[[str], None] = lambda _: None,
+    step: Step = no_step,
 ) -> HedgeBench:
+    """Raises InvalidArgumentError or NoSpaceError, before allocating anything, when
+    ``size`` does not fit (``bench.fits``)."""
+    check_fits(size, lambda n: needs(n, encodings, block_size), directory)
     work = Path(tempfile.mkdtemp(prefix="tectonic-hedge-", dir=directory))
     try:
         data = aligned_buffer(size)
@@ -189,6 +206,7 @@ async def run_hedge_bench(
         buf = aligned_buffer(size)
         results: dict[str, list[CaseFigures]] = {}
         widths: dict[str, int] = {}
+        stage = Stages(step, len(encodings) * (runs + 1) * len(CASES))
         for enc in encodings:
             widths[enc], results[enc] = await _one_encoding(
                 enc,
@@ -200,7 +218,7 @@ async def run_hedge_bench(
                 data=data,
                 payload=payload,
                 buf=buf,
-                step=step,
+                stage=stage,
             )
         return HedgeBench(size, delay, runs, block_size, results, widths)
     finally:

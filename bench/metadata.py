@@ -79,6 +79,7 @@ from typing import Any, TypeVar
 from rich.table import Table
 
 from bench import postgres
+from bench.progress import Stages, Step, no_step
 from tectonic_emu import Client, Cluster
 from tectonic_emu.errors import InvalidArgumentError, first_error
 from tectonic_emu.metadata import MemoryKV
@@ -488,7 +489,7 @@ async def run_metadata_bench(
     min_files_per_rank: int = DEFAULT_MIN_FILES,
     runs: int = 1,
     postgres_url: str | None = None,
-    step: Callable[[str], None] = lambda _: None,
+    step: Step = no_step,
 ) -> MetadataBench:
     """Measure every backend at every rank count (see the module docstring). ``postgres_url``:
     the server for ``postgresql`` (default: a throwaway one the bench starts). ``backends``
@@ -513,6 +514,7 @@ async def run_metadata_bench(
             **BACKEND_FACTORIES,
             "postgresql": functools.partial(_postgres_backend, url=postgres_url),
         }
+        stage = Stages(step, len(backends) * len(ranks) * runs * len(PHASES))
         for backend in backends:
             (work / backend).mkdir()
             step(f"{backend}: starting")
@@ -526,7 +528,7 @@ async def run_metadata_bench(
                     for k in range(runs):
                         label = f"{backend}: {r} ranks x {f} files, run {k + 1}/{runs}"
                         base = f"/mdtest/{r}ranks.{k}"
-                        done.append(await _one_run(ops, base, r, f, step, label))
+                        done.append(await _one_run(ops, base, r, f, stage, label))
                     points.append(_point(backend, r, f, done, await ops.files_left()))
                 await ops.rmdir("/mdtest")
     finally:

@@ -50,7 +50,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,8 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
+from bench.fits import Needs, check_fits, in_flight, stored_bytes
+from bench.progress import Stages, Step, no_step
 from bench.store import aligned_buffer, drop_caches, mb_s, raw_write
 from clients.checkpoint import Checkpointer, Shard
 from tectonic_emu import Cluster
@@ -289,6 +291,18 @@ def _check_args(size: int, ranks: Sequence[int], runs: int, load_in_flight: int 
         )
 
 
+def needs(size: int, ranks: Sequence[int], encoding: str) -> Needs:
+    """What a run of ``size`` bytes holds at its peak (``bench.fits``). Memory: the random
+    bytes (shards are views of them), and either the loaded copy of every shard or every
+    rank's blocks in flight at once (at most the bytes times the overhead). Disk: with
+    ``keep_last=1`` the last step stays while the next (or the raw file) is written."""
+    step = stored_bytes(size, encoding, files=max(ranks))
+    return Needs(
+        2 * size + in_flight(encoding, writers=max(ranks), nbytes=size),
+        step + max(size, step),
+    )
+
+
 async def _load_all(
     ckpt: Checkpointer, step: int, ranks: int, in_flight: int | None
 ) -> list[dict[str, Any]]:
@@ -316,15 +330,17 @@ async def run_scale_bench(
     encoding: str = "rs-6-3",
     runs: int = 3,
     load_in_flight: int | None = None,
-    step: Callable[[str], None] = lambda _: None,
+    step: Step = no_step,
 ) -> ScaleBench:
     """Measure save and load of ``size`` bytes by each rank count (module docstring).
     ``load_in_flight`` bounds how many ranks load at once (default: all of them).
 
-    Raises InvalidArgumentError (bad arguments, fewer rows than ranks), ReadBackError, and
-    the store's and the Checkpointer's errors. Its temporary directory under ``directory``
-    is removed in every case."""
+    Raises InvalidArgumentError (bad arguments, fewer rows than ranks, more memory than is
+    available), NoSpaceError (more disk than is free: both before anything is allocated),
+    ReadBackError, and the store's and the Checkpointer's errors. Its temporary directory
+    under ``directory`` is removed in every case."""
     _check_args(size, ranks, runs, load_in_flight)
+    check_fits(size, lambda n: needs(n, ranks, encoding), directory, minimum=ROW_BYTES)
     counts = sorted(set(ranks))
     nodes = max(9, Encoding.parse(encoding).width)
     work = Path(tempfile.mkdtemp(prefix="tectonic-scale-bench-", dir=directory))
@@ -341,6 +357,7 @@ async def run_scale_bench(
             what: {n: [] for n in counts} for what in PHASES
         }
         cold = True
+        stage = Stages(step, (runs + 1) * (1 + len(counts) * len(PHASES)))
         async with Cluster.open(root) as cluster:
             client = cluster.client()
             # One root for every N: keep_last=1 leaves one checkpoint on disk at a time.
@@ -349,7 +366,7 @@ async def run_scale_bench(
             try:
                 for rnd in range(runs + 1):
                     label = "warm-up" if rnd == 0 else f"run {rnd}/{runs}"
-                    step(f"{label}: raw disk")
+                    stage(f"{label}: raw disk")
                     raw = await asyncio.to_thread(raw_write, work / "raw.bin", data)
                     (work / "raw.bin").unlink()
                     if rnd:
@@ -359,7 +376,7 @@ async def run_scale_bench(
                         for many in (False, True):  # a call per rank, then one call
                             at += 1
                             what = "save_many" if many else "save"
-                            step(f"{label}: {n} ranks {what}")
+                            stage(f"{label}: {n} ranks {what}")
                             t0 = time.perf_counter()
                             if many:
                                 await ckpt.save_many(at, dict(enumerate(states[n])))
@@ -371,7 +388,7 @@ async def run_scale_bench(
                             took[what] = time.perf_counter() - t0
                             await ckpt.wait_cleanup()  # retention: in no timing
                             what = "load_many" if many else "load"
-                            step(f"{label}: {n} ranks {what}")
+                            stage(f"{label}: {n} ranks {what}")
                             cold = await asyncio.to_thread(drop_caches) and cold
                             t0 = time.perf_counter()
                             if many:

@@ -27,13 +27,15 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
+from bench.fits import Needs, check_fits, in_flight, stored_bytes
+from bench.progress import Stages, Step, no_step
 from bench.schema import schema_of
 from tectonic_emu import Cluster
 from tectonic_emu.coding import Encoding
@@ -182,6 +184,18 @@ async def _measure(
     return acked, w, r
 
 
+def needs(size: int, encodings: Sequence[str], block_size: int) -> Needs:
+    """What a run of ``size`` bytes holds at its peak (``bench.fits``). Memory: the random
+    bytes, their immutable copy for ``write_file`` and the read-back buffer (``os.urandom``'s
+    transient copy comes and goes before the last two exist), and one encoding's blocks in
+    flight. Disk: the raw file, or one encoding's file on one path: each is deleted before
+    the next is written."""
+    return Needs(
+        3 * size + max(in_flight(e, block_size, nbytes=size) for e in encodings),
+        max(size, *(stored_bytes(size, e, block_size) for e in encodings)),
+    )
+
+
 async def run_store_bench(
     *,
     size: int,
@@ -192,12 +206,14 @@ async def run_store_bench(
     sync: bool = True,
     served: bool = False,
     write_ack: str | None = None,
-    step: Callable[[str], None] = lambda _: None,
+    step: Step = no_step,
 ) -> StoreBench:
     """Warm-up, then ``runs`` measured rounds; figures are medians of the rounds.
 
     ``write_ack`` forces one acknowledgment policy on both paths (default: each path's own,
-    ``all`` embedded and ``quorum`` served)."""
+    ``all`` embedded and ``quorum`` served). Raises InvalidArgumentError or NoSpaceError,
+    before allocating anything, when ``size`` does not fit (``bench.fits``)."""
+    check_fits(size, lambda n: needs(n, encodings, block_size), directory)
     work = Path(tempfile.mkdtemp(prefix="tectonic-bench-", dir=directory))
     serving: Serving | None = None
     try:
@@ -230,6 +246,7 @@ async def run_store_bench(
         acked_runs: dict[tuple[str, str], list[float]] = {k: [] for k in per}
         cold = False
         acks: dict[str, str] = {}
+        stage = Stages(step, (runs + 1) * (1 + len(encodings) * len(roots)))
         async with contextlib.AsyncExitStack() as stack:
             clients = {}
             for path, root in roots.items():
@@ -238,7 +255,7 @@ async def run_store_bench(
                 clients[path] = cluster.client()
             for rnd in range(runs + 1):  # round 0 warms up and is not counted
                 label = "warm-up" if rnd == 0 else f"run {rnd}/{runs}"
-                step(f"{label}: raw disk")
+                stage(f"{label}: raw disk")
                 raw_file = work / "raw.bin"
                 w = await asyncio.to_thread(raw_write, raw_file, data)
                 cold = drop_caches()
@@ -250,7 +267,7 @@ async def run_store_bench(
                     raw_r.append(mb_s(size, r))
                 for enc in encodings:
                     for path, client in clients.items():
-                        step(f"{label}: {enc} {path}")
+                        stage(f"{label}: {enc} {path}")
                         acked, w, r = await _measure(client, enc, payload, data, buf)
                         if rnd:
                             per[(path, enc)][0].append(mb_s(size, w))

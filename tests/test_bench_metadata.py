@@ -38,7 +38,11 @@ def _run(
     ranks: tuple[int, ...] = RANKS,
     postgres_url: str | None = None,
 ) -> MetadataBench:
-    steps: list[str] = []
+    log: list[tuple[str, float | None]] = []
+
+    def step(text: str, fraction: float | None = None) -> None:
+        log.append((text, fraction))
+
     result = asyncio.run(
         run_metadata_bench(
             directory=tmp,
@@ -47,10 +51,14 @@ def _run(
             files_total=FILES_TOTAL,
             min_files_per_rank=MIN_FILES,
             postgres_url=postgres_url,
-            step=steps.append,
+            step=step,
         )
     )
-    assert steps, "step() is called"
+    assert log, "step() is called"
+    # The phases move the bar (the total is known); starting a backend only names it.
+    fractions = [f for text, f in log if not text.endswith(": starting")]
+    assert None not in fractions and fractions == sorted(fractions) and fractions[0] == 0
+    assert len(fractions) == len(backends) * len(ranks) * len(PHASES) and fractions[-1] < 1
     assert list(tmp.iterdir()) == [], "the work directory is removed"
     return result
 

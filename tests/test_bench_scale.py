@@ -34,14 +34,23 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> ScaleBench:
     # Dropping the page cache is machine-wide: leave it to real runs on a shared machine.
     mp.setattr(scale, "drop_caches", lambda: False)
     try:
-        steps: list[str] = []
+        log: list[tuple[str, float | None]] = []
+
+        def step(text: str, fraction: float | None = None) -> None:
+            log.append((text, fraction))
+
         out = asyncio.run(
-            run_scale_bench(size=SIZE, directory=work, ranks=RANKS, runs=1, step=steps.append)
+            run_scale_bench(size=SIZE, directory=work, ranks=RANKS, runs=1, step=step)
         )
     finally:
         mp.undo()
+    steps = [text for text, _ in log]
     assert "warm-up: 64 ranks load" in steps and "run 1/1: 16 ranks save" in steps
     assert {"run 1/1: 64 ranks load_many", "run 1/1: 64 ranks save_many"} <= set(steps)
+    # Every stage moves the bar: from 0, never back, short of 1 (the last stage runs).
+    fractions = [f for _, f in log]
+    assert None not in fractions and fractions == sorted(fractions)
+    assert fractions[0] == 0 and len(set(fractions)) == len(fractions) and fractions[-1] < 1
     assert list(work.iterdir()) == []  # its temp dir is gone
     return out
 
