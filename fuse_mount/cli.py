@@ -22,6 +22,7 @@ from tectonic_emu.cli import cluster_option
 )
 @click.option("--log", type=click.Path(dir_okay=False, path_type=Path), help="Log file.")
 @click.option("--debug", is_flag=True, help="libfuse debug output (foreground only).")
+@click.option("--status-fd", type=int, hidden=True, help="(start_mount's child) Report here.")
 def mount(
     cluster_dir: Path,
     mountpoint: Path,
@@ -30,11 +31,13 @@ def mount(
     direct_io: bool,
     log: Path | None,
     debug: bool,
+    status_fd: int | None,
 ) -> None:
     """Mount the cluster as a file system (embedded or served, whichever it is).
 
     Without --foreground the mount runs in the background and this returns once it is live.
-    Unmount with `tectonic-emu umount MOUNTPOINT`.
+    Unmount with `tectonic-emu umount MOUNTPOINT`. A mount point that has a mount already,
+    live or dead (its process killed), is refused: umount it first.
 
     --direct-io skips the kernel page cache: large sequential reads and writes run faster,
     small ones each cost a round trip, and MAP_SHARED mmap is refused (docs/fuse.md).
@@ -47,8 +50,13 @@ def mount(
       tectonic-emu mount --cluster /tmp/c1 --direct-io /mnt/tectonic
     """
     from fuse_mount.mount import mount as run_mount
-    from fuse_mount.mount import start_mount
+    from fuse_mount.mount import mount_for_parent, start_mount
 
+    if foreground and status_fd is not None:
+        mount_for_parent(
+            status_fd, cluster_dir, mountpoint, encoding=encoding, direct_io=direct_io, debug=debug
+        )
+        return
     if foreground:
         run_mount(cluster_dir, mountpoint, encoding=encoding, direct_io=direct_io, debug=debug)
         return
@@ -61,6 +69,9 @@ def mount(
 @click.option("--lazy", is_flag=True, help="Detach now even if busy or dead.")
 def umount(mountpoint: Path, lazy: bool) -> None:
     """Unmount a tectonic-emu mount (also one whose process was killed).
+
+    Refuses a path where no tectonic-emu mount is, and a busy mount (files open on it):
+    close them, or detach it now with --lazy.
 
     \b
     Example:

@@ -22,8 +22,15 @@ from pathlib import Path
 
 import pytest
 
-from fuse_mount.mount import is_mounted, start_mount, unmount
+from fuse_mount.mount import FSTYPE, is_mounted, mounts_at, start_mount, unmount
 from tectonic_emu import Cluster
+from tectonic_emu.errors import (
+    AlreadyExistsError,
+    ClusterNotFoundError,
+    InvalidArgumentError,
+    NotADirectoryError_,
+    NotFoundError,
+)
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
@@ -417,6 +424,42 @@ def test_remount_keeps_closed_files_and_a_killed_mount_is_cleared(tmp_path: Path
     finally:
         unmount(mnt)
         proc.wait(30)
+
+
+def test_start_mount_raises_the_typed_error_whichever_process_found_it(tmp_path: Path) -> None:
+    """The checks made before the mount process starts, and an error only the mount process
+    meets (its metadata store), raise their own class and errno; a mount point with a mount
+    already is refused and nothing is stacked on it; unmount refuses what is not mounted."""
+    cluster, mnt, broken = tmp_path / "c", tmp_path / "m", tmp_path / "broken"
+    Cluster.create(cluster, nodes=5, encoding="r3", block_size=64 << 10)
+    shutil.copytree(cluster, broken)
+    (broken / "metadata.db").write_bytes(b"not a database" * 1000)
+    mnt.mkdir()
+    (tmp_path / "file").write_bytes(b"")
+    cases: list[tuple[Path, Path, type[OSError], int]] = [
+        (tmp_path / "none", mnt, ClusterNotFoundError, errno.ENOENT),
+        (cluster, tmp_path / "file", NotADirectoryError_, errno.ENOTDIR),
+        (cluster, tmp_path / "missing", NotFoundError, errno.ENOENT),
+        (broken, mnt, OSError, errno.EIO),  # raised in the mount process, pickled back
+    ]
+    for cluster_dir, point, cls, code in cases:
+        with pytest.raises(cls) as info:
+            mount_for_test(cluster_dir, point)
+        assert info.value.errno == code, info.value
+        assert not is_mounted(point)
+    assert "not a database" in str(info.value)
+    with pytest.raises(InvalidArgumentError):
+        unmount(mnt)
+    proc = mount_for_test(cluster, mnt)
+    try:
+        with pytest.raises(AlreadyExistsError) as exists:
+            mount_for_test(cluster, mnt)
+        assert exists.value.errno == errno.EEXIST
+        assert mounts_at(mnt) == [FSTYPE]
+    finally:
+        unmount(mnt)
+        proc.wait(30)
+    assert mounts_at(mnt) == []
 
 
 def test_readers_keep_the_version_they_opened(d: Path, mounted: tuple[Path, Path]) -> None:
