@@ -51,11 +51,18 @@ from clients.ckpt_format import (
     entry_text,
     manifest_name,
     step_dir,
-    step_of_dir,
-    step_of_manifest,
 )
 from clients.ckpt_reads import FileReaders, MergedReader
 from clients.ckpt_region import even_rows, plan, region
+from clients.ckpt_retention import (
+    Marker,
+    RootView,
+    commit_marker,
+    stale_markers,
+    store_closed,
+    tidy,
+    view_of,
+)
 from tectonic_emu._malloc import MMAP_THRESHOLD
 from tectonic_emu.bufpool import PAGE, uninitialised
 from tectonic_emu.chunkstore.remote import aligned_buffer
@@ -198,6 +205,9 @@ class Checkpointer:
         self._pool: dict[int, list[memoryview]] = {}  # staging buffers by size
         self._made_root = False
         self._cleanup: asyncio.Future[None] | None = None  # retention after the last commit
+        # A commit's retirement marker is chosen from the steps committed before it: one
+        # publish at a time, so pipelined steps each see the one before (ckpt_retention).
+        self._publishing = asyncio.Lock()
         self._manifests: dict[int, _Indexed] = {}  # decoded, by step
         self._reader = MergedReader(client)  # the reads of ranks loading at once, merged
         self._fetching: dict[int, asyncio.Future[_Indexed]] = {}
@@ -755,39 +765,62 @@ class Checkpointer:
         entries = tuple(e for e, _ in pairs)
         manifest = Manifest(st.step, self.world_size, entries, time.time())
         path = self._path(manifest_name(st.step))
-        writer = await self.client.new_version(path)  # Client.write_file, keeping the file id
-        try:
-            await writer.append(manifest.encode([text for _, text in pairs]))
-            await writer.close()
-        except BaseException:
-            await asyncio.shield(writer.abort())
-            raise
+        async with self._publishing:
+            await self._mark_retirement(st.step)
+            writer = await self.client.new_version(path)  # Client.write_file, keeping the id
+            try:
+                await writer.append(manifest.encode([text for _, text in pairs]))
+                await writer.close()
+            except BaseException:
+                await asyncio.shield(writer.abort())
+                raise
         self._keep_manifest(st.step, _Indexed(writer.file_id, manifest, FileReaders(self.client)))
         # Committed. Clean up behind the ranks rather than hold them: the ranks return now.
         previous = self._cleanup
         self._cleanup = asyncio.ensure_future(self._retain(st.step, after=previous))
 
+    async def _mark_retirement(self, step: int) -> None:
+        """Before ``step``'s manifest: the marker by which its commit retires the steps
+        beyond ``keep_last``, at once for every process (``ckpt_retention``); markers that
+        an earlier, failed attempt at this step left are deleted first."""
+        view = await self._view()
+        marker = commit_marker(view, step, self.keep_last)
+        for m in stale_markers(view, step, marker):
+            with contextlib.suppress(NotFoundError):
+                await self.client.delete(self._path(m.name))
+        if marker is not None and marker not in view.markers:
+            await self.client.write_file(self._path(marker.name), b"")
+
     async def _retain(self, newest: int, *, after: asyncio.Future[None] | None = None) -> None:
-        """Apply ``keep_last`` and collect failed steps' leftovers (after the clean-up
-        before it, if any); errors are logged: the checkpoint is committed either way."""
+        """Delete retired checkpoints and failed steps' leftovers (after the clean-up before
+        it, if any). Errors are logged: the checkpoint is committed either way, and what is
+        left stays hidden until the next clean-up. A store closed under it (the cluster
+        closed first) is no error: the next commit or ``collect_garbage`` finishes it."""
         if after is not None:
             with contextlib.suppress(Exception):
                 await after
         try:
-            done = await self.steps()
-            await self._drop(done[: -self.keep_last] if self.keep_last is not None else [])
             await self.collect_garbage(before=newest)
         except OSError as exc:
-            log.warning("checkpoint clean-up after step %d failed: %s", newest, exc)
+            if store_closed(exc):
+                log.debug("checkpoint clean-up after step %d left to the next: %s", newest, exc)
+            else:
+                log.warning("checkpoint clean-up after step %d failed: %s", newest, exc)
 
     # -- reading -----------------------------------------------------------------------------
     async def steps(self) -> list[int]:
-        """Committed steps, oldest first."""
+        """Committed steps, oldest first, but for those retired (``keep_last``): a step is
+        retired by the commit that leaves it beyond ``keep_last``, for every process at
+        once, though its files are deleted behind the commit."""
+        return (await self._view()).visible
+
+    async def _view(self) -> RootView:
+        """The root's manifests, retirement markers and step directories, in one listing."""
         try:
-            names = await self.client.listdir(self.root)
+            entries = await self.client.scandir(self.root)
         except NotFoundError:
-            return []
-        return sorted(s for s in map(step_of_manifest, names) if s is not None)
+            return RootView()
+        return view_of((e.name, e.id) for e in entries)
 
     async def latest(self) -> int | None:
         done = await self.steps()
@@ -798,27 +831,40 @@ class Checkpointer:
         return (await self._indexed(step)).manifest
 
     async def _indexed(self, step: int | None) -> _Indexed:
-        """The manifest of ``step`` with its entries indexed. Callers that ask while it is
-        being fetched share one fetch, and a manifest already decoded is reused while its
-        file is the same (one stat): 4,096 ranks loading at once read and decode it once."""
-        if step is None:
-            step = await self.latest()
-            if step is None:
-                raise CheckpointNotFoundError("no committed checkpoint", self.root)
-        flight = self._fetching.get(step)
+        """The manifest of ``step`` (default: the latest) with its entries indexed; raises
+        CheckpointNotFoundError for a step not committed or retired. Callers that ask while
+        it is being fetched share one fetch, and a manifest already decoded is reused while
+        its file is the same (one listing of the root): 4,096 ranks loading at once read and
+        decode it once."""
+        key = -1 if step is None else step
+        flight = self._fetching.get(key)
         if flight is None:
             flight = asyncio.ensure_future(self._fetch_manifest(step))
-            self._fetching[step] = flight
-            flight.add_done_callback(lambda _: self._fetching.pop(step, None))
+            self._fetching[key] = flight
+            flight.add_done_callback(lambda _: self._fetching.pop(key, None))
         return await asyncio.shield(flight)
 
-    async def _fetch_manifest(self, step: int) -> _Indexed:
+    async def _fetch_manifest(self, step: int | None) -> _Indexed:
+        view = await self._view()
+        if step is None:
+            if not view.visible:
+                raise CheckpointNotFoundError("no committed checkpoint", self.root)
+            step = view.visible[-1]
+        file_id = view.manifests.get(step)
+        if step < view.retired_before:  # its files may be deleted already, or not yet
+            how = "is retired" if file_id is not None else "is not committed, or was retired"
+            raise CheckpointNotFoundError(
+                f"step {step} {how} (beyond keep_last: steps before {view.retired_before} are)",
+                self.root,
+            )
+        cached = self._manifests.get(step)
+        if file_id is not None and cached is not None and cached.file_id == file_id:
+            return cached
         path = self._path(manifest_name(step))
         try:
+            if file_id is None:
+                raise NotFoundError("no manifest", path)
             st = await self.client.stat(path)
-            cached = self._manifests.get(step)
-            if cached is not None and cached.file_id == st.id:
-                return cached
             raw = bytearray(st.size)
             await self.client.read_id_into(st.id, 0, raw)  # the version stat named
         except NotFoundError:
@@ -1195,45 +1241,56 @@ class Checkpointer:
     # -- deleting ----------------------------------------------------------------------------
     async def delete(self, step: int) -> None:
         """Delete a committed checkpoint (its manifest first, then the data files no other
-        checkpoint references). Raises CheckpointNotFoundError."""
+        checkpoint references). Raises CheckpointNotFoundError, for a retired step too (it
+        is deleted already, or will be by the next clean-up)."""
         await self.manifest(step)
-        await self._drop([step])
+        await self._drop([step], await self._view())
 
-    async def _drop(self, steps: Sequence[int]) -> None:
+    async def collect_garbage(self, before: int | None = None) -> int:
+        """Delete retired checkpoints (``keep_last``), and what steps that never committed
+        left behind for steps before ``before`` (default: the latest committed), keeping
+        data files a checkpoint references. Returns how many steps it cleaned."""
+        view = await self._view()
+        if before is None:
+            before = view.visible[-1] if view.visible else view.retired_before
+        stale = [s for s in view.step_dirs if s < before and s not in view.manifests]
+        retired = view.retired
+        await self._drop(retired, view, before)
+        if stale:
+            kept = await self._files_of(await self.steps())
+            for s in stale:
+                await self._remove_step_dir(s, kept)
+        return len(stale) + len(retired)
+
+    async def _drop(self, steps: Sequence[int], view: RootView, before: int | None = None) -> None:
+        """Delete the manifests of ``steps``, then their data files that no checkpoint left
+        references. Retirement markers go first (``ckpt_retention.tidy``): the one
+        in force is made unconditional if it waits on one of ``steps``, those it supersedes
+        and those of steps before ``before`` that never committed are deleted."""
+        plan = tidy(view, steps, before)
+        if plan.confirm is not None:
+            done = self._path(Marker(plan.confirm.before).name)
+            with contextlib.suppress(NotFoundError):
+                await self.client.rename(self._path(plan.confirm.name), done)
+        for m in plan.remove:
+            with contextlib.suppress(NotFoundError):
+                await self.client.delete(self._path(m.name))
         if not steps:
             return
         for s in steps:
             with contextlib.suppress(NotFoundError):
                 await self.client.delete(self._path(manifest_name(s)))
-        kept = set()
-        for s in await self.steps():
-            kept |= (await self.manifest(s)).files()
+        files = await self._files_of(await self.steps())
         for s in steps:
-            await self._remove_step_dir(s, kept)
+            await self._remove_step_dir(s, files)
 
-    async def collect_garbage(self, before: int | None = None) -> int:
-        """Delete what steps that never committed left behind, for steps before ``before``
-        (default: the latest committed), keeping data files a checkpoint references.
-        Returns how many steps it cleaned."""
-        done = await self.steps()
-        if before is None:
-            if not done:
-                return 0
-            before = done[-1]
-        try:
-            names = await self.client.listdir(self.root)
-        except NotFoundError:
-            return 0
-        stale = [
-            s for s in map(step_of_dir, names) if s is not None and s < before and s not in done
-        ]
-        kept: set[str] = set()
-        if stale:
-            for s in done:
-                kept |= (await self.manifest(s)).files()
-        for s in stale:
-            await self._remove_step_dir(s, kept)
-        return len(stale)
+    async def _files_of(self, steps: Iterable[int]) -> set[str]:
+        """The data files the checkpoints of ``steps`` reference (one already deleted: none)."""
+        files: set[str] = set()
+        for s in steps:
+            with contextlib.suppress(CheckpointNotFoundError):
+                files |= (await self.manifest(s)).files()
+        return files
 
     async def _remove_step_dir(self, step: int, kept: set[str]) -> None:
         sdir = step_dir(step)
