@@ -34,6 +34,7 @@ from bench.fits import Needs, check_fits, in_flight, stored_bytes
 from bench.progress import Stages, Step, no_step
 from bench.schema import schema_of
 from bench.store import aligned_buffer, drop_caches, mb_s, size_text
+from bench.tables import with_legend
 from tectonic_emu import Cluster
 from tectonic_emu.coding import Encoding
 from tectonic_emu.served import Serving
@@ -233,8 +234,9 @@ def table(res: HedgeBench) -> Table:
         f"{size_text(res.size)} files, {res.runs} runs (median)"
     )
     t.add_column("encoding")
-    columns = ("nodes", "case", "write MB/s", "read MB/s", "write vs base", "read vs base")
-    for col in columns:
+    t.add_column("nodes", justify="right")
+    t.add_column("case", no_wrap=True)  # "slow, unhedged" on one line
+    for col in ("write MB/s", "read MB/s", "vs base w/r"):
         t.add_column(col, justify="right")
     for enc, cases in res.encodings.items():
         for i, c in enumerate(cases):
@@ -244,11 +246,15 @@ def table(res: HedgeBench) -> Table:
                 c.case,
                 f"{c.write_mb_s:.0f}",
                 f"{c.read_mb_s:.0f}",
-                f"{c.write_vs_baseline:.2f}",
-                f"{c.read_vs_baseline:.2f}",
+                f"{c.write_vs_baseline:.2f}/{c.read_vs_baseline:.2f}",
                 end_section=i == len(cases) - 1,
             )
-    return t
+    return with_legend(
+        t,
+        "vs base w/r = this case's write / read MB/s over the baseline's (same encoding and "
+        "rounds, no slow node). Hedging works when slow, hedged stays near 1 while slow, "
+        "unhedged falls toward the slow node's pace.",
+    )
 
 
 def plot(res: HedgeBench, directory: Path) -> list[Path]:

@@ -49,6 +49,7 @@ from typing import Any
 from rich.table import Table
 
 from bench.schema import schema_of
+from bench.tables import with_legend
 from tectonic_emu import Cluster
 from tectonic_emu.chunkstore.remote import RemoteNode
 from tectonic_emu.chunkstore.wire import HEADER_SIZE
@@ -299,8 +300,12 @@ def table(res: NetBench) -> Table:
             "-" if ratio is None else f"{ratio:.2f}",
             "yes" if res.within_10pct[key] else "no",
         )
-    t.caption = f"unpaced round trip here: {res.base_rtt_ms:.3f} ms"
-    return t
+    return with_legend(
+        t,
+        "ratio = measured / expected. Expected: for the round trip, the setting plus the "
+        f"unpaced round trip measured first ({res.base_rtt_ms:.3f} ms here); for a rate, the "
+        "NIC rate less the frame headers.",
+    )
 
 
 def plot(res: NetBench, directory: Path) -> list[Path]:

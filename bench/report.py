@@ -167,7 +167,8 @@ def installed_peers() -> list[str]:
 
 
 def markdown(table: Table) -> str:
-    """A rich table as a Markdown table (its title in bold above, caption below)."""
+    """A rich table as a Markdown table (its title in bold above, caption below, each of its
+    lines a paragraph)."""
 
     def plain(cell: Any) -> str:
         text = cell.plain if isinstance(cell, Text) else Text.from_markup(str(cell)).plain
@@ -178,8 +179,9 @@ def markdown(table: Table) -> str:
     lines = [f"**{plain(table.title)}**", ""] if table.title else []
     lines += ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     lines += ["| " + " | ".join(plain(c) for c in row) + " |" for row in rows]
-    if table.caption:
-        lines += ["", plain(table.caption)]
+    if table.caption:  # a legend: one paragraph per line
+        caption = table.caption.plain if isinstance(table.caption, Text) else str(table.caption)
+        lines += ["", "\n\n".join(plain(line) for line in caption.splitlines())]
     return "\n".join(lines)
 
 

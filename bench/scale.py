@@ -61,6 +61,7 @@ from rich.table import Table
 from bench.fits import Needs, check_fits, in_flight, stored_bytes
 from bench.progress import Stages, Step, no_step
 from bench.store import aligned_buffer, drop_caches, mb_s, raw_write
+from bench.tables import beyond_raw, with_legend
 from clients.checkpoint import Checkpointer, Shard
 from tectonic_emu import Cluster
 from tectonic_emu.coding import Encoding
@@ -460,8 +461,12 @@ def _fmt_ratio(x: float | None) -> str:
     return "" if x is None else f"{x:.2f}"
 
 
+CALLS = {"a call per rank": ("save", "load"), "one call": ("save_many", "load_many")}
+
+
 def table(result: ScaleBench) -> Table:
-    """A row per rank count: save and load seconds, MB/s and ratio to 16 ranks."""
+    """Two rows per rank count (a call per rank, then one call for all): save and load
+    seconds, MB/s and ratio to 16 ranks."""
     reads = "cold" if result.cold_reads else "warm (page cache; run as root for cold)"
     t = Table(
         title=f"bench scale: {result.size / 2**20:.0f} MiB of {result.encoding} over N ranks, "
@@ -472,23 +477,38 @@ def table(result: ScaleBench) -> Table:
         + ", ".join(f"{what} {_met(result.target_met.get(what))}" for what in PHASES),
     )
     t.add_column("ranks", justify="right")
-    for what in PHASES:
-        for col in ("s", "MB/s", "vs 16"):
-            t.add_column(f"{what} {col}", justify="right")
+    t.add_column("calls", no_wrap=True)
+    for what in ("save", "load"):
+        for col in (f"{what} s", "MB/s", "vs 16"):
+            t.add_column(col, justify="right")
     for p in result.points:
-        t.add_row(
-            str(p.ranks),
-            *(
-                cell
-                for what in PHASES
-                for cell in (
-                    f"{getattr(p, f'{what}_s'):.3f}",
-                    f"{getattr(p, f'{what}_mb_s'):.0f}",
-                    _fmt_ratio(getattr(p, f"{what}_vs_16")),
-                )
-            ),
-        )
-    return t
+        for i, (calls, phases) in enumerate(CALLS.items()):
+            t.add_row(
+                str(p.ranks) if i == 0 else "",
+                calls,
+                *(
+                    cell
+                    for what in phases
+                    for cell in (
+                        f"{getattr(p, f'{what}_s'):.3f}",
+                        f"{getattr(p, f'{what}_mb_s'):.0f}",
+                        _fmt_ratio(getattr(p, f"{what}_vs_16")),
+                    )
+                ),
+                end_section=i == len(CALLS) - 1,
+            )
+    faster = [str(p.ranks) for p in result.points if p.save_mb_s > result.raw_write_mb_s]
+    return with_legend(
+        t,
+        f"vs 16 = this time / the time at {BASELINE} ranks, same call (above 1: slower). A "
+        "call per rank: every rank calls save (load) at once; one call: save_many "
+        "(load_many) for all of them.",
+        beyond_raw(
+            [f"saves by {', '.join(faster)} ranks"] if faster else [],
+            streams="blocks in flight, every rank's at once, each chunk a file on another "
+            "node's disk",
+        ),
+    )
 
 
 def _met(met: bool | None) -> str:

@@ -37,6 +37,7 @@ from rich.table import Table
 from bench.fits import Needs, check_fits, in_flight, stored_bytes
 from bench.progress import Stages, Step, no_step
 from bench.schema import schema_of
+from bench.tables import beyond_raw, with_legend
 from tectonic_emu import Cluster
 from tectonic_emu.coding import Encoding
 from tectonic_emu.served import Serving
@@ -356,18 +357,32 @@ def table(res: StoreBench) -> Table:
             _ratio(f.read_ratio),
             _ratio(f.read_vs_raw),
         )
-    return t
+    faster = [f.encoding for f in res.encodings if f.write_ratio > 1 or f.read_vs_raw > 1]
+    return with_legend(
+        t,
+        "write ratio, read ratio = the encoding's MB/s / (the raw disk's MB/s in this run / "
+        "the encoding's storage overhead): the share of the disk left after paying for "
+        "redundancy.",
+        "read vs raw = read MB/s / the raw disk's read MB/s. A read fetches only the data "
+        "chunks, so this undivided figure is the stricter one (a read ratio above 1 is "
+        "not faster than the disk).",
+        beyond_raw(
+            faster,
+            streams="blocks in flight, each chunk a file on another node's disk",
+            warm_reads=not res.cold_reads,
+            cached_writes=not res.sync,
+        ),
+    )
+
+
+ACKS = {"all": "when every chunk is durable", "quorum": "at a quorum (all chunks but one)"}
 
 
 def served_table(res: StoreBench) -> Table | None:
     """The served path beside the embedded one (None when the served path was not measured)."""
     if not res.served:
         return None
-    t = Table(
-        title="served (node processes over TCP) vs embedded, same rounds",
-        caption=f"write acknowledgment: {res.write_ack}; write MB/s counts until every chunk "
-        "is durable, (to ack) until the write returned",
-    )
+    t = Table(title="served (node processes over TCP) vs embedded, same rounds")
     columns = ("encoding", "write MB/s", "(to ack)", "read MB/s", "write vs emb", "read vs emb")
     for col in columns:
         t.add_column(col, justify="right")
@@ -380,7 +395,13 @@ def served_table(res: StoreBench) -> Table | None:
             _ratio(f.served_vs_embedded_write),
             _ratio(f.served_vs_embedded_read),
         )
-    return t
+    acks = ", ".join(f"{path} {ACKS.get(ack, ack)}" for path, ack in res.write_ack.items())
+    return with_legend(
+        t,
+        f"Writes acknowledged: {acks}. write MB/s counts until every chunk is durable, "
+        "(to ack) until the write returned.",
+        "write vs emb, read vs emb = served MB/s / embedded MB/s, same encoding and rounds.",
+    )
 
 
 def plot(res: StoreBench, directory: Path) -> list[Path]:

@@ -31,6 +31,7 @@ from rich.table import Table
 
 from bench.schema import schema_of
 from bench.store import drop_caches
+from bench.tables import with_legend
 from clients.dataset import generate
 from clients.simulate import FsspecSource, LocalSource, TrainReport, train
 from clients.workloads import UNET3D
@@ -161,7 +162,11 @@ def table(res: TrainBench) -> Table:
         t.add_column(col, justify="right")
     for name, n in res.max_accelerators.items():
         t.add_row(name, str(n))
-    return t
+    return with_legend(
+        t,
+        "native / local = accelerators kept at AU >= 90% through the native client / "
+        "through the local disk.",
+    )
 
 
 def plot(res: TrainBench, directory: Path) -> list[Path]:

@@ -4,17 +4,28 @@ that fit 80 columns with a legend for their ratios and no Python repr in them.""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import importlib
 import io
+import json
 import os
+import re
 import subprocess
 import sys
+import types
+import typing
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 from rich.console import Console
 from rich.progress import Progress
+from rich.table import Table
+from rich.text import Text
 
-from bench import ckpt, fits, fuse, hedge, scale, store
+from bench import checkpoint, ckpt, fits, fuse, hedge, scale, store
 from bench.cli import bar_columns
 from bench.progress import Stages
 from tectonic_emu.errors import InvalidArgumentError, NoSpaceError
@@ -156,3 +167,161 @@ def test_stages_move_the_bar_evenly() -> None:
     for name in "abcd":
         stage(name)
     assert log == [("a", 0.0), ("b", 0.25), ("c", 0.5), ("d", 0.75)]
+
+
+# -- tables ------------------------------------------------------------------------------------
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+RESULTS = {  # bench -> (its result class, a committed real run)
+    "store": ("StoreBench", "bench/store.json"),
+    "served": ("StoreBench", "bench-served-512MiB.json"),
+    "hedge": ("HedgeBench", "bench/hedge.json"),
+    "fuse": ("FuseBench", "bench/fuse.json"),
+    "ckpt": ("CkptBench", "bench/ckpt.json"),
+    "scale": ("ScaleBench", "bench/scale.json"),
+    "checkpoint": ("CheckpointBench", "bench/checkpoint.json"),
+    "metadata": ("MetadataBench", "bench/metadata.json"),
+    "net": ("NetBench", "bench/net.json"),
+    "train": ("TrainBench", "bench/train.json"),
+}
+TABLES = ("table", "served_table", "targets_table")
+
+
+def from_json(cls: Any, value: Any) -> Any:
+    """A result dataclass rebuilt from its ``to_dict()`` (nested dataclasses, lists, dicts)."""
+    if dataclasses.is_dataclass(cls):
+        hints = typing.get_type_hints(cls)
+        fields = [f.name for f in dataclasses.fields(cls) if f.name in value]
+        return cls(**{name: from_json(hints[name], value[name]) for name in fields})
+    origin, args = typing.get_origin(cls), typing.get_args(cls)
+    if origin is list:
+        return [from_json(args[0], v) for v in value]
+    if origin is dict:
+        return {k: from_json(args[1], v) for k, v in value.items()}
+    if origin in (typing.Union, types.UnionType) and value is not None:
+        return from_json(next(a for a in args if a is not type(None)), value)
+    return value
+
+
+def module_of(name: str) -> ModuleType:
+    return importlib.import_module(f"bench.{'store' if name == 'served' else name}")
+
+
+def result(name: str) -> Any:
+    cls, file = RESULTS[name]
+    return from_json(getattr(module_of(name), cls), json.loads((DOCS / file).read_text()))
+
+
+def wide_results() -> dict[str, Any]:
+    """The committed runs, and variants with the widest figures a run may print."""
+    out = {name: result(name) for name in RESULTS}
+    s = result("served")
+    s.encodings.append(copy.deepcopy(s.encodings[-1]))
+    s.encodings[-1].encoding = "rs-10-4"
+    s.raw_write_mb_s, s.raw_read_mb_s = 12345.6, 23456.7
+    out["served, rs-10-4"] = s
+    h = result("hedge")
+    h.encodings["rs-10-4"] = copy.deepcopy(h.encodings["rs-6-3"])
+    h.nodes["rs-10-4"] = 16
+    h.encodings["rs-10-4"][2].write_mb_s = 12345.6
+    out["hedge, rs-10-4"] = h
+    sc = result("scale")
+    for p in sc.points:  # loads as slow as they once were (368 s at 4,096 ranks)
+        p.load_s, p.load_vs_16 = p.load_s * 1000, 245.33
+    out["scale, slow loads"] = sc
+    c = result("checkpoint")
+    c.paths.append(
+        dataclasses.replace(
+            c.paths[-1],
+            key="peer/seaweedfs-r3",
+            available=False,
+            reason="weed is not installed (docs/peers.md says how)",
+            write=None,
+            read=None,
+        )
+    )
+    out["checkpoint, a peer missing"] = c
+    return out
+
+
+WIDE = wide_results()
+
+
+def rendered(table: Table, width: int = 80) -> str:
+    console = Console(width=width, record=True, file=io.StringIO())
+    console.print(table)
+    return console.export_text()
+
+
+def cells(table: Table) -> list[str]:
+    """Every header and cell of ``table`` as plain text."""
+    out = []
+    for column in table.columns:
+        for cell in [column.header, *column.cells]:
+            text = cell.plain if isinstance(cell, Text) else Text.from_markup(str(cell)).plain
+            out.append(text)
+    return [c for c in out if c]
+
+
+def tables_of(name: str) -> list[tuple[str, Table]]:
+    mod = module_of(name.split(",")[0])
+    made = [(f, getattr(mod, f, lambda _: None)(WIDE[name])) for f in TABLES]
+    return [(f, t) for f, t in made if t is not None]
+
+
+@pytest.mark.parametrize("name", WIDE)
+def test_every_table_fits_80_columns_whole(name: str) -> None:
+    for fn, table in tables_of(name):
+        text = rendered(table)
+        lines = text.splitlines()
+        assert max(len(line) for line in lines) <= 80, f"{name}.{fn}:\n{text}"
+        assert "…" not in text, f"{name}.{fn}: a cell was cut:\n{text}"
+        for cell in cells(table):  # whole on one line: not wrapped onto a second
+            assert any(cell in line for line in lines), f"{name}.{fn}: {cell!r} wrapped:\n{text}"
+
+
+@pytest.mark.parametrize("name", WIDE)
+def test_no_python_repr_is_printed(name: str) -> None:
+    for fn, table in tables_of(name):
+        text = rendered(table, width=200)
+        assert not re.search(r"[{}]|\['|\[\d|'\]|': ", text), f"{name}.{fn}:\n{text}"
+
+
+LEGENDS = {  # bench -> what its legend defines (each ratio column's name, then " = ")
+    "store": ("write ratio, read ratio = ", "storage overhead", "read vs raw = "),
+    "served": ("Writes acknowledged: embedded when every chunk is durable, served at a quorum",),
+    "hedge": ("vs base w/r = ",),
+    "fuse": ("mount / native, direct-io / native = ",),
+    "ckpt": ("vs one writer = ",),
+    "scale": ("vs 16 = ",),
+    "checkpoint": ("(wall) = ", "vs raw w/r = ", "not divided by the encoding's storage overhead"),
+    "net": ("ratio = measured / expected",),
+    "train": ("native / local = ",),
+}
+
+
+@pytest.mark.parametrize("name", LEGENDS)
+def test_ratio_columns_have_a_legend(name: str) -> None:
+    text = " ".join(rendered(t, width=400) for _, t in tables_of(name))
+    for phrase in LEGENDS[name]:
+        assert phrase in " ".join(text.split()), f"{name}: no {phrase!r} in\n{text}"
+
+
+def test_why_a_path_beats_the_raw_disk_is_said_only_when_one_does() -> None:
+    res = result("store")  # a real run: r1 wrote at 2.23x the raw disk's rate
+    said = " ".join(rendered(store.table(res), width=400).split())
+    assert "Above the raw disk (r1, r3, rs-6-3, rs-10-4): " in said and "parallel streams" in said
+    assert "page cache" not in said  # these reads were cold, and every write synced
+    res.cold_reads, res.sync = False, False
+    said = " ".join(rendered(store.table(res), width=400).split())
+    assert "reads were warm, from the page cache" in said and "--no-sync left" in said
+    for f in res.encodings:  # a read ratio above 1 alone is the overhead's division
+        f.write_ratio, f.read_ratio, f.read_vs_raw = 0.8, 1.9, 0.95
+    said = " ".join(rendered(store.table(res), width=400).split())
+    assert "Above the raw disk" not in said and "read ratio above 1 is not faster" in said
+
+    c = result("checkpoint")
+    said = " ".join(rendered(checkpoint.table(c), width=400).split())
+    assert "Above the raw disk (native/r1, native/r3," in said
+    slow = [p for p in c.paths if p.key in ("raw", "peer/seaweedfs", "peer/glusterfs-r3")]
+    c.paths = slow
+    assert "Above the raw disk" not in " ".join(rendered(checkpoint.table(c), width=400).split())

@@ -236,7 +236,7 @@ def test_store_served_table() -> None:
     text = render(table)
     assert "served (node processes over TCP) vs embedded" in text
     assert "(to ack)" in text and "660" in text  # rs-6-3 served write: 733 x 0.9
-    assert "write acknowledgment:" in text
+    assert "Writes acknowledged: embedded when every chunk is durable, served at a quorum" in text
 
 
 def test_store_json_without_served_validates() -> None:
