@@ -30,7 +30,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +53,7 @@ from clients.ckpt_format import (
     step_dir,
 )
 from clients.ckpt_reads import FileReaders, MergedReader
-from clients.ckpt_region import even_rows, plan, region
+from clients.ckpt_region import Box, RowRead, even_rows, plan, region
 from clients.ckpt_retention import (
     Marker,
     RootView,
@@ -63,6 +63,7 @@ from clients.ckpt_retention import (
     tidy,
     view_of,
 )
+from clients.ckpt_select import box_destination, destination, not_saved_by, selected
 from tectonic_emu._malloc import MMAP_THRESHOLD
 from tectonic_emu.bufpool import PAGE, uninitialised
 from tectonic_emu.chunkstore.remote import aligned_buffer
@@ -86,8 +87,11 @@ _MANIFESTS_KEPT = 4  # decoded manifests a Checkpointer keeps (the newest steps 
 ARENA_BYTES = MMAP_THRESHOLD - 2 * PAGE
 
 Value = Any  # numpy array, bytes-like, or Shard
-# A load waiting to be served with others: rank, the caller's future, its ``into``.
-_LoadAsk = tuple[int, "asyncio.Future[dict[str, Value]]", "Mapping[str, Value] | None"]
+# A load waiting to be served with others: rank, the caller's future, its ``into``, its
+# ``names``.
+_LoadAsk = tuple[
+    int, "asyncio.Future[dict[str, Value]]", "Mapping[str, Value] | None", "Collection[str] | None"
+]
 
 
 @dataclass(slots=True)
@@ -885,6 +889,7 @@ class Checkpointer:
         world_size: int | None = None,
         *,
         into: Mapping[str, Value] | None = None,
+        names: Collection[str] | None = None,
     ) -> dict[str, Value]:
         """``rank``'s state at ``step`` (default: the latest) for ``world_size`` ranks
         (default: as saved). At another world size, ``Shard``s are cut anew, evenly along
@@ -892,13 +897,18 @@ class Checkpointer:
         between ranks raises CheckpointError. Every part read whole is checked against its
         CRC32C: CheckpointCorruptError names the rank, the value and the step.
 
+        ``names``: load only these values (as DCP's ``load`` loads the state dict it is
+        given), e.g. the sharded ones when resharding, leaving out per-rank values (RNG and
+        data-loader state) that cannot be. A name the step does not hold, or (at the world
+        size saved) that this rank did not save, raises CheckpointNotFoundError naming it.
+
         ``into``: values to read into in place, by name, instead of allocating new ones (a
         trainer restoring into the arrays it has, as DCP's ``load`` does): a writable,
-        C-contiguous numpy array of the saved dtype and shape (or a Shard of one), or a
-        writable buffer of the saved length for bytes; the values returned for those names
-        are these arrays (bytes: the buffer). A mismatch is a CheckpointError before anything
-        is read; on a failed check the array holds the bytes read. Only at the world size
-        saved.
+        C-contiguous numpy array of the dtype and shape to be loaded (or a Shard of one; at
+        another world size, this rank's new box of a Shard), or a writable buffer of the
+        saved length for bytes; the values returned for those names are these arrays (bytes:
+        the buffer). A mismatch is a CheckpointError before anything is read; on a failed
+        check the array holds the bytes read.
 
         Ranks of this process that ask in the same event-loop iteration are served together,
         as by ``load_many`` (one manifest look-up, one plan, merged reads and checks), where
@@ -912,7 +922,7 @@ class Checkpointer:
             batch = self._loading[key] = []
             loop.call_soon(self._serve_loads, key)  # after this iteration's other callers
         fut: asyncio.Future[dict[str, Value]] = loop.create_future()
-        batch.append((rank, fut, into))
+        batch.append((rank, fut, into, names))
         return await fut
 
     def _serve_loads(self, key: tuple[int | None, int | None]) -> None:
@@ -928,24 +938,27 @@ class Checkpointer:
         outs: list[Any] = []
         try:
             ix = await self._indexed(step)
-            saved = ix.manifest.world_size
-            ws = saved if world_size is None else world_size
-            for r, _, into in batch:
-                if (err := _rank_error(r, ws)) is not None:
-                    outs.append(err)
-                elif into is not None and ws != saved:
-                    outs.append(CheckpointError(f"into= loads at the world size saved, {saved}"))
-                else:
-                    outs.append(None)
-            joint: dict[int, int] = {}  # rank -> its first ask; a rank asked again goes alone
-            for k, (r, _, _) in enumerate(batch):
-                if outs[k] is None:
-                    joint.setdefault(r, k)
-            alone = [k for k, (r, _, _) in enumerate(batch) if outs[k] is None and joint[r] != k]
-            if ws == saved and len(joint) > 1:
+            m = ix.manifest
+            ws = m.world_size if world_size is None else world_size
+            for r, _, _, names in batch:
                 try:
+                    if (err := _rank_error(r, ws)) is not None:
+                        raise err
+                    if names is not None:
+                        selected(names, ix.by_name, m.step, self.root)
+                    outs.append(None)
+                except CheckpointError as exc:
+                    outs.append(exc)
+            joint: dict[int, int] = {}  # rank -> its first ask; a rank asked again goes alone
+            for k, ask in enumerate(batch):
+                if outs[k] is None:
+                    joint.setdefault(ask[0], k)
+            alone = [k for k, ask in enumerate(batch) if outs[k] is None and joint[ask[0]] != k]
+            if ws == m.world_size and len(joint) > 1:
+                try:
+                    asks = [batch[k] for k in joint.values()]
                     got = await self._load_ranks(
-                        ix, list(joint), [batch[k][2] for k in joint.values()]
+                        ix, list(joint), [a[2] for a in asks], [a[3] for a in asks]
                     )
                     for k, out in zip(joint.values(), got, strict=True):
                         outs[k] = out
@@ -954,7 +967,7 @@ class Checkpointer:
             else:
                 alone += joint.values()
             done = await asyncio.gather(
-                *(self._load_one(ix, batch[k][0], ws, batch[k][2]) for k in alone),
+                *(self._load_one(ix, batch[k][0], ws, batch[k][2], batch[k][3]) for k in alone),
                 return_exceptions=True,
             )
             for k, one in zip(alone, done, strict=True):
@@ -962,10 +975,11 @@ class Checkpointer:
         except Exception as exc:  # no manifest
             outs = [exc] * len(batch)
         except BaseException:  # cancelled (close): so are the loads waiting
-            for _, fut, _ in batch:
-                fut.cancel()
+            for ask in batch:
+                ask[1].cancel()
             raise
-        for (_, fut, _), out in zip(batch, outs, strict=True):
+        for ask, out in zip(batch, outs, strict=True):
+            fut = ask[1]
             if fut.done():
                 continue  # its caller was cancelled
             if isinstance(out, BaseException):
@@ -974,44 +988,57 @@ class Checkpointer:
                 fut.set_result(out)
 
     async def _load_one(
-        self, ix: _Indexed, rank: int, ws: int, into: Mapping[str, Value] | None = None
+        self,
+        ix: _Indexed,
+        rank: int,
+        ws: int,
+        into: Mapping[str, Value] | None = None,
+        names: Collection[str] | None = None,
     ) -> dict[str, Value]:
-        """``load`` of one rank alone, planning its own reads (``into`` only at the world
-        size saved)."""
+        """``load`` of one rank alone, planning its own reads; every name and destination is
+        checked before anything is read."""
         m = ix.manifest
-        out: dict[str, Value] = {}
-        sem = asyncio.Semaphore(_READS_IN_FLIGHT)
         into = into or {}
-        dests = {
-            name: _destination(e, into[name])
-            for name in ix.by_name
-            if name in into and (e := ix.own.get((name, rank))) is not None
-        }
-        for name, entries in ix.by_name.items():
-            kind = entries[0].kind
-            own = ix.own.get((name, rank))
-            if kind == "shard":
-                if ws == m.world_size:
-                    if own is not None:
-                        value = await self._value(ix, own, sem, dests.get(name))
-                        out[name] = Shard(value, own.global_shape, own.offset)
-                    continue
-                g = entries[0].global_shape
-                lo, hi = even_rows(g[0], ws, rank)
-                box = ((lo, hi), *((0, n) for n in g[1:]))
-                arr = await self._assemble(ix, entries, box, sem)
-                out[name] = Shard(arr, g, (lo,) + (0,) * (len(g) - 1))
-            elif ws == m.world_size:
+        # (name, the entry to read or the first of a resharded Shard's, its box, where to)
+        jobs: list[tuple[str, Entry, Box | None, Any]] = []
+        for name in selected(names, ix.by_name, m.step, self.root):
+            entries = ix.by_name[name]
+            first, given = entries[0], into.get(name)
+            if ws == m.world_size:
+                own = ix.own.get((name, rank))
                 if own is not None:
-                    out[name] = await self._value(ix, own, sem, dests.get(name))
+                    jobs.append(
+                        (name, own, None, None if given is None else destination(own, given))
+                    )
+                elif names is not None:
+                    raise not_saved_by(rank, name, m.step, self.root)
+            elif first.kind == "shard":
+                g = first.global_shape
+                box = (even_rows(g[0], ws, rank), *((0, n) for n in g[1:]))
+                if given is not None:
+                    shape = [hi - lo for lo, hi in box]
+                    given = box_destination(name, rank, given, first.dtype, shape)
+                jobs.append((name, first, box, given))
             elif _alike(entries):
-                out[name] = await self._value(ix, entries[0], sem)
+                jobs.append(
+                    (name, first, None, None if given is None else destination(first, given))
+                )
             else:
                 raise CheckpointError(
                     f"step {m.step}: {name!r} differs between ranks, so it cannot be loaded at "
-                    f"world size {ws} (saved at {m.world_size})",
+                    f"world size {ws} (saved at {m.world_size}); leave it out with names=",
                     self.root,
                 )
+        out: dict[str, Value] = {}
+        sem = asyncio.Semaphore(_READS_IN_FLIGHT)
+        for name, e, cut, dest in jobs:
+            if cut is not None:
+                arr = await self._assemble(ix, ix.by_name[name], cut, sem, dest)
+                out[name] = Shard(arr, e.global_shape, tuple(lo for lo, _ in cut))
+            elif e.kind == "shard":
+                out[name] = Shard(await self._value(ix, e, sem, dest), e.global_shape, e.offset)
+            else:
+                out[name] = await self._value(ix, e, sem, dest)
         return out
 
     async def read(
@@ -1052,7 +1079,7 @@ class Checkpointer:
         dest: tuple[Any, memoryview] | None = None,
     ) -> Value:
         """One rank's whole value, every part checked; read into ``dest`` (see
-        ``_destination``) when given."""
+        ``destination``) when given."""
         value, runs = _empty_value(e) if dest is None else (dest[0], _runs(e, dest[1]))
         await asyncio.gather(*(self._read_parts(ix, e, run, dest, sem) for run, dest in runs))
         return bytes(value) if dest is None and isinstance(value, bytearray) else value
@@ -1063,18 +1090,19 @@ class Checkpointer:
         step: int | None = None,
         *,
         into: Sequence[Mapping[str, Value] | None] | None = None,
+        names: Collection[str] | None = None,
     ) -> list[dict[str, Value]]:
-        """``[load(r, step) for r in ranks]`` at the world size saved, for a process hosting
-        many ranks: the same values, but one call plans every read and checks every part,
-        where each ``load`` costs its own coroutines and futures (``bench scale``: about
-        0.1 ms of Python per rank at 4,096 ranks).
+        """``[load(r, step, names=names) for r in ranks]`` at the world size saved, for a
+        process hosting many ranks: the same values, but one call plans every read and
+        checks every part, where each ``load`` costs its own coroutines and futures (``bench
+        scale``: about 0.1 ms of Python per rank at 4,096 ranks).
 
         Values whose parts lie back to back in a file (the usual case) are laid out in
         file order in shared buffers of up to ARENA_BYTES and read straight into place:
         one read per buffer, no copy. So the arrays returned may be views of one buffer,
         which stays allocated while any of them lives. ``into``: for each rank, values to
-        read into in place, as ``load``'s. Raises what ``load`` raises; nothing is returned
-        unless every part read checks."""
+        read into in place, as ``load``'s; ``names``: the values to load, for every rank.
+        Raises what ``load`` raises; nothing is returned unless every part read checks."""
         ix = await self._indexed(step)
         m = ix.manifest
         for rank in ranks:
@@ -1082,25 +1110,32 @@ class Checkpointer:
                 raise err
         if into is not None and len(into) != len(ranks):
             raise CheckpointError(f"into= has {len(into)} states for {len(ranks)} ranks")
-        return await self._load_ranks(ix, ranks, into)
+        if names is not None:
+            names = selected(names, ix.by_name, m.step, self.root)
+        return await self._load_ranks(ix, ranks, into, [names] * len(ranks))
 
     async def _load_ranks(
         self,
         ix: _Indexed,
         ranks: Sequence[int],
         into: Sequence[Mapping[str, Value] | None] | None = None,
+        names: Sequence[Collection[str] | None] | None = None,
     ) -> list[dict[str, Value]]:
+        m = ix.manifest
         outs: list[dict[str, Value]] = [{} for _ in ranks]
         wanted: list[tuple[dict[str, Value], str, Entry]] = []
         placed: list[tuple[Entry, tuple[Any, memoryview]]] = []  # read into the caller's
         for k, (out, rank) in enumerate(zip(outs, ranks, strict=True)):
             given = into[k] if into is not None else None
-            for name in ix.by_name:
+            chosen = names[k] if names is not None else None
+            for name in ix.by_name if chosen is None else chosen:
                 e = ix.own.get((name, rank))
                 if e is None:
+                    if chosen is not None:
+                        raise not_saved_by(rank, name, m.step, self.root)
                     continue
                 if given is not None and name in given:
-                    dest = _destination(e, given[name])
+                    dest = destination(e, given[name])
                     value = dest[0]
                     out[name] = (
                         Shard(value, e.global_shape, e.offset) if e.kind == "shard" else value
@@ -1200,23 +1235,35 @@ class Checkpointer:
         )
 
     async def _assemble(
-        self, ix: _Indexed, entries: Sequence[Entry], box: Any, sem: asyncio.Semaphore
+        self,
+        ix: _Indexed,
+        entries: Sequence[Entry],
+        box: Box,
+        sem: asyncio.Semaphore,
+        out: np.ndarray[Any, Any] | None = None,
     ) -> np.ndarray[Any, Any]:
-        """The array ``box`` of a global array from the values (boxes) ``entries``."""
+        """The array ``box`` of a global array from the values (boxes) ``entries``, in
+        ``out`` when given (of the box's shape and the values' dtype)."""
         dtype = np.dtype(entries[0].dtype)
-        out = np.empty(tuple(hi - lo for lo, hi in box), dtype=dtype)
+        if out is None:
+            out = np.empty(tuple(hi - lo for lo, hi in box), dtype=dtype)
         if out.size == 0:
             return out
 
-        async def one(r: Any) -> None:
-            rows = np.empty(r.rows_shape, dtype=dtype)
+        async def one(r: RowRead) -> None:
+            # Rows that fill their place in ``out`` whole (full width, as resharding along
+            # axis 0 cuts) are read straight into it; others through a buffer of their own.
+            target = out[r.dest]
+            direct = target.shape == r.rows_shape and target.flags.c_contiguous
+            rows = target if direct else np.empty(r.rows_shape, dtype=dtype)
             dest = rows.reshape(-1).view(np.uint8).data
             if r.whole_part:
                 await self._read_part(ix, r.entry, r.part, dest, sem)
             else:  # part of a part: the store's chunk checksums cover these bytes
                 async with sem:
                     await self._reader.read(self._path(r.file), r.pos, dest, ix.files)
-            out[r.dest] = rows[r.source]
+            if not direct:
+                target[...] = rows[r.source]
 
         await asyncio.gather(*(one(r) for r in plan(_distinct(entries), box)))
         return out
@@ -1386,43 +1433,6 @@ def _empty_value(e: Entry) -> tuple[Any, list[tuple[list[Part], memoryview]]]:
         value = np.empty(e.shape, dtype=np.dtype(e.dtype))
         view = memoryview(value.reshape(-1).view(np.uint8)).cast("B")
     return value, _runs(e, view)
-
-
-def _destination(e: Entry, given: Any) -> tuple[Any, memoryview]:
-    """``given`` (``load``'s ``into``) checked as a place for ``e``'s value: the value to
-    return (the array, or the buffer for bytes) and its bytes, to read into."""
-    what = f"{e.name!r} of rank {e.rank}"
-    if e.kind == "bytes":
-        try:
-            view = memoryview(given).cast("B")
-        except (TypeError, ValueError):
-            raise CheckpointError(f"{what}: into= needs a writable contiguous buffer") from None
-        if view.readonly or view.nbytes != e.nbytes:
-            raise CheckpointError(
-                f"{what}: into= needs a writable buffer of {e.nbytes} bytes, "
-                f"not {'a read-only one' if view.readonly else view.nbytes}"
-            )
-        return given, view
-    arr = given.array if isinstance(given, Shard) else given
-    if (
-        not isinstance(arr, np.ndarray)
-        or arr.dtype != np.dtype(e.dtype)
-        or tuple(arr.shape) != tuple(e.shape)
-        or not arr.flags.c_contiguous
-        or not arr.flags.writeable
-    ):
-        got = (
-            f"a {arr.dtype} array of shape {arr.shape}"
-            + ("" if arr.flags.c_contiguous else ", not C-contiguous")
-            + ("" if arr.flags.writeable else ", read-only")
-            if isinstance(arr, np.ndarray)
-            else type(arr).__name__
-        )
-        raise CheckpointError(
-            f"{what}: into= needs a writable C-contiguous {np.dtype(e.dtype)} array of shape "
-            f"{tuple(e.shape)}, not {got}"
-        )
-    return arr, arr.reshape(-1).view(np.uint8).data
 
 
 def _runs(e: Entry, view: memoryview) -> list[tuple[list[Part], memoryview]]:
