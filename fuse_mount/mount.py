@@ -315,8 +315,9 @@ def start_mount(
         try:
             report = _read_to_end(status_r, wait)
         except TimeoutError:
-            proc.send_signal(signal.SIGTERM)
-            raise TectonicError(f"not mounted after {wait:.0f} s", str(mountpoint)) from None
+            proc.send_signal(signal.SIGTERM)  # a mount it made meanwhile goes with it
+            _reap(proc)
+            raise TectonicError(f"not mounted after {wait:g} s", str(mountpoint)) from None
     finally:
         os.close(status_r)
     if report:

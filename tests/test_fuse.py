@@ -30,6 +30,7 @@ from tectonic_emu.errors import (
     InvalidArgumentError,
     NotADirectoryError_,
     NotFoundError,
+    TectonicError,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -460,6 +461,20 @@ def test_start_mount_raises_the_typed_error_whichever_process_found_it(tmp_path:
         unmount(mnt)
         proc.wait(30)
     assert mounts_at(mnt) == []
+    before = _children()
+    with pytest.raises(TectonicError, match=r"not mounted after 0\.05 s"):
+        start_mount(cluster, mnt, wait=0.05)  # the child is still starting: ended and reaped
+    assert mounts_at(mnt) == [] and _children() <= before
+
+
+def _children() -> set[int]:
+    """This process's children, zombies included (from /proc/PID/stat's ppid field)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                found.add(int(stat.parent.name))
+    return found
 
 
 def test_readers_keep_the_version_they_opened(d: Path, mounted: tuple[Path, Path]) -> None:
