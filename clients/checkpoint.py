@@ -16,7 +16,9 @@ How a step commits (``docs/checkpoint.md`` has the failure cases):
    other ``Checkpointer`` polls for the manifest. A rank that fails or is cancelled before the
    commit leaves ``abort-<rank>``, and the step fails everywhere at once. Ranks that never
    come make it fail after ``timeout`` seconds.
-4. After a commit, the committer deletes checkpoints beyond ``keep_last`` (never a data file a
+4. Just before its manifest, the committer writes a marker retiring the checkpoints the
+   commit leaves beyond ``keep_last`` (``clients/ckpt_retention.py``): they are hidden with
+   the commit, everywhere at once. After it, the committer deletes them (never a data file a
    kept checkpoint references) and what failed steps before it left behind.
 """
 

@@ -6,6 +6,8 @@ A checkpoint root holds one directory per step and, once the step is committed, 
     ROOT/step-000000000042/index-<writer>-<n>.json  which ranks batch n (its data files) completes
     ROOT/step-000000000042/abort-<rank>             a rank gave up: the step cannot commit
     ROOT/manifest-000000000042.json                 the commit: every piece of every rank
+    ROOT/retire-000000000040[-000000000042]         steps before 40 are retired (once 42
+                                                    is committed): ckpt_retention.py
 
 A writer is one ``Checkpointer`` in one process. The manifest names, for every (rank, name),
 the *parts* the value was cut into and where each lies (a data file, an offset, a length, a
