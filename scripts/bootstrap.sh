@@ -3,6 +3,9 @@
 # .venv, and the project installed editable with its test tools. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mkdir -p .venv
+
+source scripts/progress.sh
 
 need_apt=()
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -18,8 +21,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     # ip (iproute2): hosts as network namespaces for the multi-host tests (bench/netns.py).
     command -v ip >/dev/null || need_apt+=(iproute2)
     if [ ${#need_apt[@]} -gt 0 ]; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-            --no-install-recommends "${need_apt[@]}" >/dev/null
+        scripts/apt-install.sh "${need_apt[@]}"
     fi
 fi
 
@@ -42,8 +44,10 @@ for wheel in "$wheels"/torch-2.13.0+cpu-*.whl; do
 done
 stamp=.venv/.installed-$( (cat pyproject.toml; echo "$extras") | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
+    echo "bootstrap: into .venv: the project with [$extras] (about 90 s when new)" >&2
     .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
-    .venv/bin/pip install -q "${find_links[@]}" -e ".[$extras]" >.venv/install.log 2>&1 || { cat .venv/install.log; exit 1; }
-    .venv/bin/python -c "import tectonic_emu, pyeclib, google_crc32c, zstandard" 
+    run_logged "pip install" .venv/install.log \
+        .venv/bin/pip install --progress-bar off "${find_links[@]}" -e ".[$extras]"
+    .venv/bin/python -c "import tectonic_emu, pyeclib, google_crc32c, zstandard"
     rm -f .venv/.installed-*; touch "$stamp"
 fi

@@ -281,13 +281,14 @@ def cluster_status(cluster_dir: Path, as_json: bool) -> None:
         title=f"cluster {st.path}" + (" (served)" if st.served else ""),
         box=box.SIMPLE_HEAD if st.served else box.HEAVY_HEAD,
         pad_edge=not st.served,
+        show_edge=not st.served,
     )
     columns = ["node", "state", "chunks", "used", "free"]
     if st.served:
         columns += ["address", "pid", "beat ms"]
     for col in columns:
-        # An address cut to "127.0.0.1:385…" is no use: it never shrinks.
-        table.add_column(col, justify="right", no_wrap=True, min_width=len(col))
+        # An address cut to "127.0.0.1:385…" is no use: it folds onto a second line instead.
+        table.add_column(col, justify="right", overflow="fold", min_width=len(col))
     for n in st.nodes:
         row = [
             str(n.node),
@@ -614,6 +615,12 @@ def _setup_logging() -> None:
 @click.option(
     "--gc-grace", default="600s", show_default=True, help="Age before garbage is collected."
 )
+@click.option(
+    "--background",
+    is_flag=True,
+    help="Return once every node is live; the log goes to DIR/serve.log.",
+)
+@click.option("--stop", is_flag=True, help="Stop the cluster's serve (and its nodes) and return.")
 def serve_cmd(
     cluster_dir: Path,
     host: str,
@@ -624,21 +631,27 @@ def serve_cmd(
     scrub_interval: str,
     scrub_rate: str,
     gc_grace: str,
+    background: bool,
+    stop: bool,
 ) -> None:
     """Serve the cluster: one process per storage node on TCP, plus repair and scrub.
 
-    Runs until Ctrl-C or SIGTERM, then stops every node cleanly. While it runs, every other
-    command (from any number of processes) reaches the nodes over TCP.
+    Runs until Ctrl-C or SIGTERM (or `serve --stop`), then stops every node cleanly. While
+    it runs, every other command (from any number of processes) reaches the nodes over TCP.
 
     \b
     Example:
-      tectonic-emu serve --cluster /tmp/c1 --slow 3=50ms --repair-after 60s &
+      tectonic-emu serve --cluster /tmp/c1 --repair-after 60s --background
       tectonic-emu cluster status --cluster /tmp/c1
       tectonic-emu node kill --cluster /tmp/c1 3
+      tectonic-emu serve --cluster /tmp/c1 --stop
     """
-    from tectonic_emu.served import ServeOptions, run_supervisor
+    from tectonic_emu.served import ServeOptions, Serving, run_supervisor, stop_supervisor
 
-    _setup_logging()
+    if stop:
+        pid = stop_supervisor(cluster_dir)
+        click.echo(f"stopped serve (pid {pid})" if pid else f"nothing serves {cluster_dir}")
+        return
     options = ServeOptions(
         host=host,
         slow=_parse_slow(slow),
@@ -649,6 +662,23 @@ def serve_cmd(
         scrub_rate=float(parse_size(scrub_rate)),
         gc_grace=parse_duration(gc_grace),
     )
+    if background:
+        log = cluster_dir / "serve.log"
+        raw: dict[str, Any] = {
+            "host": host,
+            "slow": dict(v.split("=", 1) for v in slow),
+            "buffers": buffers,
+        }
+        raw |= {"repair_interval": repair_interval, "repair_after": repair_after}
+        raw |= {"scrub_interval": scrub_interval, "scrub_rate": scrub_rate, "gc_grace": gc_grace}
+        serving = Serving(cluster_dir, log=log, detach=True, **raw).start()
+        assert serving.proc is not None
+        click.echo(
+            f"serving {cluster_dir} (pid {serving.proc.pid}, log {log}); "
+            f"stop with: tectonic-emu serve --stop"
+        )
+        return
+    _setup_logging()
     run(run_supervisor(cluster_dir, options))
 
 

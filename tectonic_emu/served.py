@@ -464,6 +464,26 @@ async def run_supervisor(root: Path, options: ServeOptions) -> None:
     await Supervisor(root, options).run(stop)
 
 
+def stop_supervisor(root: Path, *, wait: float = 30.0) -> int | None:
+    """SIGTERM the ``tectonic-emu serve`` of the cluster at ``root`` and wait until it has
+    stopped its nodes and exited. Returns its pid, or None when nothing serves it here.
+
+    Raises NodeUnavailableError when it serves from another host or outlives ``wait``."""
+    info = read_serve_file(root)
+    if info is None or not pid_alive(int(info.get("pid", 0))):
+        return None
+    if not _local(str(info.get("hostname", ""))):
+        raise NodeUnavailableError(f"serve runs on {info['hostname']}; stop it there", str(root))
+    pid = int(info["pid"])
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if pid_exited(pid) or read_serve_file(root) is None:
+            return pid
+        time.sleep(0.05)
+    raise NodeUnavailableError(f"serve (pid {pid}) did not stop in {wait:.0f} s", str(root))
+
+
 # -- from Python: a supervisor in a child process ----------------------------------------------
 class Serving:
     """Run ``tectonic-emu serve`` for a cluster in a child process::
@@ -478,11 +498,13 @@ class Serving:
         *,
         wait: float = 60.0,
         log: str | os.PathLike[str] | None = None,
+        detach: bool = False,
         **options: Any,
     ):
         self.root = Path(root)
         self.wait = wait
         self.log = log  # where the supervisor's and nodes' log lines go (default: stderr)
+        self.detach = detach  # its own session: it outlives this process and its terminal
         self.options = options
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -501,7 +523,11 @@ class Serving:
         log = open(self.log, "ab") if self.log is not None else None  # noqa: SIM115
         try:
             self.proc = subprocess.Popen(
-                self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=log
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=self.detach,
             )
         finally:
             if log is not None:
@@ -509,13 +535,27 @@ class Serving:
         deadline = time.monotonic() + self.wait
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise NodeUnavailableError(f"serve exited with status {self.proc.returncode}")
+                raise NodeUnavailableError(self._exit_reason())
             info = read_serve_file(self.root)
             if info is not None and info.get("pid") == self.proc.pid and self.ready(config):
                 return self
             time.sleep(0.05)
         self.stop()
         raise NodeUnavailableError(f"serve did not start in {self.wait:.0f} s")
+
+    def _exit_reason(self) -> str:
+        """Why the supervisor exited early: its last error line, when it logged to a file."""
+        said = f"serve exited with status {self.proc.returncode if self.proc else '?'}"
+        if self.log is None:
+            return said
+        try:
+            lines = Path(self.log).read_text(errors="replace").splitlines()
+        except OSError:
+            return said
+        errors = [ln for ln in lines if "error" in ln.lower()]
+        if not errors:
+            return said
+        return errors[-1].split("error: ", 1)[-1].strip()
 
     def ready(self, config: ClusterConfig) -> bool:
         for n in range(config.nodes):
@@ -558,4 +598,5 @@ __all__ = [
     "run_node",
     "run_supervisor",
     "signal_node",
+    "stop_supervisor",
 ]
