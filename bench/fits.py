@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from tectonic_emu.client import Client
 from tectonic_emu.coding import Encoding
 from tectonic_emu.config import DEFAULT_BLOCK_SIZE
 from tectonic_emu.errors import InvalidArgumentError, NoSpaceError
+from tectonic_emu.resources import disk_free
 
 PAGE = 4096  # a chunk file's header page, and the file system's rounding of its payload
 _CGROUP_FILES = (  # (limit, usage): cgroup v2, then v1
@@ -39,7 +39,7 @@ class Needs:
 
 def memory_available() -> int:
     """Bytes a run may still make resident: ``MemAvailable``, less where a cgroup limits
-    this process to fewer."""
+    this process to fewer (``tectonic_emu.resources.memory_available`` without the cgroup)."""
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
     try:
         with open("/proc/meminfo") as f:
@@ -56,15 +56,6 @@ def memory_available() -> int:
             have = min(have, max(0, int(limit) - usage))
         break
     return have
-
-
-def disk_free(directory: Path) -> int:
-    """Free bytes (for an unprivileged user) on the file system holding ``directory``, or
-    its nearest existing parent (the bench makes it)."""
-    p = directory.absolute()
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return shutil.disk_usage(p).free
 
 
 def approx(n: float) -> str:
