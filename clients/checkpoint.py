@@ -514,7 +514,8 @@ class Checkpointer:
         if not self._made_root:
             await self.client.mkdir(self.root, parents=True, encoding=self.encoding)
             self._made_root = True
-        committed = await self.steps()
+        view = await self._view()
+        committed = view.visible
         if st.step in committed:
             raise CheckpointError(f"step {st.step} is already committed", self.root)
         if committed and st.step < committed[-1]:
@@ -524,7 +525,18 @@ class Checkpointer:
             )
         if committed:
             st.previous = committed[-1]
+        elif st.step < view.retired_before:
+            await self._forget_retirement(view)
         await self.client.mkdir(self._path(step_dir(st.step)), exist_ok=True)
+
+    async def _forget_retirement(self, view: RootView) -> None:
+        """Every checkpoint was deleted or retired, and a new series starts below the steps
+        retired: delete the retired ones, then the markers, which would hide the new one.
+        Once no manifest lies below them they hide nothing, so a crash in between is safe."""
+        await self._drop(view.retired, view)
+        for m in (await self._view()).markers:
+            with contextlib.suppress(NotFoundError):
+                await self.client.delete(self._path(m.name))
 
     def _stage(
         self, rank: int, name: str, value: Value, copy: bool, buffers: list[memoryview]

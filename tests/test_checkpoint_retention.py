@@ -254,6 +254,27 @@ def test_closing_the_cluster_under_a_clean_up_logs_nothing_and_the_next_commit_c
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
+def test_a_series_started_again_below_the_retired_steps_is_not_hidden(cluster_dir: Path) -> None:
+    """Every checkpoint deleted, training starts again at step 1: the markers that retired
+    steps before 6 must not hide it."""
+
+    async def body(client: Client, root: str) -> None:
+        async with Checkpointer(client, root, world_size=1, keep_last=1) as ckpt:
+            for step in (5, 6):
+                await ckpt.save(step, 0, state(step, 0))
+            await ckpt.delete(6)
+            assert await ckpt.steps() == []
+            await ckpt.save(1, 0, state(1, 0))
+            assert await ckpt.steps() == [1]
+            assert np.array_equal((await ckpt.load(0))["w"], state(1, 0)["w"])
+            await ckpt.save(2, 0, state(2, 0))
+            await ckpt.wait_cleanup()
+            assert await ckpt.steps() == [2]
+            assert left_in(await client.listdir(root)) == ([manifest_name(2)], [step_dir(2)])
+
+    run(cluster_dir, body)
+
+
 # -- the markers alone ---------------------------------------------------------------------
 def view(manifests: list[int], markers: list[Marker]) -> RootView:
     entries = [(manifest_name(s), s) for s in manifests] + [(m.name, 0) for m in markers]
