@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
-from bench.fits import Needs, check_fits, in_flight, stored_bytes
+from bench.fits import in_flight, stored_bytes
 from bench.progress import Stages, Step, no_step
 from bench.schema import schema_of
 from bench.store import aligned_buffer, mb_s, raw_write, size_text
@@ -37,6 +37,7 @@ from bench.tables import beyond_raw, with_legend
 from clients.checkpoint import Checkpointer, Shard
 from tectonic_emu import Cluster
 from tectonic_emu.coding import Encoding
+from tectonic_emu.resources import Needs, check_fits
 
 IO = 1 << 20
 ROW_BYTES = 256 * 4  # a row of the float32 array the ranks' shards are cut from

@@ -30,7 +30,7 @@ from typing import Any
 
 from rich.table import Table
 
-from bench.fits import Needs, check_fits, in_flight, stored_bytes
+from bench.fits import in_flight, stored_bytes
 from bench.progress import Stages, Step, no_step
 from bench.schema import schema_of
 from bench.store import aligned_buffer, drop_caches, mb_s, size_text, write_durably
@@ -38,6 +38,7 @@ from bench.tables import beyond_raw, with_legend
 from fuse_mount.mount import start_mount, unmount
 from tectonic_emu import Cluster
 from tectonic_emu.coding import Encoding
+from tectonic_emu.resources import Needs, check_fits
 
 IO = 1 << 20
 

@@ -30,13 +30,14 @@ from typing import Any
 
 from rich.table import Table
 
-from bench.fits import Needs, check_fits, in_flight, stored_bytes
+from bench.fits import in_flight, stored_bytes
 from bench.progress import Stages, Step, no_step
 from bench.schema import schema_of
 from bench.store import aligned_buffer, drop_caches, mb_s, size_text
 from bench.tables import with_legend
 from tectonic_emu import Cluster
 from tectonic_emu.coding import Encoding
+from tectonic_emu.resources import Needs, check_fits
 from tectonic_emu.served import Serving
 
 CASES = ("baseline", "slow, hedged", "slow, unhedged")

@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
-from bench.fits import Needs, check_fits, in_flight, stored_bytes
+from bench.fits import in_flight, stored_bytes
 from bench.progress import Stages, Step, no_step
 from bench.store import aligned_buffer, drop_caches, mb_s, raw_write
 from bench.tables import beyond_raw, with_legend
@@ -66,6 +66,7 @@ from clients.checkpoint import Checkpointer, Shard
 from tectonic_emu import Cluster
 from tectonic_emu.coding import Encoding
 from tectonic_emu.errors import InvalidArgumentError
+from tectonic_emu.resources import Needs, check_fits
 
 COLUMNS = 256  # float32 columns of the global array: a row is 1 KiB
 ROW_BYTES = COLUMNS * 4

@@ -34,12 +34,13 @@ from typing import Any
 
 from rich.table import Table
 
-from bench.fits import Needs, check_fits, in_flight, stored_bytes
+from bench.fits import in_flight, stored_bytes
 from bench.progress import Stages, Step, no_step
 from bench.schema import schema_of
 from bench.tables import beyond_raw, with_legend
 from tectonic_emu import Cluster
 from tectonic_emu.coding import Encoding
+from tectonic_emu.resources import Needs, check_fits
 from tectonic_emu.served import Serving
 
 PIECE = 8 << 20

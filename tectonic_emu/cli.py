@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import sys
 import tempfile
@@ -43,7 +44,7 @@ from tectonic_emu.config import (
 from tectonic_emu.demo import DemoReport, run_demo
 from tectonic_emu.errors import IsADirectoryError_, NotFoundError, TectonicError
 from tectonic_emu.paths import join_path, split_path
-from tectonic_emu.resources import check_fits, human_bytes
+from tectonic_emu.resources import Needs, check_fits, human_bytes
 from tectonic_emu.services import DEFAULT_GC_GRACE, repair, scrub
 
 T = TypeVar("T")
@@ -908,11 +909,18 @@ def demo(cluster_dir: Path | None, size: str, as_json: bool) -> None:
     Example:
       tectonic-emu demo --size 64MiB
     """
-    nbytes = parse_size(size, minimum=DEMO_MIN_SIZE)
+    nbytes = parse_size(size)
     where = cluster_dir if cluster_dir is not None else Path(tempfile.gettempdir())
     overheads = sum(Encoding.parse(e).overhead for e in KNOWN_ENCODINGS)
-    # The bytes written, their read-back copy and the blocks in flight; every encoding on disk.
-    check_fits("demo --size", nbytes, memory_per_byte=3, disk_per_byte=overheads, where=where)
+    check_fits(
+        nbytes,
+        # The bytes written, their read-back copy and the blocks in flight; every encoding's
+        # file on disk at once.
+        lambda n: Needs(memory=3 * n, disk=math.ceil(n * overheads)),
+        where,
+        minimum=DEMO_MIN_SIZE,
+        at_least="less takes too little time to give a rate",
+    )
     with err_console.status("demo") as status:
         report = run(run_demo(cluster_dir, size=nbytes, step=lambda s: status.update(s)))
     if as_json:

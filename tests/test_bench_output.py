@@ -28,6 +28,7 @@ from rich.text import Text
 from bench import checkpoint, ckpt, fits, fuse, hedge, scale, store
 from bench.cli import bar_columns
 from bench.progress import Stages
+from tectonic_emu import resources
 from tectonic_emu.errors import InvalidArgumentError, NoSpaceError
 
 GiB = 1 << 30
@@ -72,8 +73,8 @@ def test_bench_store_size_zero_or_negative_is_refused(tmp_path: Path, size: str)
 
 
 def _machine(monkeypatch: pytest.MonkeyPatch, memory: int, disk: int) -> None:
-    monkeypatch.setattr(fits, "memory_available", lambda: memory)
-    monkeypatch.setattr(fits, "disk_free", lambda _directory: disk)
+    monkeypatch.setattr(resources, "memory_available", lambda: memory)
+    monkeypatch.setattr(resources, "disk_free", lambda _directory: disk)
 
 
 def test_the_largest_size_that_fits_is_named_and_does_fit(
@@ -81,23 +82,23 @@ def test_the_largest_size_that_fits_is_named_and_does_fit(
 ) -> None:
     _machine(monkeypatch, memory=8 * GiB, disk=100 * GiB)
 
-    def needs(n: int) -> fits.Needs:
+    def needs(n: int) -> resources.Needs:
         return store.needs(n, ["r1", "rs-6-3"], 8 << 20)
 
     with pytest.raises(InvalidArgumentError, match="at most ") as caught:  # memory binds
-        fits.check_fits(100 * GiB, needs, tmp_path)
+        resources.check_fits(100 * GiB, needs, tmp_path)
     quoted = caught.value.message.rsplit("at most ", 1)[1].removesuffix(" fits")
     number, unit = quoted.split()
     named = int(float(number) * {"GiB": GiB, "MiB": 1 << 20}[unit])
-    fits.check_fits(named, needs, tmp_path)  # the size it names passes
+    resources.check_fits(named, needs, tmp_path)  # the size it names passes
     assert needs(named + GiB // 5).memory > 8 * GiB  # and is within a tenth of a unit or so
 
     _machine(monkeypatch, memory=64 * GiB, disk=2 * GiB)
     with pytest.raises(NoSpaceError, match=r"on disk in .* \(2 GiB free\)"):  # disk binds
-        fits.check_fits(4 * GiB, needs, tmp_path)
+        resources.check_fits(4 * GiB, needs, tmp_path)
     _machine(monkeypatch, memory=0, disk=2 * GiB)
     with pytest.raises(InvalidArgumentError, match="nothing fits"):
-        fits.check_fits(4 * GiB, needs, tmp_path)
+        resources.check_fits(4 * GiB, needs, tmp_path)
 
 
 def test_what_each_bench_needs_follows_its_code() -> None:
