@@ -572,6 +572,15 @@ def _parse_slow(values: tuple[str, ...]) -> dict[int, float]:
     return slow
 
 
+buffers_option = click.option(
+    "--buffers",
+    default=8,
+    show_default=True,
+    type=click.IntRange(1, 1024),
+    help="Chunk buffers each node process keeps in memory.",
+)
+
+
 def _setup_logging() -> None:
     import logging
 
@@ -593,13 +602,7 @@ def _setup_logging() -> None:
 @click.option(
     "--slow", multiple=True, metavar="NODE=DELAY", help="Delay one node's replies (repeatable)."
 )
-@click.option(
-    "--buffers",
-    default=8,
-    show_default=True,
-    type=click.IntRange(1, 1024),
-    help="Chunk buffers per node process.",
-)
+@buffers_option
 @click.option(
     "--repair-interval", default="10s", show_default=True, help="Pause between repair passes."
 )
@@ -710,13 +713,7 @@ def node_group() -> None:
     help="Port [default: the node's port in cluster.json, else 0: any free one].",
 )
 @click.option("--slow", default="0", show_default=True, help="Delay added to every reply.")
-@click.option(
-    "--buffers",
-    default=8,
-    show_default=True,
-    type=click.IntRange(1, 1024),
-    help="Chunk buffers in memory.",
-)
+@buffers_option
 def node_serve(
     cluster_dir: Path, node: int, host: str | None, port: int | None, slow: str, buffers: int
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -11,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from tectonic_emu import Cluster
+from tectonic_emu.client import Client
 
 T = TypeVar("T")
 
@@ -42,6 +44,26 @@ def run_with(root: Path, fn: Callable[[Cluster], Awaitable[T]]) -> T:
             return await fn(cluster)
 
     return asyncio.run(go())
+
+
+_fresh_roots = itertools.count()
+
+
+def fresh_root() -> str:
+    """A store directory name no other call in this test run got."""
+    return f"/ckpt{next(_fresh_roots)}"
+
+
+def run_in_fresh_root(cluster_dir: Path, body: Callable[[Client, str], Awaitable[T]]) -> T:
+    """Run ``body(client, a store directory no other call got)`` on the cluster at
+    ``cluster_dir`` (the checkpoint tests: one cluster per module, a root per test)."""
+    root = fresh_root()
+
+    async def main() -> T:
+        async with Cluster.open(cluster_dir) as cluster:
+            return await body(cluster.client(), root)
+
+    return asyncio.run(main())
 
 
 @pytest.fixture

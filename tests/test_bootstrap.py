@@ -28,15 +28,19 @@ def test_the_readme_lists_everything_bootstrap_installs() -> None:
         assert f"`{name}`" in readme, f"README does not say bootstrap installs {name}"
 
 
+def run_logged(label: str, log: Path, command: str) -> subprocess.CompletedProcess[str]:
+    """``run_logged LABEL LOG bash -c COMMAND`` (scripts/progress.sh), then ``echo after``;
+    stderr is not a terminal, as in CI."""
+    shell = f"source {SCRIPTS / 'progress.sh'}; run_logged '{label}' {log} bash -c '{command}'"
+    return subprocess.run(
+        ["bash", "-c", f"{shell}; echo after"], capture_output=True, text=True, timeout=60
+    )
+
+
 def test_a_long_step_shows_its_progress_and_how_long_it_took(tmp_path: Path) -> None:
     log = tmp_path / "step.log"
-    shell = (
-        f"source {SCRIPTS / 'progress.sh'}; "
-        f"run_logged 'pip install' {log} bash -c 'for i in $(seq 18); do echo Collecting p$i; "
-        "sleep 1; done'"
-    )
-    r = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
+    r = run_logged("pip install", log, "for i in $(seq 18); do echo Collecting p$i; sleep 1; done")
+    assert r.returncode == 0 and r.stdout == "after\n", r.stderr
     # Not a terminal: a line every 15 s naming the step, the seconds and the log's last line.
     assert re.search(r"pip install: 15s\s+Collecting p1\d", r.stderr), r.stderr
     assert re.search(r"pip install: done in (1[89]|2[0-9])s", r.stderr), r.stderr
@@ -44,16 +48,10 @@ def test_a_long_step_shows_its_progress_and_how_long_it_took(tmp_path: Path) -> 
 
 
 def test_a_failed_step_shows_the_end_of_its_log(tmp_path: Path) -> None:
-    log = tmp_path / "step.log"
-    shell = (
-        f"source {SCRIPTS / 'progress.sh'}; "
-        f"run_logged 'apt-get install' {log} bash -c 'echo E: no such package; exit 100'; "
-        "echo not reached"
-    )
-    r = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=60)
+    r = run_logged("apt-get install", tmp_path / "step.log", "echo E: no such package; exit 100")
     assert r.returncode == 1
     assert "apt-get install failed" in r.stderr and "E: no such package" in r.stderr
-    assert "not reached" not in r.stdout
+    assert "after" not in r.stdout  # the script stopped there
 
 
 def hold(path: str, seconds: float, held: threading.Event) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
 import json
 import subprocess
 import sys
@@ -33,7 +32,8 @@ from clients.ckpt_format import (
 from tectonic_emu import Cluster
 from tectonic_emu.client import Client
 
-ROOT = "/ckpt"
+from .conftest import fresh_root
+from .conftest import run_in_fresh_root as run
 
 
 @pytest.fixture(scope="module")
@@ -41,20 +41,6 @@ def cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("ckpt") / "c"
     Cluster.create(path, nodes=4, encoding="r3", block_size=256 << 10)
     return path
-
-
-_roots = itertools.count()
-
-
-def run(cluster_dir: Path, body: Callable[[Client, str], Awaitable[Any]]) -> Any:
-    """Run ``body(client, a fresh checkpoint root)`` on the cluster."""
-    root = f"{ROOT}{next(_roots)}"
-
-    async def main() -> Any:
-        async with Cluster.open(cluster_dir) as cluster:
-            return await body(cluster.client(), root)
-
-    return asyncio.run(main())
 
 
 def global_array(step: int, shape: tuple[int, ...] = (61, 7)) -> np.ndarray[Any, Any]:
@@ -242,7 +228,7 @@ RANK_SCRIPT = textwrap.dedent(
 
 
 def test_two_processes_complete_a_synchronized_save(cluster_dir: Path, tmp_path: Path) -> None:
-    root = f"{ROOT}{next(_roots)}"
+    root = fresh_root()
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     cwd = Path(__file__).resolve().parent.parent
@@ -453,7 +439,7 @@ def test_a_chunk_lost_beyond_repair_is_an_error_naming_rank_name_and_step(
 ) -> None:
     """Stored without redundancy (r1), the chunk holding the data file is damaged on disk:
     loading fails clearly, naming the rank, the value and the step."""
-    root = f"{ROOT}{next(_roots)}"
+    root = fresh_root()
 
     async def save(client: Client) -> list[Path]:
         async with Checkpointer(client, root, world_size=2, encoding="r1") as ckpt:

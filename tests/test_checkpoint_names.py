@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import itertools
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,7 @@ from clients.ckpt_format import CheckpointError, CheckpointNotFoundError
 from tectonic_emu import Cluster
 from tectonic_emu.client import Client
 
-_roots = itertools.count()
+from .conftest import run_in_fresh_root as run
 
 
 @pytest.fixture(scope="module")
@@ -29,16 +27,6 @@ def cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("ckpt-names") / "c"
     Cluster.create(path, nodes=4, encoding="r3", block_size=256 << 10)
     return path
-
-
-def run(cluster_dir: Path, body: Callable[[Client, str], Awaitable[Any]]) -> Any:
-    root = f"/names{next(_roots)}"
-
-    async def main() -> Any:
-        async with Cluster.open(cluster_dir) as cluster:
-            return await body(cluster.client(), root)
-
-    return asyncio.run(main())
 
 
 def trainer_state(g: np.ndarray[Any, Any], world: int, rank: int) -> dict[str, Any]:

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import itertools
 import logging
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,8 @@ from clients.ckpt_retention import Marker, RootView, commit_marker, tidy, view_o
 from tectonic_emu import Cluster
 from tectonic_emu.client import Client
 
-_roots = itertools.count()
+from .conftest import fresh_root
+from .conftest import run_in_fresh_root as run
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +31,6 @@ def cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("ckpt-retention") / "c"
     Cluster.create(path, nodes=4, encoding="r3", block_size=256 << 10)
     return path
-
-
-def run(cluster_dir: Path, body: Callable[[Client, str], Awaitable[Any]]) -> Any:
-    root = f"/keep{next(_roots)}"
-
-    async def main() -> Any:
-        async with Cluster.open(cluster_dir) as cluster:
-            return await body(cluster.client(), root)
-
-    return asyncio.run(main())
 
 
 def state(step: int, rank: int) -> dict[str, Any]:
@@ -213,7 +202,7 @@ def test_closing_the_cluster_under_a_clean_up_logs_nothing_and_the_next_commit_c
     step 20 stays hidden, and the next commit's clean-up (another process's, here another
     opening of the cluster) deletes what it left."""
     caplog.set_level(logging.DEBUG, logger="clients.checkpoint")
-    root = f"/keep{next(_roots)}"
+    root = fresh_root()
     s = {"w": np.arange(1000, dtype=np.float64)}
 
     async def first() -> None:
