@@ -13,10 +13,8 @@ import abc
 import re
 from dataclasses import dataclass
 
+from tectonic_emu.buffers import BytesLike
 from tectonic_emu.errors import ChunkCorruptError, InvalidArgumentError, NodeUnavailableError
-
-# What chunk payloads may be passed as (``collections.abc.Buffer`` needs Python 3.12).
-BytesLike = bytes | bytearray | memoryview
 
 _CHUNK_ID = re.compile(r"[0-9a-z][0-9a-z.\-]{0,63}")
 

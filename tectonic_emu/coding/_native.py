@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
 
-from tectonic_emu.chunkstore.base import BytesLike
+from tectonic_emu.buffers import BytesLike
 
 _PyBUF_SIMPLE = 0
 _PyBUF_WRITABLE = 1

@@ -7,7 +7,7 @@ from typing import Any
 
 import google_crc32c
 
-from tectonic_emu.chunkstore.base import BytesLike
+from tectonic_emu.buffers import BytesLike
 from tectonic_emu.coding._native import crc32c_extend, pinned
 from tectonic_emu.errors import InvalidArgumentError
 
