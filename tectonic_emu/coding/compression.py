@@ -11,8 +11,8 @@ from typing import Literal, get_args
 
 import zstandard
 
-from tectonic_emu.chunkstore.base import BytesLike
-from tectonic_emu.coding.codec import byte_view
+from tectonic_emu.buffers import BytesLike
+from tectonic_emu.coding.base import byte_view
 from tectonic_emu.errors import ChunkCorruptError, InvalidArgumentError
 
 FLAG_ZSTD: int = 1  # bit 0 of a chunk's flags: the stored payload is one zstd frame

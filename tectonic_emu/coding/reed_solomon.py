@@ -17,10 +17,10 @@ import ctypes
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
-from tectonic_emu.chunkstore.base import BytesLike
+from tectonic_emu.buffers import BytesLike
 from tectonic_emu.coding._gf256 import cauchy_matrix, gf_matmul
 from tectonic_emu.coding._native import isal, pinned
-from tectonic_emu.coding.codec import Codec, byte_view, writable_view
+from tectonic_emu.coding.base import Codec, byte_view, writable_view
 from tectonic_emu.coding.encoding import Encoding
 from tectonic_emu.errors import DataUnavailableError, InvalidArgumentError
 

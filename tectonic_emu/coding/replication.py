@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from tectonic_emu.chunkstore.base import BytesLike
-from tectonic_emu.coding.codec import Codec, byte_view, writable_view
+from tectonic_emu.buffers import BytesLike
+from tectonic_emu.coding.base import Codec, byte_view, writable_view
 
 
 class ReplicationCodec(Codec):
