@@ -6,7 +6,7 @@ Layout::
     DIR/metadata.db           SQLite (WAL): the Name, File and Block layers
     DIR/nodes/n000/d0/...     node 0, disk 0: chunk files
     DIR/nodes/n000/STOPPED    present while node 0 is out of service
-    DIR/nodes/n000/address.json, DIR/serve.json   while served (``served.py``)
+    DIR/nodes/n000/address.json, DIR/serve.json   while served (``nodectl.py``)
 
 Embedded mode (no daemon): the opening process reads and writes the node directories itself.
 Served mode (``tectonic-emu serve``): every node is its own process on TCP, and any number of
@@ -50,7 +50,7 @@ from tectonic_emu.errors import AlreadyExistsError, InvalidArgumentError, NodeUn
 from tectonic_emu.metadata import KVStore, PostgresKV, SQLiteKV
 from tectonic_emu.metadata.layers import Metadata
 from tectonic_emu.metadata.records import BlockRecord
-from tectonic_emu.served import (
+from tectonic_emu.nodectl import (
     STOP_MARKER,
     control,
     is_served,

@@ -1,17 +1,8 @@
 """Served mode: every storage node is its own OS process behind a TCP port.
 
-Files in the cluster directory (the *topology*; clients on any host that sees the directory
-find the nodes through them)::
-
-    DIR/nodes/n000/address.json   {"node", "host", "port", "pid", "hostname", "started"},
-                                  written by the node process once it listens, removed when
-                                  it stops cleanly (a SIGKILLed node leaves it: clients then
-                                  find nothing listening and count the node as down)
-    DIR/serve.json                {"pid", "control": [host, port], "hostname", "started"},
-                                  written by ``tectonic-emu serve`` while it supervises
-
-A cluster is *served* while any of these files exist; ``Cluster.open`` then reaches every node
-over TCP (``RemoteNode``) and never touches the node directories itself.
+Each node process publishes its address in the cluster directory, and the supervisor its
+control socket (the topology files, see ``nodectl.py``); ``Cluster.open`` finds them there,
+reaches every node over TCP (``RemoteNode``) and never touches the node directories itself.
 
 ``run_node`` is ``tectonic-emu node serve``; ``Supervisor`` is ``tectonic-emu serve``: it
 starts one ``node serve`` process per node, runs the background services, answers control
@@ -38,113 +29,26 @@ from typing import Any
 
 from tectonic_emu._malloc import keep_freed_memory
 from tectonic_emu.config import ClusterConfig
-from tectonic_emu.errors import (
-    AlreadyExistsError,
-    InvalidArgumentError,
-    NodeUnavailableError,
-    TectonicError,
+from tectonic_emu.errors import AlreadyExistsError, InvalidArgumentError, NodeUnavailableError
+from tectonic_emu.nodectl import (
+    ADDRESS_FILE,
+    SERVE_FILE,
+    STOP_MARKER,
+    NodeAddress,
+    control,
+    is_local,
+    is_served,
+    node_dir,
+    pid_alive,
+    pid_exited,
+    read_address,
+    read_serve_file,
+    signal_node,
+    write_address,
+    write_serve_file,
 )
 
 log = logging.getLogger(__name__)
-
-ADDRESS_FILE = "address.json"
-SERVE_FILE = "serve.json"
-STOP_MARKER = "STOPPED"
-
-
-def node_dir(root: Path, n: int) -> Path:
-    return root / "nodes" / f"n{n:03d}"
-
-
-# -- the topology files ------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class NodeAddress:
-    node: int
-    host: str
-    port: int
-    pid: int
-    hostname: str
-    started: float
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data) + "\n")
-    os.replace(tmp, path)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def read_address(root: Path, n: int) -> NodeAddress | None:
-    data = _read_json(node_dir(root, n) / ADDRESS_FILE)
-    if data is None:
-        return None
-    try:
-        return NodeAddress(**data)
-    except TypeError:
-        return None
-
-
-def read_serve_file(root: Path) -> dict[str, Any] | None:
-    return _read_json(root / SERVE_FILE)
-
-
-def is_served(root: Path, nodes: int) -> bool:
-    """Whether a supervisor or any node process serves this cluster.
-
-    Files left by processes that died are ignored when those processes ran on this host and
-    are gone: a SIGKILLed supervisor takes its nodes with it, and the cluster is embedded
-    again. (A killed node under a live supervisor still counts as served, and down.)
-    Processes on other hosts cannot be checked from here and count as alive."""
-    serve = read_serve_file(root)
-    if serve is not None and _recorded_alive(str(serve.get("hostname", "")), serve.get("pid")):
-        return True
-    for n in range(nodes):
-        addr = read_address(root, n)
-        if addr is not None and _recorded_alive(addr.hostname, addr.pid):
-            return True
-    return False
-
-
-def _recorded_alive(hostname: str, pid: object) -> bool:
-    if not _local(hostname):
-        return True
-    return isinstance(pid, int) and pid_alive(pid)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def pid_exited(pid: int) -> bool:
-    """Whether ``pid`` has exited: gone, or a zombie its parent has not reaped yet (which
-    ``pid_alive`` still counts as alive)."""
-    if not pid_alive(pid):
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rpartition(")")[2].split()[0]
-    except FileNotFoundError:
-        return not os.path.isdir("/proc/self")  # gone meanwhile, or no /proc to tell
-    except (OSError, IndexError):
-        return False
-    return state in ("Z", "X")
-
-
-def _local(hostname: str) -> bool:
-    return hostname == socket.gethostname()
 
 
 # -- one node process --------------------------------------------------------------------------
@@ -176,7 +80,7 @@ async def run_node(
     if (
         current is not None
         and current.pid != os.getpid()
-        and _local(current.hostname)
+        and is_local(current.hostname)
         and pid_alive(current.pid)
     ):
         raise AlreadyExistsError(f"node {n} is already served by pid {current.pid}")
@@ -188,7 +92,7 @@ async def run_node(
     bound_host, bound_port = await server.start(host, port)
     advertised = socket.getfqdn() if bound_host in ("0.0.0.0", "::") else bound_host
     me = NodeAddress(n, advertised, bound_port, os.getpid(), socket.gethostname(), time.time())
-    _write_json(node_dir(root, n) / ADDRESS_FILE, asdict(me))
+    write_address(root, me)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -204,63 +108,6 @@ async def run_node(
         if current is not None and current.pid == os.getpid():
             (node_dir(root, n) / ADDRESS_FILE).unlink(missing_ok=True)
         await server.close()
-
-
-# -- signals to node processes -----------------------------------------------------------------
-def signal_node(root: Path, n: int, sig: int, *, wait: float = 10.0) -> int:
-    """Send ``sig`` to the process serving node ``n`` on this host; returns its pid.
-
-    After SIGKILL, returns once the process has exited; after SIGTERM, once it has exited or
-    given up its address (it then only finishes the requests it had). So a ``start`` that
-    follows never finds the old process still answering. Waits at most ``wait`` seconds."""
-    addr = read_address(root, n)
-    if addr is None:
-        raise NodeUnavailableError(f"node {n} is not served")
-    if not _local(addr.hostname):
-        raise InvalidArgumentError(
-            f"node {n} runs on {addr.hostname}; signal it from there", str(root)
-        )
-    if pid_exited(addr.pid):
-        raise NodeUnavailableError(f"node {n} (pid {addr.pid}) is not running")
-    try:
-        os.kill(addr.pid, sig)
-    except ProcessLookupError:
-        raise NodeUnavailableError(f"node {n} (pid {addr.pid}) is not running") from None
-
-    def stopped() -> bool:
-        if pid_exited(addr.pid):
-            return True
-        if sig != signal.SIGTERM:
-            return False
-        current = read_address(root, n)
-        return current is None or current.pid != addr.pid
-
-    if sig in (signal.SIGKILL, signal.SIGTERM):
-        deadline = time.monotonic() + wait
-        while not stopped() and time.monotonic() < deadline:
-            time.sleep(0.005)
-    return addr.pid
-
-
-def control(root: Path, request: dict[str, Any], *, wait: float = 30.0) -> dict[str, Any]:
-    """Send one request to the supervisor's control socket and return its reply."""
-    info = read_serve_file(root)
-    if info is None:
-        raise NodeUnavailableError(
-            "no `tectonic-emu serve` runs for this cluster (start nodes with `node serve`)",
-            str(root),
-        )
-    host, port = info["control"]
-    try:
-        with socket.create_connection((host, port), timeout=wait) as sock:
-            sock.sendall(json.dumps(request).encode() + b"\n")
-            raw = sock.makefile("rb").readline()
-    except OSError as e:
-        raise NodeUnavailableError(f"cannot reach the supervisor at {host}:{port} ({e})") from None
-    reply = json.loads(raw or b"{}")
-    if not reply.get("ok"):
-        raise TectonicError(str(reply.get("error", "the supervisor refused the request")))
-    return dict(reply)
 
 
 # -- the supervisor ----------------------------------------------------------------------------
@@ -397,12 +244,12 @@ class Supervisor:
         from tectonic_emu.services.background import repair_loop, scrub_loop
 
         info = read_serve_file(self.root)
-        if info is not None and _local(info.get("hostname", "")) and pid_alive(int(info["pid"])):
+        if info is not None and is_local(info.get("hostname", "")) and pid_alive(int(info["pid"])):
             raise AlreadyExistsError(f"the cluster is already served by pid {info['pid']}")
         control_server = await asyncio.start_server(self._control, self.options.host, 0)
         chost, cport = control_server.sockets[0].getsockname()[:2]
-        _write_json(
-            self.root / SERVE_FILE,
+        write_serve_file(
+            self.root,
             {
                 "pid": os.getpid(),
                 "control": [chost, cport],
@@ -472,7 +319,7 @@ def stop_supervisor(root: Path, *, wait: float = 30.0) -> int | None:
     info = read_serve_file(root)
     if info is None or not pid_alive(int(info.get("pid", 0))):
         return None
-    if not _local(str(info.get("hostname", ""))):
+    if not is_local(str(info.get("hostname", ""))):
         raise NodeUnavailableError(f"serve runs on {info['hostname']}; stop it there", str(root))
     pid = int(info["pid"])
     os.kill(pid, signal.SIGTERM)
