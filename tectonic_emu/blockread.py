@@ -1,0 +1,356 @@
+"""Reading a block: the fewest chunks that return it, checked, raced when late, rebuilt.
+
+Reads fetch the fewest chunks that can return the range asked for, require every chunk's
+CRC32C to be the one the Block layer recorded, and fall back to other replicas or parity
+chunks when a chunk is missing, corrupt or on a dead node. A chunk read slower than the
+hedge delay (``ReadHedging``) is raced against another replica, or for Reed-Solomon against a
+decode from parity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Executor
+
+from tectonic_emu.buffers import BytesLike
+from tectonic_emu.chunkstore.base import StorageNode
+from tectonic_emu.coding import Encoding, codec_for, decompress
+from tectonic_emu.errors import ChunkCorruptError, DataUnavailableError
+from tectonic_emu.hedging import DEFAULT_HEDGE_AFTER, STUCK_FACTOR, ReadHedging
+from tectonic_emu.metadata.records import BlockRecord, ChunkPlacement
+from tectonic_emu.offload import offload
+
+
+class BlockReader:
+    """Chunk reads of one data path: its nodes, CPU pool and read-hedging state.
+
+    ``rng`` spreads replicated reads over the replicas (shared with placement, so one seed
+    fixes a run).
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[StorageNode],
+        hedging: ReadHedging,
+        *,
+        cpu: Executor,
+        rng: random.Random,
+    ) -> None:
+        self.nodes = nodes
+        self.hedging = hedging
+        self.stats = hedging.stats
+        self._cpu = cpu
+        self._rng = rng
+
+    # -- one chunk ---------------------------------------------------------------------------
+    async def fetch_chunk(self, c: ChunkPlacement) -> BytesLike:
+        """One chunk's raw (decompressed) bytes, checked end to end against the Block layer."""
+        t0 = time.monotonic()
+        stored, info = await self.nodes[c.node].read_chunk(c.disk, c.chunk_id)
+        self.hedging.record(c.node, c.stored_len, time.monotonic() - t0)
+        # Every node checks the payload against the checksum stored with it (a served node's
+        # client does so after the wire); that checksum must be the one the Block layer
+        # recorded when the block was written. One pass over the bytes, end to end.
+        if len(stored) != c.stored_len or info.crc32c != c.crc32c:
+            raise ChunkCorruptError(f"chunk {c.chunk_id} fails its checksum", f"node {c.node}")
+        if not c.flags:
+            return stored
+        return await offload(self._cpu, c.raw_len, _decompressed, c, stored)
+
+    async def fetch_chunk_into(self, c: ChunkPlacement, dest: memoryview) -> memoryview:
+        """``fetch_chunk`` for an uncompressed chunk, received straight into ``dest`` (exactly
+        its length); returns ``dest``."""
+        t0 = time.monotonic()
+        info = await self.nodes[c.node].read_chunk_into(c.disk, c.chunk_id, dest)
+        self.hedging.record(c.node, c.stored_len, time.monotonic() - t0)
+        if dest.nbytes != c.stored_len or info.crc32c != c.crc32c:
+            raise ChunkCorruptError(f"chunk {c.chunk_id} fails its checksum", f"node {c.node}")
+        return dest
+
+    # -- blocks and ranges -------------------------------------------------------------------
+    async def read_range(
+        self, rec: BlockRecord, lo: int, hi: int, *, into: memoryview | None = None
+    ) -> list[tuple[int, BytesLike]]:
+        """Pieces ``(offset in the block, bytes)`` that together cover [lo, hi) of a block;
+        with ``into`` (``hi - lo`` bytes), the bytes land there instead and the list is empty.
+
+        For Reed-Solomon only the data chunks overlapping the range are fetched, and no block
+        is assembled: its bytes go straight from the chunk buffers to the caller (a fresh
+        48 MiB block per read would cost more than the read on this VM); chunks the range
+        covers whole are received straight into ``into``. When one of them is missing,
+        corrupt, on a node that is down, or slow (hedged), the block is decoded from any D
+        chunks.
+        """
+        enc = Encoding.parse(rec.encoding)
+        if enc.kind == "rs" and hi > lo:
+            sizes = codec_for(enc).chunk_sizes(rec.length)[: enc.data]
+            starts = list(itertools.accumulate([0, *sizes[:-1]]))
+            by_index = {c.index: c for c in rec.chunks}
+            wanted = [
+                i
+                for i in range(enc.data)
+                if sizes[i] and starts[i] < hi and starts[i] + sizes[i] > lo
+            ]
+            if all(i in by_index and self.nodes[by_index[i].node].available for i in wanted):
+                return await self._read_rs_range(rec, enc, lo, hi, into, sizes, starts, wanted)
+        if (
+            enc.kind == "replication"
+            and into is not None
+            and (lo, hi) == (0, rec.length)
+            and rec.chunks
+            and not any(c.flags for c in rec.chunks)
+        ):
+            self.hedging.count_read()
+            live = [c for c in self._read_order(rec.chunks, 1) if self.nodes[c.node].available]
+            if live:
+                good, failed = await self._race(
+                    live[:1], live[1:], enough=1, direct={live[0].index: into}
+                )
+                if good:
+                    got = next(iter(good.values()))
+                    if got is not into:
+                        into[:] = got
+                    return []
+                data = await self.read_block(rec, failed=failed)
+                return _deliver(data, lo, hi, into)
+        data = await self.read_block(rec)
+        return _deliver(data, lo, hi, into)
+
+    async def _read_rs_range(
+        self,
+        rec: BlockRecord,
+        enc: Encoding,
+        lo: int,
+        hi: int,
+        into: memoryview | None,
+        sizes: list[int],
+        starts: list[int],
+        wanted: list[int],
+    ) -> list[tuple[int, BytesLike]]:
+        """``read_range`` of a Reed-Solomon block whose ``wanted`` data chunks (those the
+        range overlaps, at ``starts`` in the block, of ``sizes``) are all on live nodes."""
+        self.hedging.count_read()
+        by_index = {c.index: c for c in rec.chunks}
+        direct: dict[int, memoryview] = {}
+        if into is not None:
+            for i in wanted:
+                a, b = starts[i], starts[i] + sizes[i]
+                if not by_index[i].flags and lo <= a and b <= hi:
+                    direct[i] = into[a - lo : b - lo]
+        spare = [
+            c
+            for c in self._read_order(rec.chunks, enc.data)
+            if c.index not in wanted and self.nodes[c.node].available
+        ]
+        primary = [by_index[i] for i in wanted]
+        now = time.monotonic()
+        slow = [c for c in primary if self.hedging.is_slow(c.node, now)]
+        fast_spare = [c for c in spare if not self.hedging.is_slow(c.node, now)]
+        if slow and len(wanted) == enc.data and len(fast_spare) >= len(slow):
+            # A whole-block range with a chunk on a node marked slow: read a parity chunk in
+            # its place (as many reads as before) and rebuild it. A smaller range would need D
+            # reads to rebuild one chunk: it reads the slow one.
+            self.stats.slow_node_reads += 1
+            primary = [c for c in primary if c not in slow] + fast_spare[: len(slow)]
+            spare = [c for c in spare if c not in primary] + slow
+            for c in slow:
+                direct.pop(c.index, None)
+        have, failed = await self._race(primary, spare, enough=enc.data, direct=direct)
+        missing = [i for i in wanted if i not in have]
+        if missing:
+            # Rebuild just the data chunks the range lacks, from any D good chunks (fetching
+            # more if needed): no 48 MiB block is assembled.
+            good = await self._collect(rec, enc, have, failed)
+            missing = [i for i in wanted if i not in good]  # (may have come in now)
+            rebuilt: dict[int, BytesLike] = {}
+            if missing:
+                rebuilt = await offload(
+                    self._cpu,
+                    sum(sizes[i] for i in missing),
+                    codec_for(enc).reconstruct,
+                    good,
+                    missing,
+                    rec.length,
+                )
+            have = {**good, **rebuilt}
+        pieces: list[tuple[int, BytesLike]] = []
+        for i in wanted:
+            a, b = max(lo, starts[i]), min(hi, starts[i] + sizes[i])
+            piece = memoryview(have[i])[a - starts[i] : b - starts[i]]
+            if into is None:
+                pieces.append((a, piece))
+            elif have[i] is not direct.get(i):
+                into[a - lo : b - lo] = piece
+        return pieces
+
+    async def read_block(
+        self,
+        rec: BlockRecord,
+        *,
+        have: dict[int, BytesLike] | None = None,
+        failed: Iterable[int] = (),
+    ) -> BytesLike:
+        """The block's exact bytes, or DataUnavailableError. Never wrong bytes.
+
+        ``have``: chunks already fetched and checked; ``failed``: indexes not to try again.
+        """
+        if rec.length == 0:
+            return b""
+        enc = Encoding.parse(rec.encoding)
+        good = await self._collect(rec, enc, have or {}, set(failed))
+        if enc.kind == "replication":
+            return next(iter(good.values()))
+        codec = codec_for(enc)
+        return await offload(self._cpu, rec.length, codec.decode, good, rec.length)
+
+    # -- internals ---------------------------------------------------------------------------
+    async def _race(
+        self,
+        primary: list[ChunkPlacement],
+        spare: list[ChunkPlacement],
+        *,
+        enough: int,
+        direct: dict[int, memoryview] | None = None,
+    ) -> tuple[dict[int, BytesLike], set[int]]:
+        """Fetch ``primary``; if they are not all in after the hedge delay (and the hedge
+        share allows), also fetch as many ``spare`` chunks as primaries are late. Stops when
+        every primary is in, or (once hedged) when ``enough`` chunks are in, or when a primary
+        failed and nothing was hedged. Returns (good chunks by index, failed indexes).
+
+        ``direct``: primaries received straight into these buffers (their result is the
+        buffer itself); spares never are, so two reads never write one buffer."""
+        direct = direct or {}
+        tasks = {
+            asyncio.ensure_future(
+                self.fetch_chunk_into(c, direct[c.index])
+                if c.index in direct
+                else self.fetch_chunk(c)
+            ): c
+            for c in primary
+        }
+        wanted = {c.index for c in primary}
+        good: dict[int, BytesLike] = {}
+        failed: set[int] = set()
+        delay: float | None = self.hedging.hedge_after(max(c.stored_len for c in primary))
+        hedged = stuck = False
+        try:
+            while tasks and not wanted <= good.keys():
+                if hedged and len(good) >= enough:
+                    break
+                if failed & wanted and not hedged:
+                    break
+                timeout = delay if not hedged and spare else None
+                done, _ = await asyncio.wait(
+                    tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    if not self.hedging.enabled:
+                        delay = None
+                        continue
+                    if not stuck and not self.hedging.may_hedge():
+                        # Over the hedge share: wait longer. A read this late is a stuck
+                        # node, not tail latency, and is raced whatever the share.
+                        stuck = True
+                        delay = max(STUCK_FACTOR * (delay or 0.0), DEFAULT_HEDGE_AFTER)
+                        continue
+                    delay = None  # hedge once per read
+                    hedged = True
+                    self.stats.hedged_reads += 1
+                    if stuck:  # tail latency is normal; a node this late is not
+                        for c in tasks.values():
+                            self.hedging.mark_slow(c.node)
+                    late = len(wanted - good.keys())
+                    for c in spare[:late]:
+                        tasks[asyncio.ensure_future(self.fetch_chunk(c))] = c
+                    spare = spare[late:]
+                    continue
+                for task in done:
+                    c = tasks.pop(task)
+                    exc = task.exception()
+                    if exc is None:
+                        good[c.index] = task.result()
+                    elif isinstance(exc, (OSError, EOFError)):
+                        failed.add(c.index)
+                    else:
+                        raise exc
+        finally:
+            for task in tasks:
+                task.cancel()
+            # Let the cancelled fetches unwind; their results (if any) are not needed.
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return good, failed
+
+    def _read_order(self, chunks: Iterable[ChunkPlacement], data: int) -> list[ChunkPlacement]:
+        """Live nodes first; for RS, data chunks before parity (no decoding needed)."""
+        spread = self._rng.random()
+        now = time.monotonic()
+        return sorted(
+            chunks,
+            key=lambda c: (
+                not self.nodes[c.node].available,
+                self.hedging.is_slow(c.node, now),
+                c.index >= data,
+                (c.index + spread * 1000) % 1000 if data == 1 else c.index,
+            ),
+        )
+
+    async def _collect(
+        self,
+        rec: BlockRecord,
+        enc: Encoding,
+        have: dict[int, BytesLike],
+        failed: set[int],
+    ) -> dict[int, BytesLike]:
+        """At least ``enc.min_chunks`` good chunks of a block (``have`` and more), or
+        DataUnavailableError."""
+        order = self._read_order(rec.chunks, enc.min_chunks if enc.kind == "rs" else 1)
+        good: dict[int, BytesLike] = dict(have)
+        if not good:  # a plain read: race the chunks it needs against slow nodes
+            self.hedging.count_read()
+            live = [c for c in order if self.nodes[c.node].available and c.index not in failed]
+            need = enc.min_chunks
+            if len(live) >= need:
+                good, raced_failed = await self._race(live[:need], live[need:], enough=need)
+                failed |= raced_failed
+        skip = set(good) | failed
+        errors: list[BaseException] = []
+        pending = [c for c in order if c.index not in skip]
+        while len(good) < enc.min_chunks:
+            want = enc.min_chunks - len(good)
+            batch, pending = pending[:want], pending[want:]
+            if not batch:
+                raise DataUnavailableError(
+                    f"block {rec.block_id:016x}: {len(good)} of {enc.min_chunks} needed chunks "
+                    f"readable ({'; '.join(str(e) for e in errors[-3:])})"
+                )
+            results = await asyncio.gather(
+                *(self.fetch_chunk(c) for c in batch), return_exceptions=True
+            )
+            for c, r in zip(batch, results, strict=True):
+                if isinstance(r, BaseException):
+                    if not isinstance(r, (OSError, EOFError)):
+                        raise r
+                    errors.append(r)
+                else:
+                    good[c.index] = r
+        return good
+
+
+def _decompressed(c: ChunkPlacement, stored: BytesLike) -> BytesLike:
+    return decompress(stored, c.flags, c.raw_len)
+
+
+def _deliver(
+    data: BytesLike, lo: int, hi: int, into: memoryview | None
+) -> list[tuple[int, BytesLike]]:
+    if into is None:
+        return [(lo, memoryview(data)[lo:hi])]
+    into[:] = memoryview(data)[lo:hi]
+    return []
+
+
+__all__ = ["BlockReader"]

@@ -1,0 +1,248 @@
+"""Writing a block: encode, compress and checksum its chunks, write them, acknowledge it.
+
+A block is encoded in memory (in a worker thread, so the event loop keeps serving other
+ranks), and its chunks go concurrently to the targets ``Placement`` picked. A chunk write that
+fails is retried under a new chunk id on a replacement target. With ``write_ack="quorum"``
+``write_block`` returns once ``ack_quorum(enc)`` chunks are durable and leaves the last one
+writing (a straggler); ``drain()`` waits for the stragglers. Only after ``write_block``
+returns may the caller commit the block to metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+from tectonic_emu.buffers import BytesLike
+from tectonic_emu.chunkstore.base import StorageNode
+from tectonic_emu.coding import Encoding, codec_for, crc32c, maybe_compress
+from tectonic_emu.config import Compression
+from tectonic_emu.hedging import HedgeStats
+from tectonic_emu.metadata.records import BlockRecord, ChunkPlacement
+from tectonic_emu.offload import offload
+from tectonic_emu.placement import Placement, Target, is_full
+
+log = logging.getLogger("tectonic_emu.datapath")  # the data path's log, as before its split
+
+# Stragglers (chunk writes still running after their block was acknowledged) a DataPath keeps
+# before write_block waits for one to finish: bounds the memory they hold.
+MAX_STRAGGLERS = 32
+
+# A chunk ready to write: (stored bytes, flags, crc32c of the stored bytes, raw length).
+Prepared = tuple[BytesLike, int, int, int]
+
+
+def new_chunk_id(block_id: int, index: int) -> str:
+    """Unique per write, so a rebuilt chunk never collides with a stale copy of the old one."""
+    return f"{block_id:016x}.{index}.{secrets.token_hex(4)}"
+
+
+@dataclass(slots=True)
+class _BlockWrite:
+    """Shared state of the chunk writes of one block."""
+
+    taken: set[Target]
+    failed: set[int] = field(default_factory=set)
+    full: set[int] = field(default_factory=set)  # failed for want of space (ENOSPC)
+    current: dict[int, ChunkPlacement] = field(default_factory=dict)  # the latest attempt
+    written: list[ChunkPlacement] = field(default_factory=list)  # durable
+    acked: bool = False  # the block was acknowledged: stragglers no longer retry
+
+
+class BlockWriter:
+    """Chunk writes of one data path: its nodes, placement, CPU pool and write settings.
+
+    ``write_ack``: ``"all"`` (every chunk durable before a block is acknowledged) or
+    ``"quorum"``. ``hedge_extra``: reservations beyond what a block needs when nodes spare.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[StorageNode],
+        placement: Placement,
+        stats: HedgeStats,
+        *,
+        cpu: Executor,
+        compression: Compression,
+        write_ack: str,
+        hedge_extra: int,
+    ) -> None:
+        self.nodes = nodes
+        self.placement = placement
+        self.stats = stats
+        self.compression: Compression = compression
+        self.write_ack = write_ack
+        self.hedge_extra = hedge_extra
+        self._cpu = cpu
+        # Insertion-ordered (a dict), so the oldest straggler is the first key.
+        self._stragglers: dict[asyncio.Future[None], None] = {}
+
+    def ack_quorum(self, enc: Encoding) -> int:
+        """Chunks that must be durable before a block is acknowledged."""
+        if self.write_ack == "all" or enc.width <= 2:
+            return enc.width
+        return max(enc.min_chunks + 1, enc.width - 1)
+
+    async def reserve_targets(self, enc: Encoding, nbytes: int) -> list[Target]:
+        """``enc.width`` targets on distinct nodes; with spare live nodes, the first to accept
+        a reservation among ``hedge_extra`` more than needed (``Placement.reserve``)."""
+        extra = min(self.hedge_extra, len(self.placement.live_nodes()) - enc.width)
+        if extra <= 0:
+            return self.placement.place(enc, enc.width)
+        self.stats.hedged_writes += 1
+        return await self.placement.reserve(enc, nbytes, extra)
+
+    async def write_block(
+        self, enc: Encoding, block: BytesLike, *, block_id: int, file_id: int
+    ) -> BlockRecord:
+        """Encode and durably store one block's chunks. The caller commits the record.
+
+        Returns once ``ack_quorum(enc)`` chunks are durable; the record names every chunk,
+        the stragglers' included. Raises NotEnoughNodesError if too few nodes accept chunks.
+        On any error or cancellation the chunks already written are deleted (best effort;
+        repair's garbage collection removes what could not be).
+        """
+        prepared = await offload(self._cpu, len(block), self._prepare, enc, block)
+        targets = await self.reserve_targets(enc, max(len(p[0]) for p in prepared))
+        state = _BlockWrite(taken=set(targets))
+        self.stats.writes += 1
+        tasks = [
+            asyncio.ensure_future(self._put_chunk(enc, block_id, i, prepared[i], target, state))
+            for i, target in enumerate(targets)
+        ]
+        quorum = self.ack_quorum(enc)
+        pending = set(tasks)
+        try:
+            durable = 0
+            while durable < quorum:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.exception() is not None:
+                        raise task.exception()  # type: ignore[misc]
+                    durable += 1
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.shield(self._abandon(tasks, state))
+            raise
+        state.acked = True
+        for task in pending:
+            self.stats.stragglers += 1
+            self._stragglers[task] = None
+            task.add_done_callback(self._straggler_done)
+        while len(self._stragglers) > MAX_STRAGGLERS:
+            # A node that slow would hold every writer back: give up on its oldest chunk
+            # write (the record names it; repair rebuilds it) rather than wait.
+            oldest = next(iter(self._stragglers))
+            self._stragglers.pop(oldest)
+            oldest.cancel()
+        chunks = sorted(state.current.values(), key=lambda c: c.index)
+        return BlockRecord(block_id, file_id, len(block), enc.name, tuple(chunks))
+
+    async def _abandon(self, tasks: Sequence[asyncio.Future[None]], state: _BlockWrite) -> None:
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.delete_chunks(state.written)
+
+    def _straggler_done(self, task: asyncio.Future[None]) -> None:
+        self._stragglers.pop(task, None)
+        if task.cancelled():
+            self.stats.straggler_failures += 1
+        elif task.exception() is not None:
+            self.stats.straggler_failures += 1
+            log.info("a straggling chunk write failed (repair rebuilds it): %s", task.exception())
+
+    async def drain(self, wait: float = 60.0) -> None:
+        """Wait for the stragglers of acknowledged blocks (at most ``wait`` seconds, then
+        cancel them: repair rebuilds what they did not write)."""
+        if not self._stragglers:
+            return
+        _, late = await asyncio.wait(set(self._stragglers), timeout=wait)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.gather(*late, return_exceptions=True)
+
+    async def write_chunks(
+        self, enc: Encoding, block_id: int, raw: dict[int, BytesLike], *, avoid: set[int]
+    ) -> list[ChunkPlacement]:
+        """Store rebuilt chunks (repair) on live nodes not in ``avoid``, as distinct as can be.
+        On failure deletes what it wrote and raises."""
+        targets = self.placement.place(enc, len(raw), avoid=avoid)
+        # Nodes in ``avoid`` hold chunks of the block: count all their disks as taken.
+        disks = self.placement.disks_per_node
+        state = _BlockWrite(taken=set(targets) | {(n, d) for n in avoid for d in range(disks)})
+        try:
+            for (index, data), target in zip(sorted(raw.items()), targets, strict=True):
+                prep = await offload(self._cpu, len(data), self._prepare_one, data)
+                await self._put_chunk(enc, block_id, index, prep, target, state)
+        except BaseException:
+            await asyncio.shield(self.delete_chunks(state.written))
+            raise
+        return state.written
+
+    async def delete_chunks(self, chunks: Iterable[ChunkPlacement]) -> int:
+        """Delete chunks, ignoring nodes that are down. Returns how many were deleted."""
+
+        async def one(c: ChunkPlacement) -> bool:
+            try:
+                await self.nodes[c.node].delete_chunk(c.disk, c.chunk_id)
+                return True
+            except OSError:
+                return False
+
+        results = await asyncio.gather(*(one(c) for c in chunks))
+        return sum(results)
+
+    # -- internals ---------------------------------------------------------------------------
+    def _prepare(self, enc: Encoding, block: BytesLike) -> list[Prepared]:
+        """What ``_prepare_one`` makes of each chunk of the block. Runs in a worker."""
+        codec = codec_for(enc)
+        chunks = codec.encode(block)
+        if enc.kind == "replication":
+            return [self._prepare_one(block)] * enc.width
+        return [self._prepare_one(chunk) for chunk in chunks]
+
+    def _prepare_one(self, raw: BytesLike) -> Prepared:
+        stored, flags = maybe_compress(raw, self.compression)
+        return stored, flags, crc32c(stored), len(raw)
+
+    async def _put_chunk(
+        self,
+        enc: Encoding,
+        block_id: int,
+        index: int,
+        prepared: Prepared,
+        target: Target,
+        state: _BlockWrite,
+    ) -> None:
+        """Write one chunk; if its node fails, retry (under a new id) on a replacement, unless
+        the block was acknowledged meanwhile (its record names this attempt: repair will
+        rebuild the chunk)."""
+        stored, flags, crc, raw_len = prepared
+        node, disk = target
+        while True:
+            chunk_id = new_chunk_id(block_id, index)
+            placement = ChunkPlacement(
+                index, node, disk, chunk_id, crc, len(stored), flags, raw_len
+            )
+            state.current[index] = placement
+            try:
+                await self.nodes[node].write_chunk(disk, chunk_id, stored, crc32c=crc, flags=flags)
+            except (OSError, EOFError) as exc:
+                if state.acked:
+                    raise
+                state.failed.add(node)
+                if is_full(exc):
+                    state.full.add(node)
+                node, disk = self.placement.replacement(enc, state.taken, state.failed, state.full)
+                state.taken.add((node, disk))
+                continue
+            state.written.append(placement)
+            return
+
+
+__all__ = ["MAX_STRAGGLERS", "BlockWriter", "Prepared", "new_chunk_id"]

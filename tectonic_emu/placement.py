@@ -1,0 +1,204 @@
+"""Where a block's chunks go: live nodes, distinct nodes and failure domains first.
+
+``Placement`` picks ``(node, disk)`` targets for a block's chunks, runs the hedged reservation
+race (reserve on more nodes than needed, keep the first to accept) and finds a replacement for
+a chunk whose write failed. It only asks nodes whether they are up and whether they take a
+chunk (``reserve``); it never moves chunk bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import itertools
+import random
+from collections.abc import Collection, Iterable, Sequence
+
+from tectonic_emu.chunkstore.base import StorageNode
+from tectonic_emu.coding import Encoding
+from tectonic_emu.errors import NoSpaceError, NotEnoughNodesError
+
+Target = tuple[int, int]  # (node id, disk)
+
+
+def is_full(exc: BaseException) -> bool:
+    """Whether an error says the node has no room (ENOSPC, EDQUOT)."""
+    return getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+
+
+def min_live_nodes(enc: Encoding) -> int:
+    """The fewest live nodes a write of ``enc`` accepts.
+
+    With every node up, chunks go to distinct nodes. With some down, a write still goes
+    through (two chunks sharing a node, on distinct disks) as long as losing any one more
+    node keeps the block readable; such blocks count as below redundancy until repair
+    spreads them out again.
+    """
+    if enc.width <= 1:
+        return 1
+    return min(enc.width, enc.min_chunks + 1)
+
+
+class Placement:
+    """Chunk targets on one cluster's nodes.
+
+    ``domains``: each node's failure domain (its host, in a cluster across hosts); a block's
+    chunks go to distinct domains first. None: every node is its own. ``rng`` drives every
+    random choice (shared with the reads' replica order, so one seed fixes a run).
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[StorageNode],
+        *,
+        disks_per_node: int,
+        domains: Sequence[str] | None,
+        rng: random.Random,
+    ) -> None:
+        self.nodes = nodes
+        self.domains = list(domains) if domains is not None else None
+        if self.domains is not None and len(self.domains) != len(nodes):
+            raise ValueError(f"{len(self.domains)} failure domains for {len(nodes)} nodes")
+        self.disks_per_node = disks_per_node
+        self._rng = rng
+
+    def live_nodes(self) -> list[int]:
+        return [n.node_id for n in self.nodes if n.available]
+
+    def place(self, enc: Encoding, count: int, *, avoid: Iterable[int] = ()) -> list[Target]:
+        """``count`` (node, disk) targets on live nodes, distinct nodes first, and with
+        ``domains``, distinct domains before a second node of any one domain.
+
+        Raises NotEnoughNodesError when the live nodes cannot hold the block safely.
+        """
+        avoid_set = set(avoid)
+        all_live = self.live_nodes()
+        live = [n for n in all_live if n not in avoid_set]
+        self._rng.shuffle(live)
+        if self.domains is not None:
+            live = self._across_domains(live)
+        up = len(all_live)
+        if up < min_live_nodes(enc):
+            raise NotEnoughNodesError(
+                f"encoding {enc} needs {min_live_nodes(enc)} live nodes; "
+                f"{up} of {len(self.nodes)} are up"
+            )
+        if len(live) * self.disks_per_node < count:
+            raise NotEnoughNodesError(
+                f"encoding {enc}: {len(live)} usable live nodes cannot take {count} more chunks "
+                f"({up} of {len(self.nodes)} are up)"
+            )
+        targets: list[Target] = []
+        disk_of = {n: self._rng.randrange(self.disks_per_node) for n in live}
+        while len(targets) < count:
+            for n in live:
+                if len(targets) == count:
+                    break
+                targets.append((n, disk_of[n]))
+                disk_of[n] = (disk_of[n] + 1) % self.disks_per_node
+        return targets
+
+    async def reserve(self, enc: Encoding, nbytes: int, extra: int) -> list[Target]:
+        """``enc.width`` targets on distinct nodes: the first to accept a reservation of
+        ``nbytes`` among ``extra`` (> 0) more candidates than needed. With failure domains, the
+        race goes on until the accepted targets span as many domains as the candidates that
+        have not failed can (or every answer is in). Too few accepted: the rest are filled as
+        a failed chunk write would be (``replacement``)."""
+        candidates = self.place(enc, enc.width + extra)
+        asks = {asyncio.ensure_future(self.nodes[n].reserve(nbytes)): (n, d) for n, d in candidates}
+        accepted: list[Target] = []
+        failed: set[int] = set()
+        full: set[int] = set()
+        pending = set(asks)
+        try:
+            while pending and not self._enough(accepted, candidates, failed, enc.width):
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for ask in done:
+                    exc = ask.exception()
+                    if exc is None:
+                        accepted.append(asks[ask])
+                    elif isinstance(exc, OSError):
+                        failed.add(asks[ask][0])
+                        if is_full(exc):
+                            full.add(asks[ask][0])
+                    else:
+                        raise exc
+        finally:
+            for ask in pending:
+                ask.cancel()
+        accepted = self._spread(accepted)
+        taken = set(accepted)
+        while len(accepted) < enc.width:
+            target = self.replacement(enc, taken, failed, full)
+            taken.add(target)
+            accepted.append(target)
+        return accepted[: enc.width]
+
+    def replacement(
+        self,
+        enc: Encoding,
+        taken: set[Target],
+        failed: set[int],
+        full: Collection[int] = (),
+    ) -> Target:
+        """A target for a chunk whose node failed: a live node the block does not use yet,
+        else (as a degraded write does) a free disk of a node it uses; the block is then below
+        redundancy until repair moves it. Raises NoSpaceError when none is left and some of
+        the ``failed`` nodes are ``full``, NotEnoughNodesError when none is left otherwise."""
+        used = {n for n, _ in taken}
+        with contextlib.suppress(NotEnoughNodesError):
+            ((node, disk),) = self.place(enc, 1, avoid=used | failed)
+            return node, disk
+        for n in self.live_nodes():
+            if n in failed:
+                continue
+            for d in range(self.disks_per_node):
+                if (n, d) not in taken:
+                    return n, d
+        if full:
+            raise NoSpaceError(
+                f"encoding {enc}: no room left for a chunk (nodes {sorted(full)} are full, "
+                f"{len(failed)} failed, {len(self.live_nodes())} of {len(self.nodes)} up)"
+            )
+        raise NotEnoughNodesError(
+            f"encoding {enc}: no live node left to take a chunk that failed to write "
+            f"({len(failed)} nodes failed, {len(self.live_nodes())} of {len(self.nodes)} up)"
+        )
+
+    # -- failure domains ---------------------------------------------------------------------
+    def _across_domains(self, nodes: list[int]) -> list[int]:
+        """``nodes`` (shuffled) reordered to take one node of each domain in turn."""
+        assert self.domains is not None
+        by_domain: dict[str, list[int]] = {}
+        for n in nodes:
+            by_domain.setdefault(self.domains[n], []).append(n)
+        rows = list(by_domain.values())
+        return [n for turn in itertools.zip_longest(*rows) for n in turn if n is not None]
+
+    def _spread(self, targets: list[Target]) -> list[Target]:
+        """``targets`` in order, one per failure domain in turn (as ``place`` orders them)."""
+        if self.domains is None:
+            return targets
+        order = self._across_domains([n for n, _ in targets])
+        disk = dict(targets)
+        return [(n, disk[n]) for n in order]
+
+    def _enough(
+        self,
+        accepted: list[Target],
+        candidates: list[Target],
+        failed: set[int],
+        width: int,
+    ) -> bool:
+        if len(accepted) < width:
+            return False
+        if self.domains is None:
+            return True
+        domains = self.domains
+        have = {domains[n] for n, _ in self._spread(accepted)[:width]}
+        could = {domains[n] for n, _ in candidates if n not in failed}
+        return len(have) >= min(width, len(could))
+
+
+__all__ = ["Placement", "Target", "is_full", "min_live_nodes"]
