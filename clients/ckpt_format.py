@@ -96,6 +96,9 @@ class Shard:
                 )
 
 
+Value = Any  # a state's value: a numpy array, a bytes-like, or a Shard
+
+
 class Part(NamedTuple):
     """Rows [row0, row1) of a value (all of it for bytes), stored at ``pos`` in ``file``
     (relative to the checkpoint root).
@@ -260,6 +263,18 @@ def check_step(step: int) -> None:
         raise CheckpointError(f"a step is an int in [0, 10**12), not {step!r}")
 
 
+def rank_error(rank: object, world_size: int) -> CheckpointError | None:
+    """The error for ``rank`` unless it is a rank number (an int, numpy's too) in
+    [0, world_size)."""
+    if (
+        not isinstance(rank, bool)
+        and isinstance(rank, (int, np.integer))
+        and 0 <= rank < world_size
+    ):
+        return None
+    return CheckpointError(f"rank {rank} is not in [0, {world_size})")
+
+
 __all__ = [
     "entry_text",
     "FORMAT",
@@ -273,8 +288,10 @@ __all__ = [
     "Manifest",
     "Part",
     "Shard",
+    "Value",
     "check_step",
     "manifest_name",
+    "rank_error",
     "step_dir",
     "step_of_dir",
     "step_of_manifest",

@@ -1,0 +1,117 @@
+"""The committed checkpoints of a root, as one ``Checkpointer`` sees them: ``Catalog``.
+
+What is committed and visible is decided by one listing of the root (``RootView``,
+``clients/ckpt_retention.py``). A manifest is fetched once for every rank asking at the same
+moment, decoded, indexed by name and by (name, rank) (``Indexed``) and kept while its file is
+the same: 4,096 ranks loading at once read and decode it once. The save path, the load path
+and the garbage collector all look at the root through one ``Catalog``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from clients.ckpt_format import CheckpointNotFoundError, Entry, Manifest, manifest_name
+from clients.ckpt_reads import FileReaders
+from clients.ckpt_retention import RootView, view_of
+from tectonic_emu.client import Client
+from tectonic_emu.errors import NotFoundError
+
+MANIFESTS_KEPT = 4  # decoded manifests a Catalog keeps (the newest steps asked for)
+
+
+class Indexed:
+    """A committed manifest, the file id it was read from, its entries by name and by
+    (name, rank), and readers of the data files it names (immutable once it is committed)."""
+
+    def __init__(self, file_id: int, manifest: Manifest, files: FileReaders) -> None:
+        self.file_id = file_id
+        self.manifest = manifest
+        self.files = files
+        self.by_name: dict[str, list[Entry]] = {}
+        self.own: dict[tuple[str, int], Entry] = {}
+        for e in manifest.entries:
+            self.by_name.setdefault(e.name, []).append(e)
+            self.own.setdefault((e.name, e.rank), e)
+
+
+class Catalog:
+    """The checkpoints under the store directory ``root``: its listing, and the manifests
+    decoded so far."""
+
+    def __init__(self, client: Client, root: str) -> None:
+        self.client = client
+        self.root = root
+        self._manifests: dict[int, Indexed] = {}  # decoded, by step
+        self._fetching: dict[int, asyncio.Future[Indexed]] = {}
+
+    def path(self, *names: str) -> str:
+        return "/".join([self.root.rstrip("/"), *names])
+
+    async def view(self) -> RootView:
+        """The root's manifests, retirement markers and step directories, in one listing."""
+        try:
+            entries = await self.client.scandir(self.root)
+        except NotFoundError:
+            return RootView()
+        return view_of((e.name, e.id) for e in entries)
+
+    async def steps(self) -> list[int]:
+        """Committed steps, oldest first, but for those retired."""
+        return (await self.view()).visible
+
+    async def manifest(self, step: int | None = None) -> Manifest:
+        """The manifest of ``step`` (default: the latest). Raises CheckpointNotFoundError."""
+        return (await self.indexed(step)).manifest
+
+    async def indexed(self, step: int | None) -> Indexed:
+        """The manifest of ``step`` (default: the latest) with its entries indexed; raises
+        CheckpointNotFoundError for a step not committed or retired. Callers that ask while
+        it is being fetched share one fetch, and a manifest already decoded is reused while
+        its file is the same (one listing of the root)."""
+        key = -1 if step is None else step
+        flight = self._fetching.get(key)
+        if flight is None:
+            flight = asyncio.ensure_future(self._fetch(step))
+            self._fetching[key] = flight
+            flight.add_done_callback(lambda _: self._fetching.pop(key, None))
+        return await asyncio.shield(flight)
+
+    async def _fetch(self, step: int | None) -> Indexed:
+        view = await self.view()
+        if step is None:
+            if not view.visible:
+                raise CheckpointNotFoundError("no committed checkpoint", self.root)
+            step = view.visible[-1]
+        file_id = view.manifests.get(step)
+        if step < view.retired_before:  # its files may be deleted already, or not yet
+            how = "is retired" if file_id is not None else "is not committed, or was retired"
+            raise CheckpointNotFoundError(
+                f"step {step} {how} (beyond keep_last: steps before {view.retired_before} are)",
+                self.root,
+            )
+        cached = self._manifests.get(step)
+        if file_id is not None and cached is not None and cached.file_id == file_id:
+            return cached
+        path = self.path(manifest_name(step))
+        try:
+            if file_id is None:
+                raise NotFoundError("no manifest", path)
+            st = await self.client.stat(path)
+            raw = bytearray(st.size)
+            await self.client.read_id_into(st.id, 0, raw)  # the version stat named
+        except NotFoundError:
+            raise CheckpointNotFoundError(f"step {step} is not committed", self.root) from None
+        indexed = Indexed(st.id, Manifest.decode(bytes(raw), path), FileReaders(self.client))
+        self.keep(step, indexed)
+        return indexed
+
+    def keep(self, step: int, indexed: Indexed) -> None:
+        """Keep ``step``'s decoded manifest (its committer's, as written), dropping the
+        oldest beyond MANIFESTS_KEPT."""
+        self._manifests[step] = indexed
+        while len(self._manifests) > MANIFESTS_KEPT:
+            del self._manifests[min(self._manifests)]
+
+
+__all__ = ["MANIFESTS_KEPT", "Catalog", "Indexed"]
