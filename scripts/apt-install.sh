@@ -9,33 +9,34 @@ source scripts/progress.sh
 wait_max=${APT_LOCK_WAIT:-600}
 locks=(/var/lib/apt/lists/lock /var/lib/dpkg/lock-frontend /var/lib/dpkg/lock)
 
-# held_by: "PID (COMMAND)" of a process holding one of the locks, or nothing. apt takes them
-# with fcntl; trying one without blocking (and letting it go at once) is how to tell.
+# held_by: "PATH is held by process PID (COMMAND)" for the first of the locks a process holds,
+# or nothing. apt takes them with fcntl; /proc/locks names each such lock's holder by its
+# file's device and inode.
 held_by() {
     python3 - "${locks[@]}" <<'EOF'
-import fcntl, os, sys
+import os, sys
+held = {}
+with open("/proc/locks") as f:
+    for line in f:
+        fields = line.split()
+        if "->" in fields:  # a process waiting for the lock, not holding it
+            continue
+        if len(fields) >= 6 and fields[1] == "POSIX":
+            major, minor, inode = fields[5].split(":")
+            held[(int(major, 16), int(minor, 16), int(inode))] = int(fields[4])
 for path in sys.argv[1:]:
     try:
-        fd = os.open(path, os.O_RDWR)
+        st = os.stat(path)
     except OSError:
         continue
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = "another process"
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                if any(os.path.realpath(f"/proc/{pid}/fd/{fd_}") == path
-                       for fd_ in os.listdir(f"/proc/{pid}/fd")):
-                    comm = open(f"/proc/{pid}/comm").read().strip()
-                    holder = f"process {pid} ({comm})"
-                    break
-            except OSError:
-                continue
-        print(f"{path} is held by {holder}")
+    pid = held.get((os.major(st.st_dev), os.minor(st.st_dev), st.st_ino))
+    if pid is not None:
+        try:
+            comm = open(f"/proc/{pid}/comm").read().strip()
+        except OSError:
+            comm = "?"
+        print(f"{path} is held by process {pid} ({comm})")
         break
-    finally:
-        os.close(fd)
 EOF
 }
 
