@@ -15,9 +15,9 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from tectonic_emu.chunkstore.base import BytesLike
+from tectonic_emu.buffers import BytesLike
 from tectonic_emu.coding import Encoding
 from tectonic_emu.errors import (
     AlreadyExistsError,
@@ -44,10 +44,8 @@ from tectonic_emu.metadata.records import (
 )
 from tectonic_emu.paths import join_path, split_path
 from tectonic_emu.reader import FileReader
+from tectonic_emu.store import StoreView
 from tectonic_emu.writer import FileWriter, VersionWriter, WriterOpener
-
-if TYPE_CHECKING:
-    from tectonic_emu.cluster import Cluster
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +83,9 @@ class Client:
     read_depth = 4
     read_ahead_bytes = 192 << 20  # 4 rs-6-3 blocks of 48 MiB
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: StoreView) -> None:
+        """``cluster``: an open ``Cluster``, or anything with its config, metadata, data path
+        and nodes (``StoreView``)."""
         self.cluster = cluster
         self.config = cluster.config
         self.meta = cluster.meta

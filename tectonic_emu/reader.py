@@ -18,17 +18,35 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
-from tectonic_emu.chunkstore.base import BytesLike
+from tectonic_emu.buffers import BytesLike
 from tectonic_emu.errors import DataUnavailableError, InvalidArgumentError, NotFoundError
+from tectonic_emu.metadata.layers import Metadata
 from tectonic_emu.metadata.records import BlockEntry, BlockRecord
-
-if TYPE_CHECKING:
-    from tectonic_emu.client import Client
 
 # Block records fetched in one transaction when a read needs one that is not held yet.
 RECORD_BATCH = 32
+
+
+class BlockSource(Protocol):
+    """What a ``FileReader`` reads through (``Client`` is one): the metadata, for block
+    records, and the read of file bytes from blocks whose records it holds."""
+
+    @property
+    def meta(self) -> Metadata: ...
+
+    async def read_blocks(
+        self,
+        blocks: list[BlockEntry],
+        recs: list[BlockRecord],
+        start: int,
+        end: int,
+        sink: Callable[[int, BytesLike], None],
+        *,
+        into: memoryview | None = None,
+    ) -> None: ...
 
 
 class FileReader:
@@ -37,7 +55,7 @@ class FileReader:
 
     def __init__(
         self,
-        client: Client,
+        client: BlockSource,
         file_id: int,
         size: int,
         blocks: list[BlockEntry],
@@ -105,4 +123,4 @@ class FileReader:
         return end - offset
 
 
-__all__ = ["RECORD_BATCH", "FileReader"]
+__all__ = ["RECORD_BATCH", "BlockSource", "FileReader"]

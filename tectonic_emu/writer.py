@@ -13,17 +13,46 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from tectonic_emu.buffers import BytesLike
 from tectonic_emu.bufpool import copy_into, recycled, uninitialised
-from tectonic_emu.chunkstore.base import BytesLike
 from tectonic_emu.coding import Encoding
+from tectonic_emu.config import ClusterConfig
+from tectonic_emu.datapath import DataPath
 from tectonic_emu.errors import TectonicError, WriterClosedError
-from tectonic_emu.metadata.layers import new_id
+from tectonic_emu.metadata.layers import Metadata, new_id
 from tectonic_emu.metadata.records import BlockRecord
 
-if TYPE_CHECKING:
-    from tectonic_emu.client import Client
+
+class Committer(Protocol):
+    """What a writer needs of the client that opened it (``Client`` is the one there is):
+    where blocks go, and the metadata transactions that commit, seal and publish them."""
+
+    write_depth: int  # blocks in flight per writer
+
+    @property
+    def config(self) -> ClusterConfig: ...
+
+    @property
+    def meta(self) -> Metadata: ...
+
+    @property
+    def datapath(self) -> DataPath: ...
+
+    async def check_token(self, file_id: int, token: str, path: str) -> None: ...
+
+    async def commit_block(
+        self, file_id: int, token: str, rec: BlockRecord, *, durable: bool = True
+    ) -> None: ...
+
+    async def seal(self, file_id: int, token: str, path: str) -> None: ...
+
+    async def publish(
+        self, file_id: int, token: str, path: str, *, keep_replaced: bool = False
+    ) -> None: ...
+
+    async def purge(self, file_id: int) -> None: ...
 
 
 class BlockPipeline:
@@ -38,7 +67,9 @@ class BlockPipeline:
     by the next ``submit`` or by ``drain``.
     """
 
-    def __init__(self, client: Client, file_id: int, token: str, enc: Encoding, depth: int) -> None:
+    def __init__(
+        self, client: Committer, file_id: int, token: str, enc: Encoding, depth: int
+    ) -> None:
         self._client = client
         self._file_id = file_id
         self._token = token
@@ -127,7 +158,7 @@ class FileWriter:
     """
 
     def __init__(
-        self, client: Client, path: str, file_id: int, token: str, enc: Encoding, size: int
+        self, client: Committer, path: str, file_id: int, token: str, enc: Encoding, size: int
     ) -> None:
         self._client = client
         self.path = path
@@ -269,7 +300,7 @@ class VersionWriter(FileWriter):
     ``close`` seals it and swaps it in at its path atomically; ``abort`` deletes it."""
 
     def __init__(
-        self, client: Client, path: str, file_id: int, token: str, enc: Encoding, size: int
+        self, client: Committer, path: str, file_id: int, token: str, enc: Encoding, size: int
     ) -> None:
         super().__init__(client, path, file_id, token, enc, size)
         self.published = False
@@ -288,7 +319,7 @@ class VersionWriter(FileWriter):
         if self.published:
             return
         await super().abort()
-        await self._client._purge(self.file_id)
+        await self._client.purge(self.file_id)
 
 
 class WriterOpener:
@@ -315,4 +346,4 @@ class WriterOpener:
         await self._writer.__aexit__(exc_type, exc, tb)
 
 
-__all__ = ["BlockPipeline", "FileWriter", "VersionWriter", "WriterOpener"]
+__all__ = ["BlockPipeline", "Committer", "FileWriter", "VersionWriter", "WriterOpener"]

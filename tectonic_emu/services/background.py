@@ -18,20 +18,26 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tectonic_emu.errors import NodeUnavailableError
+from tectonic_emu.metadata.records import BlockRecord
 from tectonic_emu.services.repair import RepairReport, collect_garbage, repair_block
 from tectonic_emu.services.scrub import check_block
-
-if TYPE_CHECKING:
-    from tectonic_emu.cluster import Cluster
-    from tectonic_emu.metadata.records import BlockRecord
+from tectonic_emu.store import StoreView
 
 log = logging.getLogger(__name__)
 
 
-async def blocks_needing_repair(cluster: Cluster, *, repair_after: float) -> list[BlockRecord]:
+class WatchedStore(StoreView, Protocol):
+    """A store that knows how long each node has been down (``Cluster`` does)."""
+
+    def down_since(self, n: int) -> float:
+        """When node ``n`` went down (``time.time()``), or 0.0 when unknown or up."""
+        ...
+
+
+async def blocks_needing_repair(cluster: WatchedStore, *, repair_after: float) -> list[BlockRecord]:
     """Blocks to rebuild now (see the module docstring), each once."""
     now = time.time()
     dead = [
@@ -70,7 +76,9 @@ async def blocks_needing_repair(cluster: Cluster, *, repair_after: float) -> lis
     return list(todo.values())
 
 
-async def repair_pass(cluster: Cluster, *, repair_after: float, gc_grace: float) -> RepairReport:
+async def repair_pass(
+    cluster: WatchedStore, *, repair_after: float, gc_grace: float
+) -> RepairReport:
     report = RepairReport()
     for rec in await blocks_needing_repair(cluster, repair_after=repair_after):
         await repair_block(cluster, rec, report)
@@ -80,7 +88,7 @@ async def repair_pass(cluster: Cluster, *, repair_after: float, gc_grace: float)
 
 
 async def repair_loop(
-    cluster: Cluster, *, interval: float, repair_after: float, gc_grace: float
+    cluster: WatchedStore, *, interval: float, repair_after: float, gc_grace: float
 ) -> None:
     while True:
         await asyncio.sleep(interval)
@@ -98,7 +106,7 @@ async def repair_loop(
             log.info("repair: %s", report.to_dict())
 
 
-async def scrub_pass(cluster: Cluster, *, rate: float) -> RepairReport:
+async def scrub_pass(cluster: StoreView, *, rate: float) -> RepairReport:
     """Check every block at most ``rate`` bytes per second; repair those with a bad chunk on
     a live node (chunks on nodes that are down are repair_loop's business)."""
     report = RepairReport()
@@ -116,7 +124,7 @@ async def scrub_pass(cluster: Cluster, *, rate: float) -> RepairReport:
     return report
 
 
-async def scrub_loop(cluster: Cluster, *, interval: float, rate: float) -> None:
+async def scrub_loop(cluster: StoreView, *, interval: float, rate: float) -> None:
     while True:
         try:
             report = await scrub_pass(cluster, rate=rate)

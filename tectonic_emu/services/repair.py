@@ -16,16 +16,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tectonic_emu.chunkstore.base import BytesLike
+from tectonic_emu.buffers import BytesLike
 from tectonic_emu.coding import Encoding, codec_for
 from tectonic_emu.errors import NotEnoughNodesError
 from tectonic_emu.metadata.records import BlockRecord, ChunkPlacement
 from tectonic_emu.services.scrub import check_block, for_each_block
-
-if TYPE_CHECKING:
-    from tectonic_emu.cluster import Cluster
+from tectonic_emu.store import StoreView
 
 # Unreferenced chunks younger than this may belong to a write in flight.
 DEFAULT_GC_GRACE = 600.0
@@ -44,7 +42,7 @@ class RepairReport:
         return asdict(self)
 
 
-async def repair_block(cluster: Cluster, rec: BlockRecord, report: RepairReport) -> None:
+async def repair_block(cluster: StoreView, rec: BlockRecord, report: RepairReport) -> None:
     enc = Encoding.parse(rec.encoding)
     good, bad = await check_block(cluster, rec)
     # One chunk per node: extra chunks sharing a node are moved (rebuilt elsewhere).
@@ -94,7 +92,7 @@ async def repair_block(cluster: Cluster, rec: BlockRecord, report: RepairReport)
     report.chunks_rebuilt += len(new)
 
 
-async def collect_garbage(cluster: Cluster, *, grace: float = DEFAULT_GC_GRACE) -> int:
+async def collect_garbage(cluster: StoreView, *, grace: float = DEFAULT_GC_GRACE) -> int:
     """Delete files that never got a name and chunks on live nodes that no block references,
     when older than ``grace`` seconds. Returns how many chunks were deleted."""
     cutoff = time.time() - grace
@@ -125,7 +123,7 @@ async def collect_garbage(cluster: Cluster, *, grace: float = DEFAULT_GC_GRACE) 
 
 
 async def repair(
-    cluster: Cluster,
+    cluster: StoreView,
     *,
     gc_grace: float = DEFAULT_GC_GRACE,
     progress: Callable[[int], None] | None = None,

@@ -8,13 +8,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tectonic_emu.errors import ChunkCorruptError, ChunkNotFoundError, NodeUnavailableError
 from tectonic_emu.metadata.records import BlockRecord, ChunkPlacement
-
-if TYPE_CHECKING:
-    from tectonic_emu.cluster import Cluster
+from tectonic_emu.store import StoreView
 
 Progress = Callable[[int], None]  # called with the bytes just checked
 
@@ -50,14 +48,14 @@ class ScrubReport:
 
 
 def problem(
-    cluster: Cluster, rec: BlockRecord, c: ChunkPlacement, err: BaseException
+    cluster: StoreView, rec: BlockRecord, c: ChunkPlacement, err: BaseException
 ) -> ChunkProblem:
     path = cluster.nodes[c.node].chunk_path(c.disk, c.chunk_id)
     return ChunkProblem(f"{rec.block_id:016x}", c.index, c.node, c.disk, c.chunk_id, path, str(err))
 
 
 async def check_block(
-    cluster: Cluster, rec: BlockRecord
+    cluster: StoreView, rec: BlockRecord
 ) -> tuple[
     dict[int, tuple[ChunkPlacement, memoryview | bytes]], list[tuple[ChunkPlacement, BaseException]]
 ]:
@@ -80,7 +78,7 @@ async def check_block(
 
 
 async def scrub(
-    cluster: Cluster, *, progress: Progress | None = None, depth: int = 4
+    cluster: StoreView, *, progress: Progress | None = None, depth: int = 4
 ) -> ScrubReport:
     """Verify every chunk; report corrupt, missing and unreachable ones. Changes nothing."""
     report = ScrubReport()
@@ -109,7 +107,7 @@ async def scrub(
 
 
 async def for_each_block(
-    cluster: Cluster, fn: Callable[[BlockRecord], Awaitable[None]], *, depth: int
+    cluster: StoreView, fn: Callable[[BlockRecord], Awaitable[None]], *, depth: int
 ) -> None:
     """Run ``fn`` over every block record, ``depth`` blocks at a time."""
     batch: list[BlockRecord] = []
