@@ -4,9 +4,10 @@ shuffled again in a window within each rank's share (``_Plan`` has the scheme; `
 computes the order without reading). The streams of a client share a bound on reads in
 flight, caches of indexes, footers and small shards, and one thread (``_Share``).
 
-The datasets themselves (their index, writing them, reading and checking shards and row
-groups) are in ``clients/dataset.py``, which also re-exports this module's public names
-(``docs/dataset.md`` has the layout and the guarantees).
+A dataset's index and the checks of what is read are below this module, in
+``clients/dataset_index.py``; writing datasets is above it, in ``clients/dataset.py``, which
+also re-exports this module's public names (``docs/dataset.md`` has the layout and the
+guarantees).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-from clients.dataset import (
+from clients.dataset_index import (
     INDEX_NAME,
     VERSION,
     DatasetCorruptError,
@@ -32,11 +33,11 @@ from clients.dataset import (
     Int64s,
     ShardInfo,
     StreamClosedError,
-    _check,
-    _decode_groups,
-    _footer,
-    _in_thread,
+    check_bytes,
+    decode_groups,
+    in_thread,
     load_index,
+    parse_footer,
 )
 from tectonic_emu.chunkstore.remote import aligned_buffer
 from tectonic_emu.client import Client
@@ -78,7 +79,8 @@ class _Memo:
 class _Share:
     """What all streams of one client share: a bound on reads in flight; indexes, footers and
     small shards (the ranks sharing a shard read it at about the same time); and the client's
-    one thread for decoding and shuffling (``_in_thread`` in dataset.py, its writers use it too)."""
+    one thread for decoding and shuffling (``dataset_index.in_thread``, which the dataset's
+    writers use too)."""
 
     def __init__(self, client: Client) -> None:
         self.client = client
@@ -87,7 +89,7 @@ class _Share:
         self.shards = _Memo(max(1, SHARD_CACHE_BYTES // (READ_CHUNKS * client.config.block_size)))
 
     async def cpu(self, fn: Callable[..., T], *args: Any) -> T:
-        return await _in_thread(self.client, fn, *args)
+        return await in_thread(self.client, fn, *args)
 
     async def index(self, path: str) -> DatasetIndex:
         try:
@@ -101,8 +103,8 @@ class _Share:
             async with self.reads:
                 data = await self.client.read(f"{index.path}/{shard.name}", shard.footer_offset)
             size = shard.bytes - shard.footer_offset
-            _check(index, f"{shard.name} footer", data, size, shard.footer_crc32c)
-            return _footer(index, shard, data)
+            check_bytes(index, f"{shard.name} footer", data, size, shard.footer_crc32c)
+            return parse_footer(index, shard, data)
 
         return await self.memo.get((index.path, shard.name, shard.crc32c), load)
 
@@ -117,8 +119,8 @@ class _Share:
             async with self.reads:
                 data = await self.client.read(f"{index.path}/{shard.name}")
             stats.bytes_read += len(data)
-            _check(index, shard.name, data, shard.bytes, shard.crc32c)
-            return data, _footer(index, shard, memoryview(data)[shard.footer_offset :])
+            check_bytes(index, shard.name, data, shard.bytes, shard.crc32c)
+            return data, parse_footer(index, shard, memoryview(data)[shard.footer_offset :])
 
         key = (index.path, shard.name, shard.crc32c, job)
         return await self.shards.get(key, load)  # type: ignore[no-any-return]
@@ -521,9 +523,9 @@ class ShardStream:
                 done += 1
             args = (index, shard, meta, held, held_at, range(first, done), (lo, hi))
             if sum(g.length for g in groups[first:done]) >= _THREAD_FROM:
-                yield await self._share.cpu(_decode_groups, *args)
+                yield await self._share.cpu(decode_groups, *args)
             else:
-                yield _decode_groups(*args)
+                yield decode_groups(*args)
             if done < end_group:  # keep the bytes of the row group begun
                 held, held_at = held[groups[done].offset - held_at :], groups[done].offset
             first = done
