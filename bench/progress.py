@@ -1,6 +1,6 @@
 """How a bench reports its progress: ``step(text)`` names the stage it is in, and
 ``step(text, fraction)`` also says how much of the run is done, so that the bar on stderr
-(``bench.cli.run_bench``) shows a percentage and a time remaining. A bench that cannot know
+(``bench.cli_common.run_bench``) shows a percentage and a time remaining. A bench that cannot know
 its total (``bench train`` searches) names stages only, and the bar pulses.
 """
 

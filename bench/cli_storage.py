@@ -1,0 +1,272 @@
+"""The storage benches' commands: ``bench store``, ``hedge``, ``net``, ``fuse`` and ``metadata``
+(the client's goodput, hedging, the emulated network, the mount, the metadata rates). Each
+imports its bench only when run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from bench.cli_common import csv_list, dir_option, emit, int_list, plot_option, run_bench
+from tectonic_emu.coding import KNOWN_ENCODINGS, Encoding
+from tectonic_emu.config import DEFAULT_BLOCK_SIZE, parse_size
+
+
+@click.command("store")
+@click.option("--size", default="512MiB", show_default=True, help="Bytes written per encoding.")
+@click.option(
+    "--encodings",
+    default="r1,r3,rs-6-3,rs-10-4",
+    show_default=True,
+    help=f"Comma-separated, from {', '.join(KNOWN_ENCODINGS)} or any rs-D-P.",
+)
+@click.option("--block-size", default=f"{DEFAULT_BLOCK_SIZE >> 20}MiB", show_default=True)
+@click.option("--runs", default=3, show_default=True, help="Measured runs after one warm-up.")
+@dir_option("Where the cluster and the raw file go (same disk for both).")
+@click.option("--no-sync", is_flag=True, help="Page-cache mode for the store (raw still fsyncs).")
+@click.option(
+    "--served",
+    is_flag=True,
+    help="Also measure the served path (node processes over TCP) in the same rounds.",
+)
+@click.option(
+    "--write-ack",
+    type=click.Choice(["all", "quorum"]),
+    default=None,
+    help="Force one ack policy on both paths [default: all embedded, quorum served].",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@plot_option
+def store(
+    size: str,
+    encodings: str,
+    block_size: str,
+    runs: int,
+    directory: Path,
+    no_sync: bool,
+    served: bool,
+    write_ack: str | None,
+    as_json: bool,
+    plot_dir: Path | None,
+) -> None:
+    """Store goodput per encoding beside raw pwrite+fdatasync to the same disk.
+
+    \b
+    Example:
+      tectonic-emu bench store --size 512MiB --encodings r3,rs-6-3 --json
+      tectonic-emu bench store --size 512MiB --encodings r3,rs-6-3 --served
+    """
+    from bench import store as mod
+
+    encs = [Encoding.parse(e.strip()).name for e in encodings.split(",") if e.strip()]
+    result = run_bench(
+        "store",
+        mod.run_store_bench,
+        size=parse_size(size),
+        encodings=encs,
+        directory=directory,
+        block_size=parse_size(block_size),
+        runs=runs,
+        sync=not no_sync,
+        served=served,
+        write_ack=write_ack,
+    )
+    emit(result, as_json, plot_dir, mod)
+
+
+@click.command("hedge")
+@click.option("--size", default="256MiB", show_default=True, help="Bytes per file.")
+@click.option("--encodings", default="r3,rs-6-3", show_default=True, help="Comma-separated.")
+@click.option("--delay", default="200ms", show_default=True, help="Reply delay of node 0.")
+@click.option("--block-size", default=f"{DEFAULT_BLOCK_SIZE >> 20}MiB", show_default=True)
+@click.option("--runs", default=2, show_default=True, help="Measured runs after one warm-up.")
+@dir_option("Where the clusters go.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@plot_option
+def hedge(
+    size: str,
+    encodings: str,
+    delay: str,
+    block_size: str,
+    runs: int,
+    directory: Path,
+    as_json: bool,
+    plot_dir: Path | None,
+) -> None:
+    """One slow node, with and without hedged writes and reads (served clusters).
+
+    \b
+    Example:
+      tectonic-emu bench hedge --size 256MiB --delay 200ms --json
+    """
+    from bench import hedge as mod
+    from tectonic_emu.cli import parse_duration
+
+    encs = [Encoding.parse(e.strip()).name for e in encodings.split(",") if e.strip()]
+    result = run_bench(
+        "hedge",
+        mod.run_hedge_bench,
+        size=parse_size(size),
+        encodings=encs,
+        delay=parse_duration(delay),
+        directory=directory,
+        block_size=parse_size(block_size),
+        runs=runs,
+    )
+    emit(result, as_json, plot_dir, mod)
+
+
+@click.command("net")
+@click.option("--nic-gbps", default=1.0, show_default=True, help="The link's NIC rate, Gb/s.")
+@click.option("--rtt-ms", default=20.0, show_default=True, help="The link's added round trip.")
+@click.option("--loss", default=0.0, show_default=True, help="Probability a segment is lost.")
+@click.option("--chunk", default="1MiB", show_default=True, help="Bytes per chunk sent.")
+@click.option(
+    "--depth",
+    default=0,
+    show_default=True,
+    help="Chunks in flight (0: twice the bandwidth-delay product, at least 8).",
+)
+@click.option("--seconds", default=3.0, show_default=True, help="Seconds per figure and run.")
+@click.option("--runs", default=3, show_default=True, help="Runs (figures: the median).")
+@dir_option("Where the clusters go.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@plot_option
+def net(
+    nic_gbps: float,
+    rtt_ms: float,
+    loss: float,
+    chunk: str,
+    depth: int,
+    seconds: float,
+    runs: int,
+    directory: Path,
+    as_json: bool,
+    plot_dir: Path | None,
+) -> None:
+    """The emulated network (cluster create --nic-gbps/--rtt-ms/--loss): a paced link's
+    round trip, write and read rates beside its settings, each within 10% or not.
+
+    \b
+    Example:
+      tectonic-emu bench net --nic-gbps 2 --rtt-ms 5 --json
+    """
+    from bench import net as mod
+
+    result = run_bench(
+        "net",
+        mod.run_net_bench,
+        directory=directory,
+        nic_gbps=nic_gbps,
+        rtt_ms=rtt_ms,
+        loss=loss,
+        chunk=parse_size(chunk),
+        depth=depth,
+        seconds=seconds,
+        runs=runs,
+    )
+    emit(result, as_json, plot_dir, mod)
+
+
+@click.command("fuse")
+@click.option("--size", default="1GiB", show_default=True, help="Bytes per file.")
+@click.option("--encoding", default="rs-6-3", show_default=True, help="Encoding of the files.")
+@click.option("--runs", default=3, show_default=True, help="Measured runs after one warm-up.")
+@dir_option("Where the cluster, the mount point and the local file go.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@plot_option
+def fuse(
+    size: str, encoding: str, runs: int, directory: Path, as_json: bool, plot_dir: Path | None
+) -> None:
+    """The FUSE mount (default and --direct-io) beside the native client and the local
+    disk (1 MiB I/O).
+
+    \b
+    Example:
+      tectonic-emu bench fuse --size 1GiB --json
+    """
+    from bench import fuse as mod
+
+    enc = Encoding.parse(encoding).name
+    result = run_bench(
+        "fuse",
+        mod.run_fuse_bench,
+        size=parse_size(size),
+        encoding=enc,
+        directory=directory,
+        runs=runs,
+    )
+    emit(result, as_json, plot_dir, mod)
+
+
+@click.command("metadata")
+@click.option(
+    "--ranks", default="1,4,16,64,256,1024", show_default=True, help="Comma-separated rank counts."
+)
+@click.option(
+    "--backends",
+    default=None,
+    help="Comma-separated, from sqlite, sqlite-nosync, memory, postgresql, mount (needs "
+    "FUSE) [default: sqlite,sqlite-nosync,memory, and postgresql where it is installed].",
+)
+@click.option(
+    "--postgres",
+    "postgres_url",
+    default=None,
+    metavar="URL",
+    help="The PostgreSQL server for the postgresql backend (a fresh table in it) [default: a "
+    "throwaway server on loopback, started and removed by the bench].",
+)
+@click.option(
+    "--files-total",
+    default=2048,
+    show_default=True,
+    help="Files per rank count, split over the ranks (at least 2 per rank).",
+)
+@click.option("--runs", default=1, show_default=True, help="Runs per point (median).")
+@dir_option("Where the clusters (and the mount point) go.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@plot_option
+def metadata_cmd(
+    ranks: str,
+    backends: str | None,
+    postgres_url: str | None,
+    files_total: int,
+    runs: int,
+    directory: Path,
+    as_json: bool,
+    plot_dir: Path | None,
+) -> None:
+    """mdtest-style metadata rates (create, stat, list, delete) of 1 to 1,024 ranks at once,
+    per metadata backend.
+
+    \b
+    Example:
+      tectonic-emu bench metadata --ranks 1,16,256,1024 --json
+      tectonic-emu bench metadata --backends sqlite,postgresql --postgres postgresql://db1/bench
+    """
+    from bench import metadata as mod
+
+    names = tuple(csv_list(backends)) if backends else mod.default_backends()
+    unknown = [b for b in names if b not in mod.BACKENDS]
+    if unknown:
+        raise click.BadParameter(
+            f"unknown {', '.join(unknown)}; choose from {', '.join(mod.BACKENDS)}",
+            param_hint="--backends",
+        )
+    result = run_bench(
+        "metadata",
+        mod.run_metadata_bench,
+        directory=directory,
+        ranks=int_list(ranks, "--ranks"),
+        backends=names,
+        files_total=files_total,
+        runs=runs,
+        postgres_url=postgres_url,
+    )
+    emit(result, as_json, plot_dir, mod)
+
+
+__all__ = ["fuse", "hedge", "metadata_cmd", "net", "store"]
