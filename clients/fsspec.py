@@ -16,20 +16,22 @@ IsADirectoryError, NotADirectoryError, PermissionError (a sealed file), OSError(
 Write semantics (docs/fsspec.md): ``"wb"``/``"xb"`` write a new version, nameless until
 ``close`` swaps it in atomically; ``"ab"`` is the store's single, append-only writer, visible
 while it writes and sealed on close. Nothing can be written in place (``"r+b"``).
+
+The file objects are in ``clients/fsspec_file.py`` (``TectonicFile``), the cluster's opening
+and closing on the filesystem's loop in ``clients/fsspec_session.py``; this module has the
+URLs and the filesystem, and re-exports ``TectonicFile``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import os
 import posixpath
-import sys
 import weakref
 from collections import defaultdict
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from contextlib import AsyncExitStack, aclosing
+from contextlib import aclosing
 from datetime import UTC, datetime
 from glob import has_magic
 from typing import Any, ParamSpec, TypeVar, cast
@@ -44,9 +46,11 @@ from fsspec.asyn import (  # type: ignore[import-untyped]
     sync,
 )
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback  # type: ignore[import-untyped]
-from fsspec.spec import AbstractBufferedFile  # type: ignore[import-untyped]
 
-from tectonic_emu import Client, Cluster, FileWriter, Stat
+from clients.fsspec_file import Info, TectonicFile
+from clients.fsspec_session import CLOSE_TIMEOUT as CLOSE_TIMEOUT
+from clients.fsspec_session import Session, close_session
+from tectonic_emu import Client, FileWriter, Stat
 from tectonic_emu.chunkstore.base import BytesLike
 from tectonic_emu.errors import (
     AlreadyExistsError,
@@ -59,7 +63,6 @@ from tectonic_emu.errors import (
 
 T = TypeVar("T")
 P = ParamSpec("P")
-Info = dict[str, Any]
 
 PROTOCOL = "tectonic"
 SCHEME = PROTOCOL + "://"
@@ -68,7 +71,6 @@ SCHEME = PROTOCOL + "://"
 DEFAULT_BATCH_SIZE = 8
 LIST_STATS_IN_FLIGHT = 16  # stats per ls(detail=True)
 TRANSFER_CHUNK = 16 << 20  # bytes per read of a copy or download
-CLOSE_TIMEOUT = 30.0  # seconds a garbage-collected filesystem waits for its cluster to close
 
 READ_MODES = ("rb",)
 WRITE_MODES = ("wb", "xb", "ab")
@@ -130,86 +132,6 @@ def _outermost(paths: list[str]) -> list[str]:
     return out
 
 
-# -- the open cluster ----------------------------------------------------------------------------
-class _Session:
-    """The cluster, open on one event loop from first use until ``close``. A forked child
-    forgets its parent's session (its threads and SQLite connection are not the child's)."""
-
-    def __init__(self, cluster_dir: str) -> None:
-        self.cluster_dir = cluster_dir
-        self.pid = os.getpid()
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._lock: asyncio.Lock | None = None
-        self._stack: AsyncExitStack | None = None
-        self._client: Client | None = None
-
-    @property
-    def is_open(self) -> bool:
-        return self._client is not None and self.pid == os.getpid()
-
-    def _forget(self) -> None:
-        self.pid = os.getpid()
-        self.loop = self._lock = self._stack = self._client = None
-
-    async def client(self) -> Client:
-        """The client, opening the cluster on the running loop if needed. Raises
-        ClusterNotFoundError, RuntimeError (open on another, live, event loop)."""
-        loop = asyncio.get_running_loop()
-        if self.pid != os.getpid():
-            self._forget()
-        if self.loop is not loop:
-            if self._client is not None and self.loop is not None and not self.loop.is_closed():
-                raise RuntimeError(
-                    "this tectonic filesystem has its cluster open on another event loop; "
-                    "close it there first (await fs._close())"
-                )
-            self._forget()  # a closed loop: what was opened on it can no longer be closed
-            self.loop, self._lock = loop, asyncio.Lock()
-        assert self._lock is not None
-        if self._client is None:
-            async with self._lock:
-                if self._client is None:
-                    stack = AsyncExitStack()
-                    cluster = await stack.enter_async_context(Cluster.open(self.cluster_dir))
-                    self._stack, self._client = stack, cluster.client()
-        return self._client
-
-    async def close(self) -> None:
-        """Close the cluster (waiting for straggling chunk writes); the next ``client()``
-        reopens it. Raises what closing raised."""
-        if self.pid != os.getpid():
-            self._forget()
-            return
-        if self._lock is None:
-            return
-        async with self._lock:
-            stack, self._stack, self._client = self._stack, None, None
-            if stack is not None:
-                await stack.aclose()
-
-
-_closing: set[asyncio.Task[None]] = set()
-
-
-def _close_session(session: _Session) -> None:
-    """Finalizer of a filesystem: close its cluster if its loop still runs. Best effort: at
-    garbage collection or interpreter exit nobody is left to hear an error."""
-    loop = session.loop
-    if not session.is_open or loop is None or loop.is_closed() or not loop.is_running():
-        return
-    try:
-        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is loop:  # collected on the loop's own thread, which cannot wait for itself
-        task = loop.create_task(session.close())
-        _closing.add(task)
-        task.add_done_callback(_closing.discard)
-        return
-    with contextlib.suppress(Exception):
-        asyncio.run_coroutine_threadsafe(session.close(), loop).result(CLOSE_TIMEOUT)
-
-
 async def _stream_into(
     writer: FileWriter,
     pieces: AsyncGenerator[BytesLike, None],
@@ -267,8 +189,8 @@ class TectonicFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec ships
         )
         self.cluster_dir = os.path.abspath(os.fspath(cluster))
         self.auto_mkdir = auto_mkdir
-        self._session = _Session(self.cluster_dir)
-        weakref.finalize(self, _close_session, self._session)
+        self._session = Session(self.cluster_dir)
+        weakref.finalize(self, close_session, self._session)
 
     # -- URLs, loop and lifecycle --------------------------------------------------------------
     @classmethod
@@ -631,113 +553,6 @@ def _write_mode(mode: str) -> str:
 
 async def _one(value: BytesLike) -> AsyncGenerator[BytesLike, None]:
     yield value
-
-
-class TectonicFile(AbstractBufferedFile):  # type: ignore[misc]  # fsspec ships no type hints
-    """A file opened through ``TectonicFileSystem.open``.
-
-    ``"rb"``: the version of the file that was there at open; reads are ranged reads of it
-    (readahead cache). Once that version is replaced or deleted, an uncached read raises
-    FileNotFoundError: never bytes of another version.
-    ``"wb"``/``"xb"``: a new version, nameless until ``close`` publishes it atomically; an
-    exception inside ``with`` (or ``discard``) drops it.
-    ``"ab"``: the file's single writer; bytes become visible as store blocks commit, all of
-    them at ``flush()``; ``close`` seals the file.
-    """
-
-    fs: TectonicFileSystem
-    buffer: io.BytesIO
-    forced: bool
-    loc: int
-
-    def __init__(
-        self,
-        fs: TectonicFileSystem,
-        path: str,
-        mode: str,
-        block_size: int | None,
-        autocommit: bool,
-        *,
-        details: Info | None = None,
-        writer: FileWriter | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self._file_id = details["id"] if details is not None else 0
-        self._writer = writer
-        size = details["size"] if details is not None else None
-        super().__init__(fs, path, mode, block_size, autocommit, size=size, **kwargs)
-        if details is not None:
-            self._details = details
-        if writer is not None:
-            self.loc = writer.offset  # "ab": tell() is the offset in the file
-
-    @property
-    def _w(self) -> FileWriter:
-        assert self._writer is not None, "write modes have a writer"
-        return self._writer
-
-    def _fetch_range(self, start: int, end: int) -> bytes:
-        return self.fs._run(self.fs._read_version, self._file_id, start, end)
-
-    def write(self, data: BytesLike) -> int:
-        if self.closed:
-            raise ValueError("I/O operation on closed file.")
-        if not self.writable():
-            raise ValueError("File not in write mode")
-        if self.forced:
-            raise ValueError("This file has been force-flushed, can only close")
-        n: int = self.buffer.write(data)
-        self.loc += n
-        if self.buffer.tell() >= self.blocksize:
-            self._ship()
-        return n
-
-    def _ship(self) -> None:
-        """Hand the buffered bytes to the store's writer (full blocks go out at once)."""
-        data = self.buffer.getvalue()
-        self.buffer = io.BytesIO()
-        if data:
-            self.fs._run(self._w.append, data)
-
-    def flush(self, force: bool = False) -> None:
-        """``force`` (on close): write everything and, with autocommit, publish or seal.
-        Otherwise, in ``"ab"``, make every byte written so far durable and visible."""
-        if self.closed:
-            raise ValueError("Flush on closed file")
-        if self.readable():
-            return
-        if force:
-            if self.forced:
-                raise ValueError("Force flush cannot be called more than once")
-            self.forced = True
-            self._ship()
-            if self.autocommit:
-                self.commit()
-        elif self.mode == "ab":
-            self._ship()
-            self.fs._run(self._w.flush)
-
-    def commit(self) -> None:
-        """Publish the new version (``"wb"``/``"xb"``) or seal the file (``"ab"``)."""
-        self.fs._run(self._w.close)
-
-    def discard(self) -> None:
-        """Drop the new version; in ``"ab"``, drop the bytes not yet flushed."""
-        self.fs._run(self._w.abort)
-
-    def __del__(self) -> None:
-        # At interpreter exit fsspec's IO thread is gone and waiting for it would hang: the
-        # file is left as a crash leaves it (a new version is dropped, "ab" keeps its flushes).
-        if not sys.is_finalizing():
-            super().__del__()
-
-    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
-        if exc_type is not None and self.writable():
-            self.closed = True
-            with contextlib.suppress(Exception):  # the caller's exception is the one to see
-                self.discard()
-            return
-        self.close()
 
 
 __all__ = ["TectonicFile", "TectonicFileSystem", "cluster_url", "split_url"]
