@@ -19,23 +19,9 @@ directories is not timed. ``F = max(min_files_per_rank, files_total // R)``: the
 point stays near ``files_total`` files, so 1,024 ranks finish in seconds. After the runs of a
 point, the backend's file records are counted (``files_left``, 0 when every delete landed).
 
-Backends (``BACKEND_FACTORIES``):
-
-- ``sqlite``: a real cluster (``Cluster.create`` + ``Cluster.open``), SQLite WAL with
-  ``synchronous=FULL``: every metadata commit is durable when it returns (group commit);
-- ``sqlite-nosync``: the same with the cluster's ``sync=False``: SQLite ``synchronous=NORMAL``,
-  commits reach the page cache only (a machine crash may lose the last ones);
-- ``memory``: the same cluster with its metadata in ``MemoryKV`` (``Cluster.open(kv=...)``):
-  nothing durable, the cost of the client and the layers alone;
-- ``postgresql``: a real cluster whose metadata is in PostgreSQL (``cluster create
-  --metadata``), every commit durable (group commit: synchronous flushes shared). The server is
-  the one at ``postgres_url`` (a fresh table in it), or else a throwaway server on loopback
-  that the bench starts and removes (``bench/postgres.py``, PostgreSQL's defaults, fsync on).
-  Measured by default where PostgreSQL is installed or a URL is given;
-- ``mount`` (opt-in, needs FUSE): the ``sqlite`` cluster through a FUSE mount in a child
-  process, with ``min(R, 32)`` threads doing ``os.open(O_CREAT)``+``close``, ``os.stat``,
-  ``os.listdir`` and ``os.unlink``. The kernel caches attributes for 1 s, so a stat may not
-  reach the mount.
+Backends (``bench/metadata_backends.py``, where each is described): ``sqlite``,
+``sqlite-nosync``, ``memory``, ``postgresql`` (by default where PostgreSQL is installed or a
+URL is given) and ``mount`` (opt-in, needs FUSE).
 
 JSON (``MetadataBench.to_dict()``, validated by ``SCHEMA``; rates in operations per second):
 
@@ -58,255 +44,41 @@ Phases are always the four keys ``create``, ``stat``, ``list``, ``delete``.
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import functools
 import os
 import platform
 import shutil
 import sqlite3
-import stat as stat_mod
 import statistics
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from rich.table import Table
 
-from bench import postgres
+from bench.metadata_backends import (
+    BACKEND_FACTORIES,
+    BACKENDS,
+    DEFAULT_BACKENDS,
+    ClientOps,
+    MetaOps,
+    MountOps,
+    VerificationError,
+    default_backends,
+    postgres_backend,
+)
 from bench.progress import Stages, Step, no_step
-from tectonic_emu import Client, Cluster
 from tectonic_emu.errors import InvalidArgumentError, first_error
-from tectonic_emu.metadata import MemoryKV
 
 PHASES = ("create", "stat", "list", "delete")
 LISTING = "one listing of its own directory per rank per run; list ops = names returned"
-NODES = 3  # a cluster needs nodes; empty files never touch them
-MOUNT_THREADS = 32
 DEFAULT_FILES_TOTAL = 2048
 DEFAULT_MIN_FILES = 2
 SCHEMA_VERSION = 1
-_T = TypeVar("_T")
-
-
-class VerificationError(RuntimeError):
-    """The backend did not do what the bench asked (a missing name, a leftover file)."""
-
-
-# -- the operations, per backend -----------------------------------------------------------------
-class MetaOps(abc.ABC):
-    """The measured operations on one backend, plus the untimed setup around them.
-    Paths are absolute in the cluster's namespace (``/mdtest/...``)."""
-
-    durability: str
-
-    @abc.abstractmethod
-    def set_ranks(self, ranks: int) -> None:
-        """Called before the runs of ``ranks`` ranks (the mount sizes its thread pool)."""
-
-    @abc.abstractmethod
-    async def mkdir(self, path: str) -> None: ...
-
-    @abc.abstractmethod
-    async def rmdir(self, path: str) -> None: ...
-
-    @abc.abstractmethod
-    async def create(self, path: str) -> None:
-        """Make an empty file."""
-
-    @abc.abstractmethod
-    async def stat(self, path: str) -> None:
-        """Stat ``path``; raise VerificationError unless it is an empty file."""
-
-    @abc.abstractmethod
-    async def listdir(self, path: str) -> list[str]: ...
-
-    @abc.abstractmethod
-    async def delete(self, path: str) -> None: ...
-
-    @abc.abstractmethod
-    async def files_left(self) -> int:
-        """File records in the cluster, named or not (0 once everything is deleted)."""
-
-
-class ClientOps(MetaOps):
-    """The native async client."""
-
-    def __init__(self, client: Client, durability: str) -> None:
-        self.client = client
-        self.durability = durability
-
-    def set_ranks(self, ranks: int) -> None:
-        pass  # ranks are tasks on this event loop: nothing to size
-
-    async def mkdir(self, path: str) -> None:
-        await self.client.mkdir(path)
-
-    async def rmdir(self, path: str) -> None:
-        await self.client.delete(path)
-
-    async def create(self, path: str) -> None:
-        writer = await self.client.open_writer(path)
-        await writer.close()
-
-    async def stat(self, path: str) -> None:
-        st = await self.client.stat(path)
-        if st.kind != "file" or st.size != 0:
-            raise VerificationError(f"{path}: not an empty file ({st.kind}, {st.size} B)")
-
-    async def listdir(self, path: str) -> list[str]:
-        return await self.client.listdir(path)
-
-    async def delete(self, path: str) -> None:
-        await self.client.delete(path)
-
-    async def files_left(self) -> int:
-        return sum([1 async for _ in self.client.meta.iter_files()])
-
-
-class MountOps(MetaOps):
-    """POSIX calls through a FUSE mount, on a pool of ``min(ranks, 32)`` threads; the
-    cluster's own client (opened beside the mount) only counts what is left."""
-
-    durability = "the sqlite cluster through FUSE (kernel attribute cache 1 s)"
-
-    def __init__(self, mountpoint: Path, client: Client) -> None:
-        self.mountpoint = mountpoint
-        self.client = client
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="mdtest-mount")
-
-    def set_ranks(self, ranks: int) -> None:
-        self.pool.shutdown()
-        self.pool = ThreadPoolExecutor(min(ranks, MOUNT_THREADS), thread_name_prefix="mdtest")
-
-    async def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
-
-    def _local(self, path: str) -> str:
-        return str(self.mountpoint) + path
-
-    async def mkdir(self, path: str) -> None:
-        await self._call(os.mkdir, self._local(path))
-
-    async def rmdir(self, path: str) -> None:
-        await self._call(os.rmdir, self._local(path))
-
-    async def create(self, path: str) -> None:
-        await self._call(_create_empty, self._local(path))
-
-    async def stat(self, path: str) -> None:
-        st = await self._call(os.stat, self._local(path))
-        if not stat_mod.S_ISREG(st.st_mode) or st.st_size != 0:
-            raise VerificationError(f"{path}: not an empty file (mode {st.st_mode:o})")
-
-    async def listdir(self, path: str) -> list[str]:
-        return await self._call(os.listdir, self._local(path))
-
-    async def delete(self, path: str) -> None:
-        await self._call(os.unlink, self._local(path))
-
-    async def files_left(self) -> int:
-        return sum([1 async for _ in self.client.meta.iter_files()])
-
-
-def _create_empty(path: str) -> None:
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-
-
-# -- backends: name -> factory of MetaOps in a fresh directory ---------------------------------
-BackendFactory = Callable[[Path], AbstractAsyncContextManager[MetaOps]]
-
-
-@asynccontextmanager
-async def _sqlite_backend(work: Path, *, sync: bool) -> AsyncIterator[MetaOps]:
-    root = work / "cluster"
-    Cluster.create(root, nodes=NODES, encoding="r1", sync=sync)
-    durability = (
-        "SQLite WAL, synchronous=FULL: every commit durable (group commit: fsyncs shared)"
-        if sync
-        else "SQLite WAL, synchronous=NORMAL: commits in the page cache only"
-    )
-    async with Cluster.open(root) as cluster:
-        yield ClientOps(cluster.client(), durability)
-
-
-@asynccontextmanager
-async def _memory_backend(work: Path) -> AsyncIterator[MetaOps]:
-    # The same cluster with its metadata in MemoryKV: what the layers above the seam cost.
-    root = work / "cluster"
-    Cluster.create(root, nodes=NODES, encoding="r1", sync=False)
-    async with Cluster.open(root, kv=MemoryKV()) as cluster:
-        yield ClientOps(cluster.client(), "MemoryKV: nothing durable")
-
-
-@asynccontextmanager
-async def _mount_backend(work: Path) -> AsyncIterator[MetaOps]:
-    from fuse_mount.mount import start_mount, unmount
-
-    root, mnt = work / "cluster", work / "mnt"
-    Cluster.create(root, nodes=NODES, encoding="r1")
-    mnt.mkdir()
-    proc = await asyncio.to_thread(start_mount, root, mnt, log=work / "mount.log")
-    try:
-        async with Cluster.open(root) as cluster:
-            ops = MountOps(mnt, cluster.client())
-            try:
-                yield ops
-            finally:
-                ops.pool.shutdown()
-    finally:
-        await asyncio.to_thread(unmount, mnt)
-        await asyncio.to_thread(proc.wait, 30)
-
-
-@asynccontextmanager
-async def _postgres_backend(work: Path, url: str | None = None) -> AsyncIterator[MetaOps]:
-    server = None
-    if url is None:
-        found = postgres.bin_dir()
-        if found is None:
-            raise InvalidArgumentError(
-                "no PostgreSQL server here to start (apt-get install postgresql), and no "
-                "--postgres URL given"
-            )
-        server = await asyncio.to_thread(postgres.PostgresServer(found).start)
-        url = server.url
-    try:
-        root = work / "cluster"
-        table = f"bench_{os.getpid()}_{int(time.time() * 1000)}"
-        await asyncio.to_thread(
-            Cluster.create, root, nodes=NODES, encoding="r1", metadata=url, metadata_table=table
-        )
-        durability = (
-            "PostgreSQL, synchronous_commit: every commit durable (group commit: flushes "
-            f"shared){'; a throwaway server on loopback' if server else ''}"
-        )
-        async with Cluster.open(root) as cluster:
-            yield ClientOps(cluster.client(), durability)
-    finally:
-        if server is not None:
-            await asyncio.to_thread(server.stop)
-
-
-BACKEND_FACTORIES: dict[str, BackendFactory] = {
-    "sqlite": lambda work: _sqlite_backend(work, sync=True),
-    "sqlite-nosync": lambda work: _sqlite_backend(work, sync=False),
-    "memory": _memory_backend,
-    "postgresql": _postgres_backend,
-    "mount": _mount_backend,
-}
-BACKENDS: tuple[str, ...] = tuple(BACKEND_FACTORIES)
-DEFAULT_BACKENDS = ("sqlite", "sqlite-nosync", "memory")  # mount needs FUSE: opt-in
-
-
-def default_backends() -> tuple[str, ...]:
-    """DEFAULT_BACKENDS, and ``postgresql`` where its server is installed."""
-    return DEFAULT_BACKENDS + (("postgresql",) if postgres.bin_dir() is not None else ())
 
 
 # -- results -------------------------------------------------------------------------------------
@@ -512,7 +284,7 @@ async def run_metadata_bench(
         # This run's server for the postgresql backend (default: one the bench starts).
         factories = {
             **BACKEND_FACTORIES,
-            "postgresql": functools.partial(_postgres_backend, url=postgres_url),
+            "postgresql": functools.partial(postgres_backend, url=postgres_url),
         }
         stage = Stages(step, len(backends) * len(ranks) * runs * len(PHASES))
         for backend in backends:
@@ -607,8 +379,11 @@ __all__ = [
     "BACKEND_FACTORIES",
     "DEFAULT_BACKENDS",
     "SCHEMA",
+    "ClientOps",
     "MetadataBench",
     "MetadataPoint",
+    "MetaOps",
+    "MountOps",
     "VerificationError",
     "files_per_rank",
     "plot",
