@@ -30,7 +30,6 @@ from tectonic_emu.errors import (
     NotEnoughNodesError,
     NotFoundError,
     SealedFileError,
-    first_error,
 )
 from tectonic_emu.metadata.layers import MetaTxn, new_id
 from tectonic_emu.metadata.records import (
@@ -43,7 +42,7 @@ from tectonic_emu.metadata.records import (
     FileRecord,
 )
 from tectonic_emu.paths import join_path, split_path
-from tectonic_emu.reader import FileReader
+from tectonic_emu.reader import FileReader, blocks_in, read_blocks
 from tectonic_emu.store import StoreView
 from tectonic_emu.writer import FileWriter, VersionWriter, WriterOpener
 
@@ -401,7 +400,7 @@ class Client:
     ) -> tuple[FileRecord, list[BlockEntry], list[BlockRecord]]:
         """The file at ``path``, and its blocks holding bytes [start, start + size)."""
         async with self.meta.transaction() as m:
-            return await self._blocks_in(m, await self._file_id(m, path), start, size)
+            return await blocks_in(m, await self._file_id(m, path), start, size)
 
     async def _file_id(self, m: MetaTxn, path: str) -> int:
         """The id of the file at ``path``; IsADirectoryError_ for a directory."""
@@ -412,31 +411,12 @@ class Client:
             raise IsADirectoryError_("is a directory", path)
         return e.id
 
-    @staticmethod
-    async def _blocks_in(
-        m: MetaTxn, file_id: int, start: int, size: int
-    ) -> tuple[FileRecord, list[BlockEntry], list[BlockRecord]]:
-        """File ``file_id``'s record, and the blocks (with their records) that hold bytes
-        [start, start + size), to the end when ``size`` < 0: a 1 MiB read of a large file
-        looks up one block record, not all of them."""
-        f = await m.files.get(file_id)
-        if f is None:
-            raise NotFoundError(f"no file {file_id:016x}")
-        end = f.size if size < 0 else min(f.size, start + size)
-        blocks = [b for b in await m.files.blocks(file_id) if b.end > start and b.offset < end]
-        recs = []
-        for b in blocks:
-            rec = await m.blocks.get(b.block_id)
-            assert rec is not None, "a committed block has a block record"
-            recs.append(rec)
-        return f, blocks, recs
-
     async def read_id_into(self, file_id: int, offset: int, buf: BytesLike) -> int:
         """``read_into`` by file id: also reaches a nameless file (a new version being
         written) and the committed bytes of an unsealed one."""
         out = memoryview(buf).cast("B")
         async with self.meta.transaction() as m:
-            f, blocks, recs = await self._blocks_in(m, file_id, offset, len(out))
+            f, blocks, recs = await blocks_in(m, file_id, offset, len(out))
         end = min(f.size, offset + len(out))
         if end <= offset:
             return 0
@@ -510,36 +490,19 @@ class Client:
         """Read file bytes [start, end) of the given blocks (entries and their records),
         handing ``sink(file offset, piece)`` each piece, or with ``into`` (the destination of
         [start, end)) receiving them straight there. Raises DataUnavailableError rather than
-        hand over wrong bytes."""
-        wanted = [
-            (b, r) for b, r in zip(blocks, recs, strict=True) if b.end > start and b.offset < end
-        ]
-        # In flight: read_depth blocks, or more small ones up to the bytes of that many
-        # rs-6-3 blocks (an r3 block is one 8 MiB chunk; one at a time per node leaves a
-        # served cluster's nodes idle between round trips).
-        largest = max((b.length for b, _ in wanted), default=1)
-        depth = max(self.read_depth, self.read_ahead_bytes // max(largest, 1))
-        sem = asyncio.Semaphore(depth)
-
-        async def one(b: BlockEntry, rec: BlockRecord) -> None:
-            lo, hi = max(0, start - b.offset), min(b.length, end - b.offset)
-            dest = None
-            if into is not None:
-                dest = into[b.offset + lo - start : b.offset + hi - start]
-            async with sem:
-                pieces = await self.datapath.read_range(rec, lo, hi, into=dest)
-            for at, piece in pieces:
-                sink(b.offset + at, piece)
-
-        if len(wanted) == 1:
-            await one(*wanted[0])
-            return
-        try:
-            async with asyncio.TaskGroup() as tg:
-                for b, rec in wanted:
-                    tg.create_task(one(b, rec))
-        except BaseExceptionGroup as eg:
-            raise first_error(eg) from None
+        hand over wrong bytes. At most ``read_depth`` blocks are in flight, or more small
+        ones up to ``read_ahead_bytes``."""
+        await read_blocks(
+            self.datapath,
+            blocks,
+            recs,
+            start,
+            end,
+            sink,
+            into=into,
+            depth=self.read_depth,
+            ahead_bytes=self.read_ahead_bytes,
+        )
 
     # -- rename and delete -------------------------------------------------------------------
     async def rename(self, src: str, dst: str, *, keep_replaced: bool = False) -> None:
@@ -624,10 +587,6 @@ class Client:
     async def purge(self, file_id: int) -> None:
         """Best-effort removal of a nameless file (a new version that failed, or a file kept
         after replacement or deletion whose last reader is done)."""
-        await self._purge(file_id)
-
-    async def _purge(self, file_id: int) -> None:
-        """Best-effort removal of a nameless file (a ``write_file`` that failed)."""
         try:
             async with self.meta.transaction() as m:
                 f = await m.files.get(file_id)

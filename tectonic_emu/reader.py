@@ -1,4 +1,8 @@
-"""Readers of one file version that look its block map up once.
+"""Reads of file bytes: the blocks a range needs, their parallel reads, and ``FileReader``.
+
+``blocks_in`` looks up the blocks (and their records) that hold a byte range of a file, and
+``read_blocks`` reads them through the data path, a few blocks at a time; ``Client``'s reads
+are these two.
 
 ``Client.read_into`` looks the path, the file record and the file's block list up in a
 metadata transaction on every call. A program reading a file in pieces (the mount's 8 MiB
@@ -22,12 +26,82 @@ from collections.abc import Callable
 from typing import Protocol
 
 from tectonic_emu.buffers import BytesLike
-from tectonic_emu.errors import DataUnavailableError, InvalidArgumentError, NotFoundError
-from tectonic_emu.metadata.layers import Metadata
-from tectonic_emu.metadata.records import BlockEntry, BlockRecord
+from tectonic_emu.datapath import DataPath
+from tectonic_emu.errors import (
+    DataUnavailableError,
+    InvalidArgumentError,
+    NotFoundError,
+    first_error,
+)
+from tectonic_emu.metadata.layers import Metadata, MetaTxn
+from tectonic_emu.metadata.records import BlockEntry, BlockRecord, FileRecord
 
 # Block records fetched in one transaction when a read needs one that is not held yet.
 RECORD_BATCH = 32
+
+
+async def blocks_in(
+    m: MetaTxn, file_id: int, start: int, size: int
+) -> tuple[FileRecord, list[BlockEntry], list[BlockRecord]]:
+    """File ``file_id``'s record, and the blocks (with their records) that hold bytes
+    [start, start + size), to the end when ``size`` < 0: a 1 MiB read of a large file
+    looks up one block record, not all of them."""
+    f = await m.files.get(file_id)
+    if f is None:
+        raise NotFoundError(f"no file {file_id:016x}")
+    end = f.size if size < 0 else min(f.size, start + size)
+    blocks = [b for b in await m.files.blocks(file_id) if b.end > start and b.offset < end]
+    recs = []
+    for b in blocks:
+        rec = await m.blocks.get(b.block_id)
+        assert rec is not None, "a committed block has a block record"
+        recs.append(rec)
+    return f, blocks, recs
+
+
+async def read_blocks(
+    datapath: DataPath,
+    blocks: list[BlockEntry],
+    recs: list[BlockRecord],
+    start: int,
+    end: int,
+    sink: Callable[[int, BytesLike], None],
+    *,
+    into: memoryview | None = None,
+    depth: int,
+    ahead_bytes: int,
+) -> None:
+    """Read file bytes [start, end) of the given blocks (entries and their records),
+    handing ``sink(file offset, piece)`` each piece, or with ``into`` (the destination of
+    [start, end)) receiving them straight there. ``depth`` blocks are read at once, or more
+    small ones up to ``ahead_bytes``. Raises DataUnavailableError rather than hand over
+    wrong bytes."""
+    wanted = [(b, r) for b, r in zip(blocks, recs, strict=True) if b.end > start and b.offset < end]
+    # In flight: depth blocks, or more small ones up to the bytes of that many rs-6-3 blocks
+    # (an r3 block is one 8 MiB chunk; one at a time per node leaves a served cluster's
+    # nodes idle between round trips).
+    largest = max((b.length for b, _ in wanted), default=1)
+    sem = asyncio.Semaphore(max(depth, ahead_bytes // max(largest, 1)))
+
+    async def one(b: BlockEntry, rec: BlockRecord) -> None:
+        lo, hi = max(0, start - b.offset), min(b.length, end - b.offset)
+        dest = None
+        if into is not None:
+            dest = into[b.offset + lo - start : b.offset + hi - start]
+        async with sem:
+            pieces = await datapath.read_range(rec, lo, hi, into=dest)
+        for at, piece in pieces:
+            sink(b.offset + at, piece)
+
+    if len(wanted) == 1:
+        await one(*wanted[0])
+        return
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for b, rec in wanted:
+                tg.create_task(one(b, rec))
+    except BaseExceptionGroup as eg:
+        raise first_error(eg) from None
 
 
 class BlockSource(Protocol):
@@ -123,4 +197,4 @@ class FileReader:
         return end - offset
 
 
-__all__ = ["RECORD_BATCH", "BlockSource", "FileReader"]
+__all__ = ["RECORD_BATCH", "BlockSource", "FileReader", "blocks_in", "read_blocks"]
