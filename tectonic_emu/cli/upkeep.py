@@ -35,7 +35,7 @@ def scrub_cmd(cluster_dir: Path, as_json: bool) -> None:
     """
 
     async def go(c: Cluster) -> Any:
-        total = (await c.status()).physical_bytes  # scrub counts the chunk bytes it checked
+        total = await _block_bytes(c, stored=True)  # scrub counts the chunk bytes it checked
         with progress_bar(total) as bar:
             task = bar.add_task("scrub", total=total)
             return await scrub(c, progress=lambda n: bar.advance(task, n))
@@ -75,7 +75,7 @@ def repair_cmd(cluster_dir: Path, gc_grace: float, as_json: bool) -> None:
     """
 
     async def go(c: Cluster) -> Any:
-        total = (await c.status()).logical_bytes  # repair counts each block's length
+        total = await _block_bytes(c, stored=False)  # repair counts each block's length
         with progress_bar(total) as bar:
             task = bar.add_task("repair", total=total)
             return await repair(c, gc_grace=gc_grace, progress=lambda n: bar.advance(task, n))
@@ -92,6 +92,15 @@ def repair_cmd(cluster_dir: Path, gc_grace: float, as_json: bool) -> None:
         )
     if report.unrecoverable or report.not_enough_nodes:
         sys.exit(3)
+
+
+async def _block_bytes(c: Cluster, *, stored: bool) -> int:
+    """The bar's total: one walk of the Block layer (not ``status()``, which also lists
+    every chunk on every node), summing the chunks' stored bytes or the blocks' lengths."""
+    total = 0
+    async for rec in c.meta.iter_blocks():
+        total += sum(ch.stored_len for ch in rec.chunks) if stored else rec.length
+    return total
 
 
 __all__ = ["repair_cmd", "scrub_cmd"]
