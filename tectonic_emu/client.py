@@ -31,6 +31,7 @@ from tectonic_emu.errors import (
     NotFoundError,
     SealedFileError,
 )
+from tectonic_emu.intents import WRITE_LEASE, ChunkIntent
 from tectonic_emu.metadata.layers import MetaTxn, new_id
 from tectonic_emu.metadata.records import (
     ROOT_DIR_ID,
@@ -81,6 +82,8 @@ class Client:
     write_depth = 4
     read_depth = 4
     read_ahead_bytes = 192 << 20  # 4 rs-6-3 blocks of 48 MiB
+    # How long a block write's claim holds unrenewed before garbage collection may fence it.
+    write_lease = WRITE_LEASE
 
     def __init__(self, cluster: StoreView) -> None:
         """``cluster``: an open ``Cluster``, or anything with its config, metadata, data path
@@ -374,13 +377,23 @@ class Client:
         return _token_holds(await m.files.get(file_id), token, path)
 
     async def commit_block(
-        self, file_id: int, token: str, rec: BlockRecord, *, durable: bool = True
+        self,
+        file_id: int,
+        token: str,
+        rec: BlockRecord,
+        *,
+        intent: ChunkIntent,
+        durable: bool = True,
     ) -> None:
-        """Make a block whose chunks are durable part of the file (the commit point).
-        ``durable=False``: return once the commit is visible; ``meta.sync()`` makes it
-        durable (a writer chains its blocks' commits on that, see ``BlockPipeline``)."""
+        """Make a block whose chunks are durable part of the file (the commit point), and
+        remove ``intent``, the claim its chunk writes were announced under, in the same
+        transaction. ``durable=False``: return once the commit is visible; ``meta.sync()``
+        makes it durable (a writer chains its blocks' commits on that, see ``BlockPipeline``).
+        Raises FencedWriterError, committing nothing, when the token is lost or garbage
+        collection took the intent (its lease expired)."""
         async with self.meta.transaction(durable=durable) as m:
             f = await self._check_token(m, file_id, token, f"file {file_id:016x}")
+            await intent.settle(m, f"file {file_id:016x}")
             await m.files.add_block(
                 file_id, BlockEntry(f.nblocks, rec.block_id, f.size, rec.length)
             )

@@ -129,6 +129,13 @@ class DataUnavailableError(TectonicError):
     default_errno = _errno.EIO
 
 
+class MetadataMismatchError(TectonicError):
+    """Garbage collection or repair refused to delete: the metadata references almost none of
+    the chunks on the nodes (it looks empty or foreign), or ``--i-know`` gave another count."""
+
+    default_errno = _errno.EUCLEAN
+
+
 def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The first leaf of an exception group: ``TaskGroup`` wraps errors, our callers want the
     plain typed error."""
@@ -149,6 +156,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidPathError",
     "IsADirectoryError_",
+    "MetadataMismatchError",
     "NameTooLongError",
     "NoSpaceError",
     "NodeUnavailableError",

@@ -21,6 +21,7 @@ from tectonic_emu.coding import Encoding
 from tectonic_emu.config import ClusterConfig
 from tectonic_emu.datapath import DataPath
 from tectonic_emu.errors import TectonicError, WriterClosedError
+from tectonic_emu.intents import ChunkIntent
 from tectonic_emu.metadata.layers import Metadata, new_id
 from tectonic_emu.metadata.records import BlockRecord
 
@@ -30,6 +31,7 @@ class Committer(Protocol):
     where blocks go, and the metadata transactions that commit, seal and publish them."""
 
     write_depth: int  # blocks in flight per writer
+    write_lease: float  # seconds an unrenewed claim on a block in flight holds (ChunkIntent)
 
     @property
     def config(self) -> ClusterConfig: ...
@@ -43,7 +45,13 @@ class Committer(Protocol):
     async def check_token(self, file_id: int, token: str, path: str) -> None: ...
 
     async def commit_block(
-        self, file_id: int, token: str, rec: BlockRecord, *, durable: bool = True
+        self,
+        file_id: int,
+        token: str,
+        rec: BlockRecord,
+        *,
+        intent: ChunkIntent,
+        durable: bool = True,
     ) -> None: ...
 
     async def seal(self, file_id: int, token: str, path: str) -> None: ...
@@ -108,19 +116,34 @@ class BlockPipeline:
         await self._client.meta.sync()  # durable, and so is every commit before it
 
     async def _write_and_commit(self, block: BytesLike, prev: asyncio.Future[None] | None) -> None:
-        dp = self._client.datapath
-        rec = await dp.write_block(self._enc, block, block_id=new_id(), file_id=self._file_id)
-        try:
-            if prev is not None:
-                await asyncio.wait([prev])  # not ``await prev``: that would cancel it with us
-                if prev.cancelled():
-                    raise asyncio.CancelledError
-                if (err := prev.exception()) is not None:
-                    raise err
-            await self._client.commit_block(self._file_id, self._token, rec, durable=False)
-        except BaseException:
-            await asyncio.shield(self._delete_unless_committed(rec))
-            raise
+        client = self._client
+        dp = client.datapath
+        block_id = new_id()
+        # Announced before any chunk is written, renewed until committed: garbage collection
+        # leaves the block's chunks alone while this claim is live (see intents.py).
+        claim = ChunkIntent(
+            client.meta,
+            block_id,
+            self._file_id,
+            self._token,
+            lease=client.write_lease,
+            token_path=f"file {self._file_id:016x}",
+        )
+        async with claim:
+            rec = await dp.write_block(self._enc, block, block_id=block_id, file_id=self._file_id)
+            try:
+                if prev is not None:
+                    await asyncio.wait([prev])  # not ``await prev``: that would cancel it with us
+                    if prev.cancelled():
+                        raise asyncio.CancelledError
+                    if (err := prev.exception()) is not None:
+                        raise err
+                await client.commit_block(
+                    self._file_id, self._token, rec, intent=claim, durable=False
+                )
+            except BaseException:
+                await asyncio.shield(self._delete_unless_committed(rec))
+                raise
 
     async def _delete_unless_committed(self, rec: BlockRecord) -> None:
         """Delete a failed block's chunks, unless its commit went through after all: a

@@ -11,6 +11,7 @@ spread evenly over the key space (and, on a sharded backend, over shards)::
     File   F | h(file) | file_id | 01 | no  -> BlockEntry     (block ``no`` of the file)
     Block  B | h(blk)  | block_id           -> BlockRecord    (its chunks and checksums)
     Index  D | node | disk | block_id       -> ''             (reverse index walked by repair)
+    Intent I | h(blk)  | block_id | owner   -> IntentRecord   (chunks being written, uncommitted)
 
 Ids are unsigned 64-bit integers, big-endian in keys so that they sort numerically.
 """
@@ -32,6 +33,7 @@ from tectonic_emu.metadata.records import (
     DirRecord,
     Entry,
     FileRecord,
+    IntentRecord,
 )
 
 _U64 = struct.Struct(">Q")
@@ -70,6 +72,10 @@ def block_entry_prefix(file_id: int) -> bytes:
 
 def block_key(block_id: int) -> bytes:
     return _part(b"B", block_id)
+
+
+def intent_key(block_id: int, owner: str) -> bytes:
+    return _part(b"I", block_id) + owner.encode()
 
 
 def disk_prefix(node: int, disk: int) -> bytes:
@@ -168,6 +174,23 @@ class BlockLayer:
             await self._txn.delete(disk_prefix(node, disk) + suffix)
 
 
+class IntentLayer:
+    """Announced chunk writes (``IntentRecord``): what garbage collection must not take."""
+
+    def __init__(self, txn: Transaction) -> None:
+        self._txn = txn
+
+    async def get(self, block_id: int, owner: str) -> IntentRecord | None:
+        raw = await self._txn.get(intent_key(block_id, owner))
+        return None if raw is None else IntentRecord.decode(block_id, owner, raw)
+
+    async def put(self, rec: IntentRecord) -> None:
+        await self._txn.put(intent_key(rec.block_id, rec.owner), rec.encode())
+
+    async def delete(self, block_id: int, owner: str) -> None:
+        await self._txn.delete(intent_key(block_id, owner))
+
+
 class MetaTxn:
     """The three layers seen through one transaction."""
 
@@ -176,6 +199,7 @@ class MetaTxn:
         self.names = NameLayer(txn)
         self.files = FileLayer(txn)
         self.blocks = BlockLayer(txn)
+        self.intents = IntentLayer(txn)
 
     async def drop_file(self, file_id: int) -> list[ChunkPlacement]:
         """Remove a file's File- and Block-layer records; returns its chunks, which the
@@ -231,6 +255,12 @@ class Metadata:
             if key.endswith(_FILE_ATTR) and len(key) == 12:
                 yield FileRecord.decode(_U64.unpack(key[3:11])[0], raw)
 
+    async def iter_intents(self) -> AsyncIterator[IntentRecord]:
+        """Every announced, uncommitted chunk write (in batches of separate transactions)."""
+        async for key, raw in self.kv.iter_prefix(b"I"):
+            owner = key[11:].decode()
+            yield IntentRecord.decode(_U64.unpack(key[3:11])[0], owner, raw)
+
     async def blocks_on_disk(self, node: int, disk: int) -> list[int]:
         """Ids of blocks with a chunk on ``(node, disk)`` (the reverse index)."""
         prefix = disk_prefix(node, disk)
@@ -240,6 +270,7 @@ class Metadata:
 __all__ = [
     "BlockLayer",
     "FileLayer",
+    "IntentLayer",
     "MetaTxn",
     "Metadata",
     "NameLayer",

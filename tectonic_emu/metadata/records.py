@@ -174,7 +174,39 @@ class BlockRecord:
         return next((c for c in self.chunks if c.index == index), None)
 
 
+@dataclass(frozen=True, slots=True)
+class IntentRecord:
+    """An announced chunk write, not committed yet: ``owner`` (a writer's token, or a repair's
+    own ``repair-`` name) is about to store chunks of block ``block_id`` (their ids start with
+    the block id, see ``blockwrite.new_chunk_id``) for file ``file_id``, and holds that claim
+    until ``expires`` (``time.time()``), renewing it while it works. Garbage collection leaves
+    those chunks alone while the claim is live; the commit removes it in the transaction that
+    adds the block, and fails if it is gone."""
+
+    block_id: int
+    owner: str
+    file_id: int
+    expires: float
+
+    @property
+    def by_repair(self) -> bool:
+        """Repair's claim: live until it expires (a writer's also needs the file's token)."""
+        return self.owner.startswith(REPAIR_OWNER)
+
+    def encode(self) -> bytes:
+        return _dump({"f": self.file_id, "x": self.expires})
+
+    @classmethod
+    def decode(cls, block_id: int, owner: str, raw: bytes) -> IntentRecord:
+        d = json.loads(raw)
+        return cls(block_id, owner, d["f"], d["x"])
+
+
+REPAIR_OWNER = "repair-"  # the prefix of repair's intents' owners (writer tokens are hex)
+
+
 __all__ = [
+    "REPAIR_OWNER",
     "ROOT_DIR_ID",
     "BlockEntry",
     "BlockRecord",
@@ -183,4 +215,5 @@ __all__ = [
     "Entry",
     "EntryKind",
     "FileRecord",
+    "IntentRecord",
 ]

@@ -20,9 +20,11 @@ import logging
 import time
 from typing import Protocol
 
+from tectonic_emu.coding import Encoding
 from tectonic_emu.errors import NodeUnavailableError
 from tectonic_emu.metadata.records import BlockRecord
-from tectonic_emu.services.repair import RepairReport, collect_garbage, repair_block
+from tectonic_emu.services.garbage import garbage_pass
+from tectonic_emu.services.repair import RepairReport, absorb_garbage, repair_block
 from tectonic_emu.services.scrub import check_block
 from tectonic_emu.store import StoreView
 
@@ -64,7 +66,9 @@ async def blocks_needing_repair(cluster: WatchedStore, *, repair_after: float) -
         if rec.block_id in todo:
             continue
         nodes = [c.node for c in rec.chunks]
-        shared = len(set(nodes)) != len(nodes)
+        # Fewer chunks than the width: a degraded write, acknowledged at its minimum.
+        short = len({c.index for c in rec.chunks}) < Encoding.parse(rec.encoding).width
+        shared = short or len(set(nodes)) != len(nodes)
         missing = any(
             (c.node, c.disk) in present and c.chunk_id not in present[(c.node, c.disk)]
             for c in rec.chunks
@@ -83,7 +87,7 @@ async def repair_pass(
     for rec in await blocks_needing_repair(cluster, repair_after=repair_after):
         await repair_block(cluster, rec, report)
         report.blocks_checked += 1
-    report.garbage_chunks_deleted = await collect_garbage(cluster, grace=gc_grace)
+    absorb_garbage(report, await garbage_pass(cluster, grace=gc_grace))
     return report
 
 

@@ -1,32 +1,37 @@
 """Repair: give every block full redundancy again, then collect garbage.
 
-For each block it reads every chunk (as scrub does). Chunks that are missing, corrupt, on a
-node that is down, or sharing a node with another chunk of the block are rebuilt from the good
-ones (re-replicated, or re-encoded from any D chunks for Reed-Solomon) onto live nodes the block
-does not use yet. The new placement is committed only if the block record did not change in the
-meantime (the file may have been deleted); the old bad chunks are deleted afterwards.
+For each block it reads every chunk (as scrub does). Chunks that are missing (a degraded
+write left the block with fewer than its width), corrupt, on a node that is down, or sharing
+a node with another chunk of the block are rebuilt from the good ones (re-replicated, or
+re-encoded from any D chunks for Reed-Solomon) onto live nodes the block does not use yet.
+The rebuilt chunks are written under a claim (``ChunkIntent``) so that garbage collection
+leaves them alone; the new placement is committed, removing the claim, only if the block
+record did not change in the meantime (the file may have been deleted) and the claim still
+holds. The old bad chunks are deleted afterwards.
 
-Garbage collection then deletes chunks no block references (left by crashed writers, by
-deletes while a node was down, or by the chunks repair replaced) once they are older than a
-grace period, so that chunks of a write still in flight are never taken.
+Garbage collection (``services/garbage.py``) then deletes the chunks nothing references.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tectonic_emu.buffers import BytesLike
 from tectonic_emu.coding import Encoding, codec_for
-from tectonic_emu.errors import NotEnoughNodesError
+from tectonic_emu.errors import FencedWriterError, NotEnoughNodesError
+from tectonic_emu.intents import ChunkIntent, repair_owner
 from tectonic_emu.metadata.records import BlockRecord, ChunkPlacement
+from tectonic_emu.services.garbage import (
+    DEFAULT_GC_GRACE,
+    GarbageReport,
+    check_grace,
+    collect_garbage,
+    garbage_pass,
+)
 from tectonic_emu.services.scrub import check_block, for_each_block
 from tectonic_emu.store import StoreView
-
-# Unreferenced chunks younger than this may belong to a write in flight.
-DEFAULT_GC_GRACE = 600.0
 
 
 @dataclass(slots=True)
@@ -36,7 +41,10 @@ class RepairReport:
     chunks_rebuilt: int = 0
     unrecoverable: list[str] = field(default_factory=list)  # block ids with < D good chunks
     not_enough_nodes: list[str] = field(default_factory=list)  # could not be placed now
+    fenced: list[str] = field(default_factory=list)  # our claim expired: left for next time
     garbage_chunks_deleted: int = 0
+    foreign_chunks_kept: int = 0  # ids not of the block format (e.g. metadata backups)
+    writers_fenced: int = 0  # claims of paused or dead writers that garbage collection took
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,58 +76,35 @@ async def repair_block(cluster: StoreView, rec: BlockRecord, report: RepairRepor
     else:
         codec = codec_for(enc)
         rebuilt = codec.reconstruct({i: d for i, (_, d) in good.items()}, missing, rec.length)
-    try:
-        new = await cluster.datapath.write_chunks(enc, rec.block_id, rebuilt, avoid=seen_nodes)
-    except NotEnoughNodesError:
-        report.not_enough_nodes.append(f"{rec.block_id:016x}")
-        return
-    updated = BlockRecord(
-        rec.block_id,
-        rec.file_id,
-        rec.length,
-        rec.encoding,
-        tuple(sorted([c for c, _ in keep.values()] + new, key=lambda c: c.index)),
-    )
-    async with cluster.meta.transaction() as m:
-        current = await m.blocks.get(rec.block_id)
-        if current == rec:
-            await m.blocks.put(updated, old=rec)
-    if current != rec:  # deleted or changed meanwhile: our chunks are not needed
+    async with ChunkIntent(cluster.meta, rec.block_id, rec.file_id, repair_owner()) as claim:
+        try:
+            new = await cluster.datapath.write_chunks(enc, rec.block_id, rebuilt, avoid=seen_nodes)
+        except NotEnoughNodesError:
+            report.not_enough_nodes.append(f"{rec.block_id:016x}")
+            return
+        updated = BlockRecord(
+            rec.block_id,
+            rec.file_id,
+            rec.length,
+            rec.encoding,
+            tuple(sorted([c for c, _ in keep.values()] + new, key=lambda c: c.index)),
+        )
+        swapped = False
+        try:
+            async with cluster.meta.transaction() as m:
+                current = await m.blocks.get(rec.block_id)
+                if current == rec:
+                    await claim.settle(m, f"block {rec.block_id:016x}")
+                    await m.blocks.put(updated, old=rec)
+                    swapped = True
+        except FencedWriterError:  # paused past the lease: the next pass repairs it
+            report.fenced.append(f"{rec.block_id:016x}")
+    if not swapped:  # deleted, changed or fenced meanwhile: our chunks are not needed
         await cluster.datapath.delete_chunks(new)
         return
     await cluster.datapath.delete_chunks([c for c, _ in bad] + moved)
     report.blocks_repaired += 1
     report.chunks_rebuilt += len(new)
-
-
-async def collect_garbage(cluster: StoreView, *, grace: float = DEFAULT_GC_GRACE) -> int:
-    """Delete files that never got a name and chunks on live nodes that no block references,
-    when older than ``grace`` seconds. Returns how many chunks were deleted."""
-    cutoff = time.time() - grace
-    # Nameless files older than the grace period are write_file calls that never finished.
-    stale = [
-        f.file_id async for f in cluster.meta.iter_files() if f.parent is None and f.mtime < cutoff
-    ]
-    for file_id in stale:
-        async with cluster.meta.transaction() as m:
-            f = await m.files.get(file_id)
-            garbage = await m.drop_file(file_id) if f is not None and f.parent is None else []
-        await cluster.datapath.delete_chunks(garbage)
-    # By placement, not by id alone: a chunk id must be referenced on the node and disk
-    # where it sits (a stale copy elsewhere, e.g. left by a retried write, is garbage).
-    referenced: set[tuple[int, int, str]] = set()
-    async for rec in cluster.meta.iter_blocks():
-        referenced.update((c.node, c.disk, c.chunk_id) for c in rec.chunks)
-    deleted = 0
-    for node in cluster.nodes:
-        if not node.available:
-            continue
-        for disk in range(node.disks):
-            for info in await node.list_chunks(disk):
-                if (node.node_id, disk, info.chunk_id) not in referenced and info.mtime < cutoff:
-                    await node.delete_chunk(disk, info.chunk_id)
-                    deleted += 1
-    return deleted
 
 
 async def repair(
@@ -128,8 +113,12 @@ async def repair(
     gc_grace: float = DEFAULT_GC_GRACE,
     progress: Callable[[int], None] | None = None,
     depth: int = 4,
+    i_know: int | None = None,
 ) -> RepairReport:
-    """Rebuild what scrub would find bad, then collect garbage. Safe to run again."""
+    """Rebuild what scrub would find bad, then collect garbage (``garbage_pass``, with
+    ``gc_grace`` and ``i_know``). Safe to run again. Raises InvalidArgumentError (a negative
+    ``gc_grace``, before anything is done) and MetadataMismatchError (after the repairs:
+    the metadata looks empty or foreign, so no garbage was deleted)."""
     report = RepairReport()
 
     async def one(rec: BlockRecord) -> None:
@@ -138,9 +127,24 @@ async def repair(
         if progress is not None:
             progress(rec.length)
 
+    check_grace(gc_grace)  # before any work: a bad grace is the caller's mistake
     await for_each_block(cluster, one, depth=depth)
-    report.garbage_chunks_deleted = await collect_garbage(cluster, grace=gc_grace)
+    absorb_garbage(report, await garbage_pass(cluster, grace=gc_grace, i_know=i_know))
     return report
 
 
-__all__ = ["DEFAULT_GC_GRACE", "RepairReport", "collect_garbage", "repair", "repair_block"]
+def absorb_garbage(report: RepairReport, gc: GarbageReport) -> None:
+    """Add a garbage pass's counts to a repair report."""
+    report.garbage_chunks_deleted += gc.deleted
+    report.foreign_chunks_kept += gc.foreign_kept
+    report.writers_fenced += gc.writers_fenced
+
+
+__all__ = [
+    "DEFAULT_GC_GRACE",
+    "RepairReport",
+    "absorb_garbage",
+    "collect_garbage",
+    "repair",
+    "repair_block",
+]
