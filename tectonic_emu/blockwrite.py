@@ -21,6 +21,7 @@ from tectonic_emu.buffers import BytesLike
 from tectonic_emu.chunkstore.base import StorageNode
 from tectonic_emu.coding import Encoding, codec_for, crc32c, maybe_compress
 from tectonic_emu.config import Compression
+from tectonic_emu.errors import NotEnoughNodesError
 from tectonic_emu.hedging import HedgeStats
 from tectonic_emu.metadata.records import BlockRecord, ChunkPlacement
 from tectonic_emu.offload import offload
@@ -79,7 +80,7 @@ class BlockWriter:
         self.hedge_extra = hedge_extra
         self._cpu = cpu
         # Insertion-ordered (a dict), so the oldest straggler is the first key.
-        self._stragglers: dict[asyncio.Future[None], None] = {}
+        self._stragglers: dict[asyncio.Future[bool], None] = {}
 
     def ack_quorum(self, enc: Encoding) -> int:
         """Chunks that must be durable before a block is acknowledged."""
@@ -91,8 +92,10 @@ class BlockWriter:
         """``enc.width`` targets on distinct nodes; with spare live nodes, the first to accept
         a reservation among ``hedge_extra`` more than needed (``Placement.reserve``)."""
         extra = min(self.hedge_extra, len(self.placement.live_nodes()) - enc.width)
-        if extra <= 0:
-            return self.placement.place(enc, enc.width)
+        if extra <= 0:  # no spare nodes, maybe too few: degraded down to the minimum
+            return self.placement.place(
+                enc, enc.width, at_least=self.placement.min_write_chunks(enc)
+            )
         self.stats.hedged_writes += 1
         return await self.placement.reserve(enc, nbytes, extra)
 
@@ -111,19 +114,32 @@ class BlockWriter:
         state = _BlockWrite(taken=set(targets))
         self.stats.writes += 1
         tasks = [
-            asyncio.ensure_future(self._put_chunk(enc, block_id, i, prepared[i], target, state))
+            asyncio.ensure_future(
+                self._put_chunk(enc, block_id, i, prepared[i], target, state, may_drop=True)
+            )
             for i, target in enumerate(targets)
         ]
-        quorum = self.ack_quorum(enc)
+        least = self.placement.min_write_chunks(enc)
         pending = set(tasks)
         try:
-            durable = 0
-            while durable < quorum:
+            durable = dropped = 0
+            # Degraded (fewer targets, or chunks dropped for want of a node): the quorum
+            # shrinks with them, never below ``least``.
+            while durable < min(self.ack_quorum(enc), len(tasks) - dropped):
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     if task.exception() is not None:
                         raise task.exception()  # type: ignore[misc]
-                    durable += 1
+                    if task.result():
+                        durable += 1
+                    else:
+                        dropped += 1
+                if len(tasks) - dropped < least:
+                    raise NotEnoughNodesError(
+                        f"encoding {enc}: {len(tasks) - dropped} chunks of a block could be "
+                        f"written, {least} needed ({len(self.placement.live_nodes())} of "
+                        f"{len(self.nodes)} nodes are up)"
+                    )
         except BaseException:
             for task in tasks:
                 task.cancel()
@@ -143,11 +159,11 @@ class BlockWriter:
         chunks = sorted(state.current.values(), key=lambda c: c.index)
         return BlockRecord(block_id, file_id, len(block), enc.name, tuple(chunks))
 
-    async def _abandon(self, tasks: Sequence[asyncio.Future[None]], state: _BlockWrite) -> None:
+    async def _abandon(self, tasks: Sequence[asyncio.Future[bool]], state: _BlockWrite) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.delete_chunks(state.written)
 
-    def _straggler_done(self, task: asyncio.Future[None]) -> None:
+    def _straggler_done(self, task: asyncio.Future[bool]) -> None:
         self._stragglers.pop(task, None)
         if task.cancelled():
             self.stats.straggler_failures += 1
@@ -218,10 +234,14 @@ class BlockWriter:
         prepared: Prepared,
         target: Target,
         state: _BlockWrite,
-    ) -> None:
+        *,
+        may_drop: bool = False,
+    ) -> bool:
         """Write one chunk; if its node fails, retry (under a new id) on a replacement, unless
         the block was acknowledged meanwhile (its record names this attempt: repair will
-        rebuild the chunk)."""
+        rebuild the chunk). ``may_drop``: with no replacement left, give the chunk up (returns
+        False; the record will not name it, and ``write_block`` decides whether the block
+        still has enough) instead of raising NotEnoughNodesError."""
         stored, flags, crc, raw_len = prepared
         node, disk = target
         while True:
@@ -238,11 +258,19 @@ class BlockWriter:
                 state.failed.add(node)
                 if is_full(exc):
                     state.full.add(node)
-                node, disk = self.placement.replacement(enc, state.taken, state.failed, state.full)
+                try:
+                    node, disk = self.placement.replacement(
+                        enc, state.taken, state.failed, state.full
+                    )
+                except NotEnoughNodesError:
+                    if not may_drop:
+                        raise
+                    del state.current[index]
+                    return False
                 state.taken.add((node, disk))
                 continue
             state.written.append(placement)
-            return
+            return True
 
 
 __all__ = ["MAX_STRAGGLERS", "BlockWriter", "Prepared", "new_chunk_id"]

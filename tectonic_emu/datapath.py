@@ -38,6 +38,7 @@ from tectonic_emu.buffers import BytesLike
 from tectonic_emu.chunkstore.base import StorageNode
 from tectonic_emu.coding import Encoding
 from tectonic_emu.config import Compression
+from tectonic_emu.errors import InvalidArgumentError
 from tectonic_emu.hedging import (
     DEFAULT_HEDGE_AFTER,
     SLOW_FACTOR,
@@ -48,7 +49,7 @@ from tectonic_emu.hedging import (
     ReadHedging,
 )
 from tectonic_emu.metadata.records import BlockRecord, ChunkPlacement
-from tectonic_emu.placement import Placement, Target, min_live_nodes
+from tectonic_emu.placement import Placement, Target
 
 
 class DataPath:
@@ -176,8 +177,20 @@ class DataPath:
         return self._placement.live_nodes()
 
     def min_live_nodes(self, enc: Encoding) -> int:
-        """The fewest live nodes a write of ``enc`` accepts (``placement.min_live_nodes``)."""
-        return min_live_nodes(enc)
+        """The fewest live nodes (chunks) a write of ``enc`` accepts (``min_live_nodes``)."""
+        return self._placement.min_write_chunks(enc)
+
+    @property
+    def write_margin(self) -> int:
+        """Chunks beyond a read's need a degraded write must place (default 1: data chunks
+        + 1 for RS, 2 for r3); the width itself turns degraded writes off."""
+        return self._placement.write_margin
+
+    @write_margin.setter
+    def write_margin(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidArgumentError(f"write_margin must be a whole number >= 1, not {value!r}")
+        self._placement.write_margin = value
 
     def place(self, enc: Encoding, count: int, *, avoid: Iterable[int] = ()) -> list[Target]:
         """``count`` (node, disk) targets on live nodes, distinct nodes (and domains) first.

@@ -27,17 +27,19 @@ def is_full(exc: BaseException) -> bool:
     return getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
 
 
-def min_live_nodes(enc: Encoding) -> int:
-    """The fewest live nodes a write of ``enc`` accepts.
+def min_live_nodes(enc: Encoding, margin: int = 1) -> int:
+    """The fewest chunks (so distinct live nodes, with one disk each) a block of ``enc`` is
+    written and acknowledged with: ``margin`` beyond the chunks a read needs (data chunks + 1
+    for RS, 2 for r3, at most the width; r1: 1).
 
-    With every node up, chunks go to distinct nodes. With some down, a write still goes
-    through (two chunks sharing a node, on distinct disks) as long as losing any one more
-    node keeps the block readable; such blocks count as below redundancy until repair
-    spreads them out again.
+    With every node up, a block gets all its chunks, on distinct nodes. With some down, a
+    write still goes through with fewer (or with two chunks sharing a node, on distinct
+    disks) as long as losing any ``margin`` more nodes keeps the block readable; such blocks
+    count as below redundancy until repair completes them.
     """
     if enc.width <= 1:
         return 1
-    return min(enc.width, enc.min_chunks + 1)
+    return min(enc.width, enc.min_chunks + max(1, margin))
 
 
 class Placement:
@@ -62,15 +64,30 @@ class Placement:
             raise ValueError(f"{len(self.domains)} failure domains for {len(nodes)} nodes")
         self.disks_per_node = disks_per_node
         self._rng = rng
+        # Chunks beyond a read's need that a degraded write must still place (min_live_nodes).
+        self.write_margin = 1
+
+    def min_write_chunks(self, enc: Encoding) -> int:
+        """The fewest chunks a block of ``enc`` is written with (``min_live_nodes``)."""
+        return min_live_nodes(enc, self.write_margin)
 
     def live_nodes(self) -> list[int]:
         return [n.node_id for n in self.nodes if n.available]
 
-    def place(self, enc: Encoding, count: int, *, avoid: Iterable[int] = ()) -> list[Target]:
+    def place(
+        self,
+        enc: Encoding,
+        count: int,
+        *,
+        avoid: Iterable[int] = (),
+        at_least: int | None = None,
+    ) -> list[Target]:
         """``count`` (node, disk) targets on live nodes, distinct nodes first, and with
-        ``domains``, distinct domains before a second node of any one domain.
+        ``domains``, distinct domains before a second node of any one domain. ``at_least``: as
+        few as that many are fine when the live nodes cannot take ``count`` (a degraded write).
 
-        Raises NotEnoughNodesError when the live nodes cannot hold the block safely.
+        Raises NotEnoughNodesError when the live nodes cannot hold the block safely (the line
+        names how many chunks could be placed and how many were needed).
         """
         avoid_set = set(avoid)
         all_live = self.live_nodes()
@@ -79,16 +96,21 @@ class Placement:
         if self.domains is not None:
             live = self._across_domains(live)
         up = len(all_live)
-        if up < min_live_nodes(enc):
+        least = self.min_write_chunks(enc)
+        if up < least:
             raise NotEnoughNodesError(
-                f"encoding {enc} needs {min_live_nodes(enc)} live nodes; "
+                f"encoding {enc} needs {least} live nodes to write a block; "
                 f"{up} of {len(self.nodes)} are up"
             )
-        if len(live) * self.disks_per_node < count:
-            raise NotEnoughNodesError(
-                f"encoding {enc}: {len(live)} usable live nodes cannot take {count} more chunks "
-                f"({up} of {len(self.nodes)} are up)"
-            )
+        room = len(live) * self.disks_per_node
+        if room < count:
+            if at_least is None or room < at_least:
+                need = count if at_least is None else at_least
+                raise NotEnoughNodesError(
+                    f"encoding {enc}: {len(live)} usable live nodes can take {room} chunks, "
+                    f"{need} needed ({up} of {len(self.nodes)} nodes are up)"
+                )
+            count = room  # degraded: the block is below redundancy until repair
         targets: list[Target] = []
         disk_of = {n: self._rng.randrange(self.disks_per_node) for n in live}
         while len(targets) < count:

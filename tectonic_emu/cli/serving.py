@@ -71,7 +71,11 @@ def _setup_logging() -> None:
 )
 @click.option("--scrub-rate", default="50MiB", show_default=True, help="Scrub read rate per s.")
 @click.option(
-    "--gc-grace", default="600s", show_default=True, help="Age before garbage is collected."
+    "--gc-grace",
+    default="600s",
+    show_default=True,
+    help="Garbage collection's margin after a writer's lease runs out before it is fenced, "
+    "and the least age of an unclaimed chunk it deletes. Not negative.",
 )
 @click.option(
     "--background",

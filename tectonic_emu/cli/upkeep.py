@@ -17,8 +17,9 @@ from tectonic_emu.cli.common import (
     with_cluster,
 )
 from tectonic_emu.cluster import Cluster
+from tectonic_emu.config import parse_duration
 from tectonic_emu.resources import human_bytes
-from tectonic_emu.services import DEFAULT_GC_GRACE, repair, scrub
+from tectonic_emu.services import repair, scrub
 
 
 @click.command("scrub")
@@ -61,24 +62,44 @@ def scrub_cmd(cluster_dir: Path, as_json: bool) -> None:
 @cluster_option
 @click.option(
     "--gc-grace",
-    default=DEFAULT_GC_GRACE,
+    default="600s",
     show_default=True,
-    help="Delete unreferenced chunks only when older than this many seconds.",
+    help="Garbage collection's margin: a paused or dead writer's claim on its chunks is taken "
+    "this long after its lease ran out, and an unclaimed, unreferenced chunk only once this "
+    "old (0 is safe: live writers keep their claims). Not negative.",
+)
+@click.option(
+    "--i-know",
+    "i_know",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="Delete the N garbage chunks even though the metadata references under 1% of the "
+    "chunks on disk (it looks empty or foreign). N must be the count the refusal named.",
 )
 @json_option
-def repair_cmd(cluster_dir: Path, gc_grace: float, as_json: bool) -> None:
-    """Rebuild missing or corrupt chunks until every block has full redundancy.
+def repair_cmd(cluster_dir: Path, gc_grace: str, i_know: int | None, as_json: bool) -> None:
+    """Rebuild missing or corrupt chunks until every block has full redundancy, then delete
+    the chunks that nothing references or claims (garbage collection).
+
+    Refuses to delete anything (exit 1, one line naming the counts) when the metadata
+    references under 1% of the chunks on the nodes; chunk ids not of the block format
+    (metadata backups) are never deleted.
 
     \b
     Example:
       tectonic-emu repair --cluster /tmp/c1 --json
+      tectonic-emu repair --cluster /tmp/c1 --gc-grace 0
     """
+    grace = parse_duration(gc_grace)
 
     async def go(c: Cluster) -> Any:
         total = await _block_bytes(c, stored=False)  # repair counts each block's length
         with progress_bar(total) as bar:
             task = bar.add_task("repair", total=total)
-            return await repair(c, gc_grace=gc_grace, progress=lambda n: bar.advance(task, n))
+            return await repair(
+                c, gc_grace=grace, i_know=i_know, progress=lambda n: bar.advance(task, n)
+            )
 
     report = run(with_cluster(cluster_dir, go))
     if as_json:
@@ -88,7 +109,8 @@ def repair_cmd(cluster_dir: Path, gc_grace: float, as_json: bool) -> None:
             f"checked {report.blocks_checked} blocks: repaired {report.blocks_repaired} "
             f"({report.chunks_rebuilt} chunks rebuilt), {len(report.unrecoverable)} unrecoverable, "
             f"{len(report.not_enough_nodes)} waiting for nodes; "
-            f"{report.garbage_chunks_deleted} garbage chunks deleted"
+            f"{report.garbage_chunks_deleted} garbage chunks deleted, "
+            f"{report.foreign_chunks_kept} foreign kept, {report.writers_fenced} writers fenced"
         )
     if report.unrecoverable or report.not_enough_nodes:
         sys.exit(3)
