@@ -392,8 +392,9 @@ class Client:
         Raises FencedWriterError, committing nothing, when the token is lost or garbage
         collection took the intent (its lease expired)."""
         async with self.meta.transaction(durable=durable) as m:
-            f = await self._check_token(m, file_id, token, f"file {file_id:016x}")
+            # The claim first: when garbage collection fenced us, say so (it took the token too).
             await intent.settle(m, f"file {file_id:016x}")
+            f = await self._check_token(m, file_id, token, f"file {file_id:016x}")
             await m.files.add_block(
                 file_id, BlockEntry(f.nblocks, rec.block_id, f.size, rec.length)
             )
