@@ -1,0 +1,166 @@
+"""Degraded writes at quorum (issue 19): with fewer live nodes than a block has chunks, a block
+is written with the chunks distinct nodes can take, down to data chunks + 1 (RS), 2 (r3), 1
+(r1); it is acknowledged there, counted below redundancy, and repair completes it once nodes
+come back. Below the minimum the error names both numbers. Served, for real: a 9-node rs-6-3
+cluster (one disk a node) keeps taking puts and streaming writers with 2 node processes
+SIGKILLed, and repair returns it to full redundancy once they are started again.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from tectonic_emu import Cluster, Encoding
+from tectonic_emu.chunkstore.faults import FaultyNode
+from tectonic_emu.errors import InvalidArgumentError, NotEnoughNodesError
+from tectonic_emu.served import Serving
+from tectonic_emu.services import repair, scrub
+
+from .conftest import SMALL_BLOCK, make_cluster, run_with
+from .served_writer import acknowledged, stream
+from .test_cli import ok, ok_json
+from .test_served import RS_BLOCK, below_redundancy, kill_nodes, read, start_nodes, until, writers
+
+
+def one_disk(root: Path, *, nodes: int, encoding: str) -> Path:
+    return make_cluster(root, nodes=nodes, encoding=encoding, disks_per_node=1)
+
+
+@pytest.mark.parametrize(
+    ("encoding", "nodes", "down", "chunks"),
+    [("rs-6-3", 9, 2, 7), ("rs-6-3", 9, 1, 8), ("r3", 3, 1, 2)],
+)
+def test_a_degraded_write_is_acknowledged_counted_and_completed_by_repair(
+    tmp_path: Path, encoding: str, nodes: int, down: int, chunks: int
+) -> None:
+    root = one_disk(tmp_path / "c", nodes=nodes, encoding=encoding)
+    data = os.urandom(3 * SMALL_BLOCK * 6 + 999)
+
+    async def go(c: Cluster) -> None:
+        client = c.client()
+        for n in range(down):
+            c.stop_node(n)
+        await client.write_file("/f", data)
+        layout = await client.layout("/f")
+        assert all(len(b.chunks) == chunks for b in layout)
+        assert all(len({ch.node for ch in b.chunks}) == chunks for b in layout)
+        assert await client.read_file("/f") == data
+        assert (await c.status()).blocks_below_redundancy == len(layout)
+        for n in range(down):
+            c.start_node(n)
+        fixed = await repair(c, gc_grace=0)
+        assert fixed.blocks_repaired == len(layout) and not fixed.not_enough_nodes
+        assert (await c.status()).blocks_below_redundancy == 0
+        assert (await scrub(c)).clean
+        assert await client.read_file("/f") == data
+
+    run_with(root, go)
+
+
+@pytest.mark.parametrize(
+    ("encoding", "nodes", "down", "have", "need"),
+    [("rs-6-3", 9, 3, 6, 7), ("r3", 3, 2, 1, 2), ("r1", 2, 2, 0, 1)],
+)
+def test_below_the_minimum_the_error_names_both_numbers(
+    tmp_path: Path, encoding: str, nodes: int, down: int, have: int, need: int
+) -> None:
+    root = one_disk(tmp_path / "c", nodes=nodes, encoding=encoding)
+
+    async def go(c: Cluster) -> None:
+        for n in range(down):
+            c.stop_node(n)
+        with pytest.raises(NotEnoughNodesError) as e:
+            await c.client().write_file("/f", b"x" * 1000)
+        assert f"needs {need} live nodes" in str(e.value) and f"{have} of {nodes}" in str(e.value)
+        assert not await c.client().exists("/f")
+
+    run_with(root, go)
+
+
+def test_a_chunk_whose_node_dies_mid_write_is_given_up_not_the_block(tmp_path: Path) -> None:
+    """Issue 19's failure: on 9 one-disk nodes, one node failing during a put failed it
+    (``8 usable live nodes cannot take 9 more chunks``). Now the block goes through on 8."""
+    root = one_disk(tmp_path / "c", nodes=9, encoding="rs-6-3")
+    data = os.urandom(RS_BLOCK)
+
+    async def go(c: Cluster) -> None:
+        faulty = FaultyNode(c.nodes[4])
+        faulty.fail_writes = 1
+        c.nodes[4] = faulty
+        client = c.client()
+        await client.write_file("/f", data)
+        (block,) = await client.layout("/f")
+        assert len(block.chunks) == 8 and 4 not in {ch.node for ch in block.chunks}
+        assert await client.read_file("/f") == data
+        assert (await repair(c, gc_grace=0)).blocks_repaired == 1
+        assert (await c.status()).blocks_below_redundancy == 0
+
+    run_with(root, go)
+
+
+def test_the_minimum_is_configurable(tmp_path: Path) -> None:
+    root = one_disk(tmp_path / "c", nodes=9, encoding="rs-6-3")
+
+    async def go(c: Cluster) -> None:
+        c.stop_node(0)
+        c.stop_node(1)
+        c.datapath.write_margin = 3  # the parity count: no degraded writes at all
+        assert c.datapath.min_live_nodes(Encoding.parse("rs-6-3")) == 9
+        with pytest.raises(
+            NotEnoughNodesError, match="needs 9 live nodes to write a block; 7 of 9 are up"
+        ):
+            await c.client().write_file("/f", b"y" * 1000)
+        c.datapath.write_margin = 1  # the default: 7 chunks will do
+        await c.client().write_file("/f", b"y" * 1000)
+        for bad in (0, -1, 1.5, True):
+            with pytest.raises(InvalidArgumentError, match="write_margin"):
+                c.datapath.write_margin = bad  # type: ignore[assignment]
+
+    run_with(root, go)
+
+
+def test_served_rs_6_3_on_9_nodes_takes_writes_with_2_nodes_killed(tmp_path: Path) -> None:
+    """The target: two node processes SIGKILLed while writer processes stream and puts run;
+    every put succeeds and every acknowledged byte reads back; status counts the blocks
+    written meanwhile as below redundancy; once the nodes are started again, repair brings
+    every block back to full redundancy."""
+    root = one_disk(tmp_path / "c", nodes=9, encoding="rs-6-3")
+    stop = tmp_path / "stop"
+    put_data = {i: random.Random(i).randbytes(RS_BLOCK + 1000 * i) for i in range(3)}
+    with Serving(root, repair_interval=0):
+        with writers(root, tmp_path, 2, stop=stop) as (procs, progress):
+            until(lambda: all(acknowledged(p)[0] >= 4 for p in progress), "writers flushed")
+            kill_nodes(root, [2, 6])
+            at_kill = [acknowledged(p)[0] for p in progress]
+            for i, data in put_data.items():
+                local = tmp_path / f"put{i}"
+                local.write_bytes(data)
+                ok("put", str(local), f"/put{i}", cluster=root)
+            until(
+                lambda: all(
+                    acknowledged(p)[0] >= k + 6 for p, k in zip(progress, at_kill, strict=True)
+                ),
+                "writers flushed with two nodes down",
+            )
+            stop.touch()
+            for proc in procs:
+                assert proc.wait(120) == 0
+            done = [acknowledged(p) for p in progress]
+        for i, data in put_data.items():
+            assert read(root, f"/put{i}") == data
+        for i, (records, _, closed) in enumerate(done):
+            assert closed and read(root, f"/w{i}") == stream(i, records)
+        status = ok_json("cluster", "status", cluster=root)
+        assert status["blocks_below_redundancy"] >= len(put_data)
+
+        start_nodes(root, [2, 6])
+        fixed = ok_json("repair", "--gc-grace", "0", cluster=root)
+        assert fixed["unrecoverable"] == [] and fixed["not_enough_nodes"] == []
+        assert below_redundancy(root) == 0
+        assert ok_json("scrub", cluster=root)["clean"]
+        for i, data in put_data.items():
+            assert read(root, f"/put{i}") == data
