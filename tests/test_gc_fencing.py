@@ -70,6 +70,11 @@ def test_a_negative_or_nan_grace_is_refused(tmp_path: Path) -> None:
                 await collect_garbage(c, grace=grace)
             with pytest.raises(InvalidArgumentError, match="gc grace"):
                 await repair(c, gc_grace=grace)
+        with pytest.raises(InvalidArgumentError, match="gc grace"):
+            await collect_garbage(c, grace="0")  # type: ignore[arg-type]
+        for count in (-1, 1.5, True):
+            with pytest.raises(InvalidArgumentError, match="i_know"):
+                await collect_garbage(c, grace=0, i_know=count)  # type: ignore[arg-type]
 
     run_with(root, go)
     fails("repair", "--gc-grace", "-1", cluster=root, mentions="negative")

@@ -67,7 +67,8 @@ async def blocks_needing_repair(cluster: WatchedStore, *, repair_after: float) -
             continue
         nodes = [c.node for c in rec.chunks]
         # Fewer chunks than the width: a degraded write, acknowledged at its minimum.
-        short = len({c.index for c in rec.chunks}) < Encoding.parse(rec.encoding).width
+        width = Encoding.parse(rec.encoding).width
+        short = rec.length > 0 and len({c.index for c in rec.chunks}) < width
         shared = short or len(set(nodes)) != len(nodes)
         missing = any(
             (c.node, c.disk) in present and c.chunk_id not in present[(c.node, c.disk)]

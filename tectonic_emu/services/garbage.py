@@ -105,6 +105,10 @@ async def garbage_pass(
     for the next pass.
     """
     grace = check_grace(grace)
+    if i_know is not None and (
+        isinstance(i_know, bool) or not isinstance(i_know, int) or i_know < 0
+    ):
+        raise InvalidArgumentError(f"i_know must be a count of chunks (0 or more), not {i_know!r}")
     report = GarbageReport()
     await _drop_nameless(cluster, grace, lease, report)
 
