@@ -23,7 +23,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
@@ -58,6 +58,7 @@ from tectonic_emu.nodectl import (
     read_address,
     signal_node,
 )
+from tectonic_emu.placement import spread_is_short
 
 # Threads for blocking chunk I/O, shared by all nodes of the cluster. Chunk writes block in
 # fdatasync most of their time, so more threads than cores keep the disk queue full.
@@ -452,7 +453,7 @@ class Cluster:
         async for rec in self.meta.iter_blocks():
             blocks += 1
             physical += sum(c.stored_len for c in rec.chunks)
-            if not block_fully_redundant(rec, present):
+            if not block_fully_redundant(rec, present, self.datapath.domains):
                 below += 1
         files = logical = 0
         async for f in self.meta.iter_files():
@@ -474,13 +475,20 @@ class Cluster:
         )
 
 
-def block_fully_redundant(rec: BlockRecord, present: dict[tuple[int, int], set[str]]) -> bool:
-    """All ``width`` chunks present, on distinct nodes that are up."""
+def block_fully_redundant(
+    rec: BlockRecord,
+    present: dict[tuple[int, int], set[str]],
+    domains: Sequence[str] | None = None,
+) -> bool:
+    """All ``width`` chunks present, on distinct nodes that are up, spread over the failure
+    ``domains`` (hosts) as evenly as they allow (``placement.spread_is_short``)."""
     width = Encoding.parse(rec.encoding).width
     if rec.length > 0 and len(rec.chunks) < width:
         return False
     nodes = [c.node for c in rec.chunks]
     if len(set(nodes)) != len(nodes):
+        return False
+    if domains is not None and spread_is_short(nodes, domains, len(set(domains))):
         return False
     return all(c.chunk_id in present.get((c.node, c.disk), ()) for c in rec.chunks)
 

@@ -13,6 +13,7 @@ import contextlib
 import errno
 import itertools
 import random
+from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 
 from tectonic_emu.chunkstore.base import StorageNode
@@ -40,6 +41,18 @@ def min_live_nodes(enc: Encoding, margin: int = 1) -> int:
     if enc.width <= 1:
         return 1
     return min(enc.width, enc.min_chunks + max(1, margin))
+
+
+def spread_is_short(nodes: Sequence[int], domains: Sequence[str] | None, domain_count: int) -> bool:
+    """Whether a block's chunks on ``nodes`` crowd a failure domain (a host) more than they
+    must among ``domain_count`` domains: more than ``ceil(chunks / min(domains, chunks))`` in
+    one. Losing that host would cost the block more chunks than a balanced spread would, so
+    the block counts as below redundancy. Without ``domains`` every node is its own domain
+    (two chunks on one node count elsewhere)."""
+    if domains is None or not nodes or domain_count <= 1:
+        return False
+    per = Counter(domains[n] for n in nodes)
+    return max(per.values()) > -(-len(nodes) // min(domain_count, len(nodes)))
 
 
 class Placement:
@@ -223,4 +236,4 @@ class Placement:
         return len(have) >= min(width, len(could))
 
 
-__all__ = ["Placement", "Target", "is_full", "min_live_nodes"]
+__all__ = ["Placement", "Target", "is_full", "min_live_nodes", "spread_is_short"]

@@ -10,13 +10,21 @@ from __future__ import annotations
 
 import os
 import random
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tectonic_emu import Cluster, Encoding
+from tectonic_emu import Cluster, ClusterConfig, Encoding
+from tectonic_emu.chunkstore.base import StorageNode
 from tectonic_emu.chunkstore.faults import FaultyNode
+from tectonic_emu.datapath import DataPath
 from tectonic_emu.errors import InvalidArgumentError, NotEnoughNodesError
+from tectonic_emu.metadata.layers import Metadata
+from tectonic_emu.placement import spread_is_short
 from tectonic_emu.served import Serving
 from tectonic_emu.services import repair, scrub
 
@@ -164,3 +172,65 @@ def test_served_rs_6_3_on_9_nodes_takes_writes_with_2_nodes_killed(tmp_path: Pat
         assert ok_json("scrub", cluster=root)["clean"]
         for i, data in put_data.items():
             assert read(root, f"/put{i}") == data
+
+
+@dataclass(frozen=True)
+class Hosts:
+    """The cluster as a StoreView whose data path knows each node's host (as a cluster
+    across hosts does, from its node addresses): the same nodes and metadata."""
+
+    config: ClusterConfig
+    meta: Metadata
+    datapath: DataPath
+    nodes: Sequence[StorageNode]
+
+
+def test_chunks_crowding_one_host_count_below_redundancy_and_repair_spreads_them(
+    tmp_path: Path,
+) -> None:
+    """Issue 8's note: two chunks of a block on one host are below redundancy when the hosts
+    allow better. Written while host c was down, a block crowds hosts a and b (4 + 4 chunks);
+    once c is back, repair completes it and then moves chunks until each host holds 3."""
+    root = one_disk(tmp_path / "c", nodes=12, encoding="rs-6-3")
+    hosts = ["a"] * 4 + ["b"] * 4 + ["c"] * 4
+    data = os.urandom(2 * RS_BLOCK)
+
+    async def go(c: Cluster) -> None:
+        for n in range(8, 12):
+            c.stop_node(n)
+        client = c.client()
+        await client.write_file("/f", data)
+        with ThreadPoolExecutor(2) as cpu:
+            dp = DataPath(
+                c.nodes,
+                disks_per_node=1,
+                compression=c.datapath.compression,
+                cpu=cpu,
+                domains=hosts,
+            )
+            view = Hosts(c.config, c.meta, dp, c.nodes)
+            for n in range(8, 12):
+                c.start_node(n)
+            for b in await client.layout("/f"):
+                assert spread_is_short([ch.node for ch in b.chunks], hosts, 3)
+            for _ in range(2):  # complete the block, then spread it
+                await repair(view, gc_grace=0)
+            for b in await client.layout("/f"):
+                per = Counter(hosts[ch.node] for ch in b.chunks)
+                assert per == {"a": 3, "b": 3, "c": 3}, per
+                assert len({ch.node for ch in b.chunks}) == 9
+                assert not spread_is_short([ch.node for ch in b.chunks], hosts, 3)
+            assert (await repair(view, gc_grace=0)).blocks_repaired == 0  # settled
+        assert await client.read_file("/f") == data
+        assert (await scrub(c)).clean
+        assert (await c.status()).blocks_below_redundancy == 0
+
+    run_with(root, go)
+
+
+def test_a_balanced_spread_is_not_below_redundancy() -> None:
+    two = ["a"] * 5 + ["b"] * 4
+    assert not spread_is_short(list(range(9)), two, 2)  # 5 + 4: the best two hosts allow
+    assert spread_is_short([0, 1, 2, 3, 4, 5, 6, 7, 8], ["a"] * 6 + ["b"] * 3, 2)
+    assert not spread_is_short([0, 1, 2], None, 3)
+    assert not spread_is_short([0, 1, 2], ["a", "a", "a"], 1)  # one host: nothing better

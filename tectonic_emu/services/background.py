@@ -23,6 +23,7 @@ from typing import Protocol
 from tectonic_emu.coding import Encoding
 from tectonic_emu.errors import NodeUnavailableError
 from tectonic_emu.metadata.records import BlockRecord
+from tectonic_emu.placement import spread_is_short
 from tectonic_emu.services.garbage import garbage_pass
 from tectonic_emu.services.repair import RepairReport, absorb_garbage, repair_block
 from tectonic_emu.services.scrub import check_block
@@ -54,6 +55,8 @@ async def blocks_needing_repair(cluster: WatchedStore, *, repair_after: float) -
                 # A node dying now is not listed: its chunks count as neither here nor missing.
                 with contextlib.suppress(NodeUnavailableError):
                     present[(node.node_id, d)] = {c.chunk_id for c in await node.list_chunks(d)}
+    domains = cluster.datapath.domains
+    live_domains = {domains[n] for n in cluster.datapath.live_nodes()} if domains else set()
     todo: dict[int, BlockRecord] = {}
     for n in dead:  # the reverse index: only the dead node's blocks
         for d in range(cluster.config.disks_per_node):
@@ -69,7 +72,8 @@ async def blocks_needing_repair(cluster: WatchedStore, *, repair_after: float) -
         # Fewer chunks than the width: a degraded write, acknowledged at its minimum.
         width = Encoding.parse(rec.encoding).width
         short = rec.length > 0 and len({c.index for c in rec.chunks}) < width
-        shared = short or len(set(nodes)) != len(nodes)
+        crowded = spread_is_short(nodes, domains, len(live_domains))  # too many on one host
+        shared = short or crowded or len(set(nodes)) != len(nodes)
         missing = any(
             (c.node, c.disk) in present and c.chunk_id not in present[(c.node, c.disk)]
             for c in rec.chunks

@@ -14,6 +14,7 @@ Garbage collection (``services/garbage.py``) then deletes the chunks nothing ref
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ from tectonic_emu.coding import Encoding, codec_for
 from tectonic_emu.errors import FencedWriterError, NotEnoughNodesError
 from tectonic_emu.intents import ChunkIntent, repair_owner
 from tectonic_emu.metadata.records import BlockRecord, ChunkPlacement
+from tectonic_emu.placement import spread_is_short
 from tectonic_emu.services.garbage import (
     DEFAULT_GC_GRACE,
     GarbageReport,
@@ -64,8 +66,17 @@ async def repair_block(cluster: StoreView, rec: BlockRecord, report: RepairRepor
             seen_nodes.add(c.node)
             keep[index] = (c, data)
     missing = [i for i in range(enc.width) if i not in keep]
-    if not missing:
-        return
+    avoid = seen_nodes
+    if not missing:  # complete: spread it over failure domains, if that can be better
+        crowded, onto = _spread_moves(cluster, keep)
+        if not crowded:
+            return
+        for c in crowded:
+            del keep[c.index]
+        moved += crowded
+        missing = sorted(c.index for c in crowded)
+        # Only the chosen nodes in the emptier domains may take the moved chunks.
+        avoid = {n.node_id for n in cluster.nodes} - set(onto)
     if len(good) < enc.min_chunks:
         report.unrecoverable.append(f"{rec.block_id:016x}")
         return
@@ -78,7 +89,7 @@ async def repair_block(cluster: StoreView, rec: BlockRecord, report: RepairRepor
         rebuilt = codec.reconstruct({i: d for i, (_, d) in good.items()}, missing, rec.length)
     async with ChunkIntent(cluster.meta, rec.block_id, rec.file_id, repair_owner()) as claim:
         try:
-            new = await cluster.datapath.write_chunks(enc, rec.block_id, rebuilt, avoid=seen_nodes)
+            new = await cluster.datapath.write_chunks(enc, rec.block_id, rebuilt, avoid=avoid)
         except NotEnoughNodesError:
             report.not_enough_nodes.append(f"{rec.block_id:016x}")
             return
@@ -105,6 +116,45 @@ async def repair_block(cluster: StoreView, rec: BlockRecord, report: RepairRepor
     await cluster.datapath.delete_chunks([c for c, _ in bad] + moved)
     report.blocks_repaired += 1
     report.chunks_rebuilt += len(new)
+
+
+def _spread_moves(
+    cluster: StoreView, keep: dict[int, tuple[ChunkPlacement, Any]]
+) -> tuple[list[ChunkPlacement], list[int]]:
+    """Chunks to move out of crowded failure domains and the live nodes (in the emptiest
+    domains, unused by the block) to move them to, until no domain holds more than a balanced
+    spread would (``spread_is_short``) or no move helps. Nothing without failure domains."""
+    domains = cluster.datapath.domains
+    if domains is None:
+        return [], []
+    live: dict[str, list[int]] = {}
+    for n in cluster.datapath.live_nodes():
+        live.setdefault(domains[n], []).append(n)
+    chunks = [c for c, _ in keep.values()]
+    used = {c.node for c in chunks}
+    if not spread_is_short([c.node for c in chunks], domains, len(live)):
+        return [], []
+    count = Counter(domains[c.node] for c in chunks)
+    movable: dict[str, list[ChunkPlacement]] = {}  # the block's own chunks, by domain
+    for c in sorted(chunks, key=lambda c: c.index):
+        movable.setdefault(domains[c.node], []).append(c)
+    crowded: list[ChunkPlacement] = []
+    onto: list[int] = []
+    while True:
+        top = max(count, key=lambda d: count[d])
+        room = [(count[d], d) for d, ns in live.items() if any(n not in used for n in ns)]
+        if not room or not movable.get(top):
+            break
+        have, low = min(room)
+        if have + 1 >= count[top]:  # moving would not lower the crowd
+            break
+        node = next(n for n in live[low] if n not in used)
+        crowded.append(movable[top].pop())
+        onto.append(node)
+        used.add(node)
+        count[top] -= 1
+        count[low] += 1
+    return crowded, onto
 
 
 async def repair(
