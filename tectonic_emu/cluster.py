@@ -481,14 +481,14 @@ def block_fully_redundant(
     domains: Sequence[str] | None = None,
 ) -> bool:
     """All ``width`` chunks present, on distinct nodes that are up, spread over the failure
-    ``domains`` (hosts) as evenly as they allow (``placement.spread_is_short``)."""
+    ``domains`` (hosts) as evenly as their nodes allow (``placement.spread_is_short``)."""
     width = Encoding.parse(rec.encoding).width
     if rec.length > 0 and len(rec.chunks) < width:
         return False
     nodes = [c.node for c in rec.chunks]
     if len(set(nodes)) != len(nodes):
         return False
-    if domains is not None and spread_is_short(nodes, domains, len(set(domains))):
+    if spread_is_short(nodes, domains):
         return False
     return all(c.chunk_id in present.get((c.node, c.disk), ()) for c in rec.chunks)
 

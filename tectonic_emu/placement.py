@@ -43,16 +43,23 @@ def min_live_nodes(enc: Encoding, margin: int = 1) -> int:
     return min(enc.width, enc.min_chunks + max(1, margin))
 
 
-def spread_is_short(nodes: Sequence[int], domains: Sequence[str] | None, domain_count: int) -> bool:
+def spread_is_short(
+    nodes: Sequence[int], domains: Sequence[str] | None, usable: Iterable[int] | None = None
+) -> bool:
     """Whether a block's chunks on ``nodes`` crowd a failure domain (a host) more than they
-    must among ``domain_count`` domains: more than ``ceil(chunks / min(domains, chunks))`` in
-    one. Losing that host would cost the block more chunks than a balanced spread would, so
-    the block counts as below redundancy. Without ``domains`` every node is its own domain
-    (two chunks on one node count elsewhere)."""
-    if domains is None or not nodes or domain_count <= 1:
+    must: moving one chunk from the most crowded domain to a node of another domain that
+    the block does not use (among ``usable`` nodes, default all) would leave that domain
+    with fewer chunks than the crowded one had. Losing the crowded host would cost the block
+    more chunks than it must, so the block counts as below redundancy. Without ``domains``
+    every node is its own domain (two chunks on one node count elsewhere)."""
+    if domains is None or not nodes:
         return False
-    per = Counter(domains[n] for n in nodes)
-    return max(per.values()) > -(-len(nodes) // min(domain_count, len(nodes)))
+    count = Counter(domains[n] for n in nodes)
+    top = max(count.values())
+    used = set(nodes)
+    pool = range(len(domains)) if usable is None else usable
+    free = {domains[n] for n in pool if n not in used}
+    return any(count.get(d, 0) + 1 < top for d in free)
 
 
 class Placement:

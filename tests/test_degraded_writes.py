@@ -212,14 +212,14 @@ def test_chunks_crowding_one_host_count_below_redundancy_and_repair_spreads_them
             for n in range(8, 12):
                 c.start_node(n)
             for b in await client.layout("/f"):
-                assert spread_is_short([ch.node for ch in b.chunks], hosts, 3)
+                assert spread_is_short([ch.node for ch in b.chunks], hosts)
             for _ in range(2):  # complete the block, then spread it
                 await repair(view, gc_grace=0)
             for b in await client.layout("/f"):
                 per = Counter(hosts[ch.node] for ch in b.chunks)
                 assert per == {"a": 3, "b": 3, "c": 3}, per
                 assert len({ch.node for ch in b.chunks}) == 9
-                assert not spread_is_short([ch.node for ch in b.chunks], hosts, 3)
+                assert not spread_is_short([ch.node for ch in b.chunks], hosts)
             assert (await repair(view, gc_grace=0)).blocks_repaired == 0  # settled
         assert await client.read_file("/f") == data
         assert (await scrub(c)).clean
@@ -228,9 +228,12 @@ def test_chunks_crowding_one_host_count_below_redundancy_and_repair_spreads_them
     run_with(root, go)
 
 
-def test_a_balanced_spread_is_not_below_redundancy() -> None:
-    two = ["a"] * 5 + ["b"] * 4
-    assert not spread_is_short(list(range(9)), two, 2)  # 5 + 4: the best two hosts allow
-    assert spread_is_short([0, 1, 2, 3, 4, 5, 6, 7, 8], ["a"] * 6 + ["b"] * 3, 2)
-    assert not spread_is_short([0, 1, 2], None, 3)
-    assert not spread_is_short([0, 1, 2], ["a", "a", "a"], 1)  # one host: nothing better
+def test_a_spread_is_short_only_when_a_move_would_help() -> None:
+    two = ["a"] * 5 + ["b"] * 5
+    assert not spread_is_short([0, 1, 2, 3, 4, 5, 6, 7, 8], two)  # 5 + 4: the best there is
+    assert spread_is_short([0, 1, 2, 3, 4, 5, 6], two)  # 5 + 2: one more on b helps
+    assert not spread_is_short([0, 1, 2, 3, 4, 5, 6], two, usable=range(7))  # b's rest down
+    uneven = ["a"] * 4 + ["b"] * 4 + ["c"]  # host c has one node: 4 + 4 + 1 is the best
+    assert not spread_is_short(list(range(9)), uneven)
+    assert not spread_is_short([0, 1, 2], None)
+    assert not spread_is_short([0, 1, 2], ["a", "a", "a", "a"])  # one host: nothing better

@@ -56,7 +56,7 @@ async def blocks_needing_repair(cluster: WatchedStore, *, repair_after: float) -
                 with contextlib.suppress(NodeUnavailableError):
                     present[(node.node_id, d)] = {c.chunk_id for c in await node.list_chunks(d)}
     domains = cluster.datapath.domains
-    live_domains = {domains[n] for n in cluster.datapath.live_nodes()} if domains else set()
+    live = cluster.datapath.live_nodes()
     todo: dict[int, BlockRecord] = {}
     for n in dead:  # the reverse index: only the dead node's blocks
         for d in range(cluster.config.disks_per_node):
@@ -72,7 +72,7 @@ async def blocks_needing_repair(cluster: WatchedStore, *, repair_after: float) -
         # Fewer chunks than the width: a degraded write, acknowledged at its minimum.
         width = Encoding.parse(rec.encoding).width
         short = rec.length > 0 and len({c.index for c in rec.chunks}) < width
-        crowded = spread_is_short(nodes, domains, len(live_domains))  # too many on one host
+        crowded = spread_is_short(nodes, domains, live)  # more on one host than it must
         shared = short or crowded or len(set(nodes)) != len(nodes)
         missing = any(
             (c.node, c.disk) in present and c.chunk_id not in present[(c.node, c.disk)]

@@ -122,38 +122,31 @@ def _spread_moves(
     cluster: StoreView, keep: dict[int, tuple[ChunkPlacement, Any]]
 ) -> tuple[list[ChunkPlacement], list[int]]:
     """Chunks to move out of crowded failure domains and the live nodes (in the emptiest
-    domains, unused by the block) to move them to, until no domain holds more than a balanced
-    spread would (``spread_is_short``) or no move helps. Nothing without failure domains."""
+    domains, unused by the block) to move them to, while a move helps (``spread_is_short``).
+    Nothing without failure domains."""
     domains = cluster.datapath.domains
     if domains is None:
         return [], []
-    live: dict[str, list[int]] = {}
-    for n in cluster.datapath.live_nodes():
-        live.setdefault(domains[n], []).append(n)
+    live = cluster.datapath.live_nodes()
     chunks = [c for c, _ in keep.values()]
-    used = {c.node for c in chunks}
-    if not spread_is_short([c.node for c in chunks], domains, len(live)):
-        return [], []
-    count = Counter(domains[c.node] for c in chunks)
+    nodes = [c.node for c in chunks]
     movable: dict[str, list[ChunkPlacement]] = {}  # the block's own chunks, by domain
     for c in sorted(chunks, key=lambda c: c.index):
         movable.setdefault(domains[c.node], []).append(c)
     crowded: list[ChunkPlacement] = []
     onto: list[int] = []
-    while True:
+    while spread_is_short(nodes, domains, live):
+        count = Counter(domains[n] for n in nodes)
         top = max(count, key=lambda d: count[d])
-        room = [(count[d], d) for d, ns in live.items() if any(n not in used for n in ns)]
-        if not room or not movable.get(top):
-            break
-        have, low = min(room)
-        if have + 1 >= count[top]:  # moving would not lower the crowd
-            break
-        node = next(n for n in live[low] if n not in used)
-        crowded.append(movable[top].pop())
+        if not movable.get(top):
+            break  # only chunks moved there already: leave it
+        used = set(nodes)
+        node = min((n for n in live if n not in used), key=lambda n: (count.get(domains[n], 0), n))
+        c = movable[top].pop()
+        crowded.append(c)
         onto.append(node)
-        used.add(node)
-        count[top] -= 1
-        count[low] += 1
+        nodes.remove(c.node)
+        nodes.append(node)
     return crowded, onto
 
 
