@@ -39,10 +39,11 @@ class ChunkIntent:
     """``async with ChunkIntent(meta, block_id, file_id, owner) as intent``: the claim on a
     block's chunk writes, renewed in the background until the block exits.
 
-    Entering records the intent (with ``token``: only while ``token`` still holds the file,
-    else FencedWriterError). Inside, the caller writes chunks, then commits with ``settle``
-    in its own transaction. Leaving cancels the renewal and, unless settled, removes the
-    intent (best effort: an expired intent is garbage collection's to remove).
+    Entering records the intent. Inside, the caller writes chunks, then commits with
+    ``settle`` in its own transaction. Leaving cancels the renewal and, unless settled, removes
+    the intent (best effort: an expired intent is garbage collection's to remove). A writer's
+    token is not checked here (one metadata read less per block): the commit checks it, and
+    garbage collection counts a writer's claim live only while its token holds the file.
     """
 
     def __init__(
@@ -53,26 +54,17 @@ class ChunkIntent:
         owner: str,
         *,
         lease: float = WRITE_LEASE,
-        token_path: str | None = None,
     ) -> None:
         self._meta = meta
         self.block_id = block_id
         self.file_id = file_id
         self.owner = owner
         self._lease = lease
-        self._token_path = token_path  # check that ``owner`` is the file's token, naming this
         self._renewer: asyncio.Task[None] | None = None
         self.settled = False
 
     async def __aenter__(self) -> ChunkIntent:
         async with self._meta.transaction(durable=False) as m:
-            if self._token_path is not None:
-                f = await m.files.get(self.file_id)
-                if f is None or f.token != self.owner:
-                    raise FencedWriterError(
-                        "the file was taken over, deleted or replaced while being written",
-                        self._token_path,
-                    )
             await m.intents.put(self._record())
         self._renewer = asyncio.create_task(self._renew())
         return self

@@ -122,12 +122,7 @@ class BlockPipeline:
         # Announced before any chunk is written, renewed until committed: garbage collection
         # leaves the block's chunks alone while this claim is live (see intents.py).
         claim = ChunkIntent(
-            client.meta,
-            block_id,
-            self._file_id,
-            self._token,
-            lease=client.write_lease,
-            token_path=f"file {self._file_id:016x}",
+            client.meta, block_id, self._file_id, self._token, lease=client.write_lease
         )
         async with claim:
             rec = await dp.write_block(self._enc, block, block_id=block_id, file_id=self._file_id)
