@@ -79,6 +79,7 @@ def test_a_negative_or_nan_grace_is_refused(tmp_path: Path) -> None:
     run_with(root, go)
     fails("repair", "--gc-grace", "-1", cluster=root, mentions="negative")
     fails("repair", "--gc-grace=-5s", cluster=root, mentions="negative")
+    fails("serve", "--gc-grace=-1", cluster=root, mentions="negative")
 
 
 def test_chunk_ids_not_of_the_block_format_are_kept_and_counted(tmp_path: Path) -> None:
