@@ -92,6 +92,11 @@ class ClusterNotFoundError(TectonicError, FileNotFoundError):
     default_errno = _errno.ENOENT
 
 
+class UnsafeTargetError(InvalidArgumentError):
+    """A local output path that is a symlink, device, FIFO or socket: never followed or
+    replaced unless asked (``get --force``)."""
+
+
 # -- availability and integrity --------------------------------------------------------------
 class NotEnoughNodesError(TectonicError):
     """Fewer live nodes (or disks) than the encoding needs to place a block."""
@@ -129,6 +134,12 @@ class DataUnavailableError(TectonicError):
     default_errno = _errno.EIO
 
 
+def reason(exc: BaseException) -> str:
+    """What went wrong, for an error line: ``str(exc)``, or its type's name when that is empty
+    (``TimeoutError()`` and ``ConnectionResetError()`` from asyncio say nothing)."""
+    return str(exc) or type(exc).__name__
+
+
 def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The first leaf of an exception group: ``TaskGroup`` wraps errors, our callers want the
     plain typed error."""
@@ -158,6 +169,8 @@ __all__ = [
     "SealedFileError",
     "TectonicError",
     "UnknownEncodingError",
+    "UnsafeTargetError",
     "WriterClosedError",
     "first_error",
+    "reason",
 ]
