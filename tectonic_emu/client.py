@@ -491,7 +491,7 @@ class Client:
         handing ``sink(file offset, piece)`` each piece, or with ``into`` (the destination of
         [start, end)) receiving them straight there. Raises DataUnavailableError rather than
         hand over wrong bytes. At most ``read_depth`` blocks are in flight, or more small
-        ones up to ``read_ahead_bytes``."""
+        ones up to ``read_ahead_bytes`` (never more than ``reader.MAX_BLOCKS_IN_FLIGHT``)."""
         await read_blocks(
             self.datapath,
             blocks,

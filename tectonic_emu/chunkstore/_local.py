@@ -74,7 +74,9 @@ _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
 # 0 where the platform has no O_DIRECT: then every write goes through the page cache.
-_DIRECT_FLAGS = os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_DIRECT if hasattr(os, "O_DIRECT") else 0
+_DIRECT_FLAGS = (
+    os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_DIRECT if hasattr(os, "O_DIRECT") else 0
+)
 _PAGE = 4096  # O_DIRECT alignment of offsets, lengths and memory
 _HEADER_PAD = bytes(PAYLOAD_OFFSET - HEADER_SIZE)  # zeros between the header and the payload
 # Page-aligned copies of payloads that are not, for O_DIRECT (shared by every node and thread).
