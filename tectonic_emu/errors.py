@@ -92,6 +92,11 @@ class ClusterNotFoundError(TectonicError, FileNotFoundError):
     default_errno = _errno.ENOENT
 
 
+class ArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument of the wrong type at the public Python API (``read("/f", 0.5)``); also a
+    ``TypeError``, as Python's own would be."""
+
+
 class UnsafeTargetError(InvalidArgumentError):
     """A local output path that is a symlink, device, FIFO or socket: never followed or
     replaced unless asked (``get --force``)."""
@@ -151,6 +156,7 @@ def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
 
 __all__ = [
     "AlreadyExistsError",
+    "ArgumentTypeError",
     "ChunkCorruptError",
     "ChunkNotFoundError",
     "ClusterNotFoundError",

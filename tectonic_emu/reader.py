@@ -25,6 +25,7 @@ import bisect
 from collections.abc import Callable
 from typing import Protocol
 
+from tectonic_emu.argcheck import buffer_arg, int_arg
 from tectonic_emu.buffers import BytesLike
 from tectonic_emu.datapath import DataPath
 from tectonic_emu.errors import (
@@ -183,10 +184,12 @@ class FileReader:
     async def read_into(self, offset: int, buf: BytesLike) -> int:
         """Read into ``buf`` (writable) from ``offset``; returns the byte count (0 at or past
         ``size``). Raises DataUnavailableError rather than return wrong bytes, NotFoundError
-        once the file is deleted."""
+        once the file is deleted, ArgumentTypeError for an offset that is not an int or a
+        ``buf`` that is not a writable buffer."""
+        int_arg("FileReader.read_into", "offset", offset)
         if offset < 0:
             raise InvalidArgumentError("negative offset", f"file {self.file_id:016x}")
-        out = memoryview(buf).cast("B")
+        out = buffer_arg("FileReader.read_into", "buf", buf).cast("B")
         end = min(self.size, offset + len(out))
         if end <= offset:
             return 0
