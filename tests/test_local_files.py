@@ -15,8 +15,10 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import fsspec
 import pytest
 
+from clients.fsspec import TectonicFileSystem
 from tectonic_emu import Cluster
 from tectonic_emu.errors import (
     ChunkCorruptError,
@@ -26,6 +28,8 @@ from tectonic_emu.errors import (
     UnsafeTargetError,
 )
 from tectonic_emu.localfile import atomic_output, open_temp
+from tectonic_emu.served import Serving
+from tectonic_emu.services import repair, scrub
 
 from .conftest import make_cluster, run_with
 
@@ -286,3 +290,61 @@ def test_chunk_and_metadata_files_are_private(tmp_path: Path) -> None:
     assert meta
     for p in meta:
         assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
+
+
+def test_fsspec_get_file_never_writes_through_a_symlink(
+    stored: tuple[Path, bytes], tmp_path: Path
+) -> None:
+    root, data = stored
+    v = victim(tmp_path)
+    link = tmp_path / "out.bin"
+    link.symlink_to(v)
+    fs = fsspec.filesystem("tectonic", cluster=str(root), skip_instance_cache=True)
+    try:
+        with pytest.raises(UnsafeTargetError, match="symlink"):
+            fs.get_file("/f", str(link))
+        assert v.read_bytes() == b"precious" and link.is_symlink()
+        fs.get_file("/f", str(tmp_path / "plain.bin"))
+        assert (tmp_path / "plain.bin").read_bytes() == data
+    finally:
+        fs.close()
+        TectonicFileSystem.clear_instance_cache()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".part")) == []
+
+
+# -- a FIFO chunk on a served node --------------------------------------------------------------
+def test_a_fifo_chunk_leaves_a_served_node_serving(tmp_path: Path) -> None:
+    """A chunk file replaced by a FIFO hung ``get`` forever and stalled scrub and repair for
+    120 s per chunk. Now the node answers at once that the chunk is corrupt: the r3 read comes
+    from another replica, the r1 read fails naming the FIFO, the node serves other reads
+    meanwhile, and scrub and repair see and replace it."""
+    root = make_cluster(tmp_path / "c", nodes=3, encoding="r3")
+    r3, r1, other = os.urandom(100_000), os.urandom(5000), os.urandom(7000)
+
+    async def fill(c: Cluster) -> None:
+        client = c.client()
+        await client.write_file("/r3", r3)
+        await client.write_file("/r1", r1, encoding="r1")
+        await client.write_file("/other", other, encoding="r1")
+
+    run_with(root, fill)
+    fifo_paths = [chunk_paths(root, "/r3")[0], chunk_paths(root, "/r1")[0]]
+    for p in fifo_paths:
+        os.unlink(p)
+        os.mkfifo(p)
+    with Serving(root, repair_interval=0):
+
+        async def go(c: Cluster) -> None:
+            client = c.client()
+            assert await asyncio.wait_for(client.read_file("/r3"), 30) == r3
+            with pytest.raises(DataUnavailableError, match="FIFO"):
+                await asyncio.wait_for(client.read_file("/r1"), 30)
+            # the node of the FIFO chunks serves the rest, and is not marked down
+            assert await asyncio.wait_for(client.read_file("/other"), 30) == other
+            assert all(n.available for n in c.nodes)
+            found = await asyncio.wait_for(scrub(c), 60)
+            assert len(found.corrupt) == 2, found
+            await asyncio.wait_for(repair(c), 60)
+            assert await asyncio.wait_for(client.read_file("/r3"), 30) == r3
+
+        run_with(root, go)
