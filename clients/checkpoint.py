@@ -38,8 +38,9 @@ The pieces, each a module of its own below this one:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from clients.ckpt_catalog import Catalog
@@ -54,7 +55,16 @@ from clients.ckpt_load import Loader
 from clients.ckpt_parts import ARENA_BYTES as ARENA_BYTES
 from clients.ckpt_save import PendingSave, Saver, SaveResult
 from clients.ckpt_stage import PART_BYTES, StagingPool
+from tectonic_emu.argcheck import (
+    bool_arg,
+    int_arg,
+    number_arg,
+    optional_int_arg,
+    optional_str_arg,
+    str_arg,
+)
 from tectonic_emu.client import Client
+from tectonic_emu.errors import InvalidArgumentError
 
 
 class Checkpointer:
@@ -76,6 +86,15 @@ class Checkpointer:
         part_bytes: int = PART_BYTES,
         writers: int = WRITERS,
     ) -> None:
+        with _as_checkpoint_error():
+            where = "Checkpointer"
+            str_arg(where, "root", root)
+            for name, value in (("world_size", world_size), ("part_bytes", part_bytes)):
+                int_arg(where, name, value)
+            int_arg(where, "writers", writers)
+            optional_int_arg(where, "keep_last", keep_last)
+            optional_str_arg(where, "encoding", encoding)
+            number_arg(where, "timeout", timeout)
         if world_size < 1:
             raise CheckpointError(f"world_size must be at least 1, not {world_size}")
         if writers < 1:
@@ -165,6 +184,7 @@ class Checkpointer:
         waiting for their parts and for the commit cost 0.06 ms of Python apiece. Each rank
         still gets its own answer (a bad rank number or state is that rank's error).
         """
+        _check_save("save", step, state, incremental)
         return await self._saver.save(step, rank, state, incremental=incremental)
 
     async def save_async(
@@ -172,6 +192,7 @@ class Checkpointer:
     ) -> PendingSave:
         """Stage ``rank``'s state (a copy) and return; ``await pending.committed`` for the
         commit. The caller may change its arrays as soon as this returns."""
+        _check_save("save_async", step, state, incremental)
         return await self._saver.save_async(step, rank, state, incremental=incremental)
 
     async def save_many(
@@ -186,6 +207,7 @@ class Checkpointer:
         ``save`` costs its own coroutines and futures (``bench scale``: about 0.1 ms of
         Python per rank at 4,096 ranks). Returns once the step is committed, a result per
         rank in the order of ``states``; raises what ``save`` raises."""
+        _check_save("save_many", step, states, incremental)
         return await self._saver.save_many(step, states, incremental=incremental)
 
     def _committed(self, step: int) -> None:
@@ -211,6 +233,8 @@ class Checkpointer:
 
     async def manifest(self, step: int | None = None) -> Manifest:
         """The manifest of ``step`` (default: the latest). Raises CheckpointNotFoundError."""
+        with _as_checkpoint_error():
+            optional_int_arg("manifest", "step", step)
         return await self._catalog.manifest(step)
 
     async def load(
@@ -246,6 +270,10 @@ class Checkpointer:
         4,096 ranks each doing their own cost 0.1 ms of Python apiece; so the arrays of ranks
         loaded together may be views of one shared buffer. A rank's error is its own: when
         a joint load fails, each of its ranks is loaded alone."""
+        with _as_checkpoint_error():
+            int_arg("load", "rank", rank)
+            optional_int_arg("load", "step", step)
+            optional_int_arg("load", "world_size", world_size)
         return await self._loader.load(rank, step, world_size, into=into, names=names)
 
     async def read(
@@ -254,6 +282,10 @@ class Checkpointer:
         """A region of the global array ``name`` at ``step``: ``index`` is a numpy basic
         index (ints, slices, ...), and only the rows it needs are read. For a value saved per
         rank, ``rank`` picks whose (needed when they differ)."""
+        with _as_checkpoint_error():
+            int_arg("read", "step", step)
+            str_arg("read", "name", name)
+            optional_int_arg("read", "rank", rank)
         return await self._loader.read(step, name, index, rank=rank)
 
     async def load_many(
@@ -289,6 +321,8 @@ class Checkpointer:
         """Delete a committed checkpoint (its manifest first, then the data files no other
         checkpoint references). Raises CheckpointNotFoundError, for a retired step too (it
         is deleted already, or will be by the next clean-up)."""
+        with _as_checkpoint_error():
+            int_arg("delete", "step", step)
         await delete_step(self._catalog, step)
 
     async def collect_garbage(self, before: int | None = None) -> int:
@@ -296,6 +330,29 @@ class Checkpointer:
         left behind for steps before ``before`` (default: the latest committed), keeping
         data files a checkpoint references. Returns how many steps it cleaned."""
         return await collect_garbage(self._catalog, before)
+
+
+@contextlib.contextmanager
+def _as_checkpoint_error() -> Iterator[None]:
+    """Wrong argument types are CheckpointErrors here, as the checkpoint API's other bad
+    arguments are (docs/errors.md)."""
+    try:
+        yield
+    except InvalidArgumentError as e:
+        raise CheckpointError(e.message) from None
+
+
+def _check_save(where: str, step: Any, state: Any, incremental: Any) -> None:
+    """Types of a save's arguments (for ``save_many``, ``state`` maps ranks to states); the
+    stages check the rank, and the step's value."""
+    if not isinstance(state, Mapping):
+        name = "states" if where == "save_many" else "state"
+        raise CheckpointError(
+            f"{where}: {name} must be a mapping (a dict), not {type(state).__name__}"
+        )
+    with _as_checkpoint_error():
+        int_arg(where, "step", step)
+        bool_arg(where, "incremental", incremental)
 
 
 __all__ = ["Checkpointer", "PendingSave", "SaveResult", "Shard"]

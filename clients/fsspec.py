@@ -34,6 +34,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from datetime import UTC, datetime
 from glob import has_magic
+from pathlib import Path
 from typing import Any, ParamSpec, TypeVar, cast
 from urllib.parse import quote, unquote
 
@@ -60,6 +61,7 @@ from tectonic_emu.errors import (
     NotFoundError,
     first_error,
 )
+from tectonic_emu.localfile import atomic_output
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -481,18 +483,19 @@ class TectonicFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec ships
             await aiofiles.os.makedirs(lpath, exist_ok=True)
             return
         callback.set_size(st.size)
+        # A private temporary file beside lpath replaces it once complete; a symlink or a
+        # special file at lpath is refused, never written through (localfile.py).
+        output = atomic_output(Path(lpath))
+        f = await asyncio.to_thread(output.__enter__)
         try:
-            async with (
-                aiofiles.open(lpath, "wb") as f,
-                aclosing(self._read_pieces(st.id, st.size)) as pieces,
-            ):
+            async with aclosing(self._read_pieces(st.id, st.size)) as pieces:
                 async for piece in pieces:
-                    await f.write(piece)
+                    await asyncio.to_thread(f.write, piece)
                     callback.relative_update(len(piece))
-        except BaseException:
-            with contextlib.suppress(OSError):
-                await aiofiles.os.remove(lpath)
+        except BaseException as exc:
+            await asyncio.to_thread(output.__exit__, type(exc), exc, exc.__traceback__)
             raise
+        await asyncio.to_thread(output.__exit__, None, None, None)
 
     # -- file objects --------------------------------------------------------------------------
     async def _open_writer(self, path: str, mode: str) -> tuple[FileWriter, int]:

@@ -39,6 +39,7 @@ from clients.dataset_index import (
     load_index,
     parse_footer,
 )
+from tectonic_emu.argcheck import int_arg, optional_int_arg
 from tectonic_emu.chunkstore.remote import aligned_buffer
 from tectonic_emu.client import Client
 from tectonic_emu.errors import InvalidArgumentError, NotFoundError
@@ -219,6 +220,10 @@ def rank_order(
 def _check_args(
     rank: int, world_size: int, batch: int, seed: int, epoch: int, prefetch: int, window: int | None
 ) -> None:
+    named = {"rank": rank, "world_size": world_size, "batch_size": batch, "seed": seed}
+    for name, value in {**named, "epoch": epoch, "prefetch": prefetch}.items():
+        int_arg("ShardStream", name, value)
+    optional_int_arg("ShardStream", "shuffle_rows", window)
     if world_size < 1 or not 0 <= rank < world_size:
         raise InvalidArgumentError(f"rank {rank} of world size {world_size}")
     if batch < 1 or (window is not None and window < 1):

@@ -13,13 +13,13 @@ import asyncio
 import itertools
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 
 from tectonic_emu.buffers import BytesLike
 from tectonic_emu.chunkstore.base import StorageNode
 from tectonic_emu.coding import Encoding, codec_for, decompress
-from tectonic_emu.errors import ChunkCorruptError, DataUnavailableError
+from tectonic_emu.errors import ChunkCorruptError, DataUnavailableError, reason
 from tectonic_emu.hedging import DEFAULT_HEDGE_AFTER, STUCK_FACTOR, ReadHedging
 from tectonic_emu.metadata.records import BlockRecord, ChunkPlacement
 from tectonic_emu.offload import offload
@@ -164,7 +164,7 @@ class BlockReader:
         if missing:
             # Rebuild just the data chunks the range lacks, from any D good chunks (fetching
             # more if needed): no 48 MiB block is assembled.
-            good = await self._collect(rec, enc, have, failed)
+            good = await self._collect(rec, enc, have, set(failed), list(failed.values()))
             missing = [i for i in wanted if i not in good]  # (may have come in now)
             rebuilt: dict[int, BytesLike] = {}
             if missing:
@@ -192,16 +192,18 @@ class BlockReader:
         rec: BlockRecord,
         *,
         have: dict[int, BytesLike] | None = None,
-        failed: Iterable[int] = (),
+        failed: Iterable[int] | Mapping[int, BaseException] = (),
     ) -> BytesLike:
         """The block's exact bytes, or DataUnavailableError. Never wrong bytes.
 
-        ``have``: chunks already fetched and checked; ``failed``: indexes not to try again.
+        ``have``: chunks already fetched and checked; ``failed``: indexes not to try again
+        (with the errors they failed with, which the DataUnavailableError then names).
         """
         if rec.length == 0:
             return b""
         enc = Encoding.parse(rec.encoding)
-        good = await self._collect(rec, enc, have or {}, set(failed))
+        errors = list(failed.values()) if isinstance(failed, Mapping) else []
+        good = await self._collect(rec, enc, have or {}, set(failed), errors)
         if enc.kind == "replication":
             return next(iter(good.values()))
         codec = codec_for(enc)
@@ -215,11 +217,12 @@ class BlockReader:
         *,
         enough: int,
         direct: dict[int, memoryview] | None = None,
-    ) -> tuple[dict[int, BytesLike], set[int]]:
+    ) -> tuple[dict[int, BytesLike], dict[int, BaseException]]:
         """Fetch ``primary``; if they are not all in after the hedge delay (and the hedge
         share allows), also fetch as many ``spare`` chunks as primaries are late. Stops when
         every primary is in, or (once hedged) when ``enough`` chunks are in, or when a primary
-        failed and nothing was hedged. Returns (good chunks by index, failed indexes).
+        failed and nothing was hedged. Returns (good chunks by index, the error of each
+        index that failed).
 
         ``direct``: primaries received straight into these buffers (their result is the
         buffer itself); spares never are, so two reads never write one buffer."""
@@ -234,14 +237,14 @@ class BlockReader:
         }
         wanted = {c.index for c in primary}
         good: dict[int, BytesLike] = {}
-        failed: set[int] = set()
+        failed: dict[int, BaseException] = {}
         delay: float | None = self.hedging.hedge_after(max(c.stored_len for c in primary))
         hedged = stuck = False
         try:
             while tasks and not wanted <= good.keys():
                 if hedged and len(good) >= enough:
                     break
-                if failed & wanted and not hedged:
+                if failed.keys() & wanted and not hedged:
                     break
                 timeout = delay if not hedged and spare else None
                 done, _ = await asyncio.wait(
@@ -274,7 +277,7 @@ class BlockReader:
                     if exc is None:
                         good[c.index] = task.result()
                     elif isinstance(exc, (OSError, EOFError)):
-                        failed.add(c.index)
+                        failed[c.index] = exc
                     else:
                         raise exc
         finally:
@@ -304,9 +307,11 @@ class BlockReader:
         enc: Encoding,
         have: dict[int, BytesLike],
         failed: set[int],
+        errors: list[BaseException],
     ) -> dict[int, BytesLike]:
         """At least ``enc.min_chunks`` good chunks of a block (``have`` and more), or
-        DataUnavailableError."""
+        DataUnavailableError naming the last few of ``errors`` (those of earlier attempts,
+        and the ones met here)."""
         order = self._read_order(rec.chunks, enc.min_chunks if enc.kind == "rs" else 1)
         good: dict[int, BytesLike] = dict(have)
         if not good:  # a plain read: race the chunks it needs against slow nodes
@@ -315,17 +320,18 @@ class BlockReader:
             need = enc.min_chunks
             if len(live) >= need:
                 good, raced_failed = await self._race(live[:need], live[need:], enough=need)
-                failed |= raced_failed
+                failed |= raced_failed.keys()
+                errors.extend(raced_failed.values())
         skip = set(good) | failed
-        errors: list[BaseException] = []
         pending = [c for c in order if c.index not in skip]
         while len(good) < enc.min_chunks:
             want = enc.min_chunks - len(good)
             batch, pending = pending[:want], pending[want:]
             if not batch:
+                why = "; ".join(reason(e) for e in errors[-3:]) or "no chunk left to try"
                 raise DataUnavailableError(
                     f"block {rec.block_id:016x}: {len(good)} of {enc.min_chunks} needed chunks "
-                    f"readable ({'; '.join(str(e) for e in errors[-3:])})"
+                    f"readable ({why})"
                 )
             results = await asyncio.gather(
                 *(self.fetch_chunk(c) for c in batch), return_exceptions=True

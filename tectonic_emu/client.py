@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from tectonic_emu.argcheck import bool_arg, buffer_arg, bytes_arg, int_arg
 from tectonic_emu.buffers import BytesLike
 from tectonic_emu.coding import Encoding
 from tectonic_emu.errors import (
@@ -151,6 +152,8 @@ class Client:
         (unless ``parents`` or ``exist_ok`` and it is a directory), NotFoundError (a missing
         parent without ``parents``), NotADirectoryError_.
         """
+        bool_arg("mkdir", "parents", parents)
+        bool_arg("mkdir", "exist_ok", exist_ok)
         parts = split_path(path)
         if encoding is not None:
             self._encoding(encoding)
@@ -252,6 +255,7 @@ class Client:
         at ``path`` changes. Raises NotFoundError (missing parent), IsADirectoryError_,
         UnknownEncodingError, NotEnoughNodesError and data-path errors.
         """
+        bytes_arg("write_file", "data", data)
         writer = await self.new_version(path, encoding=encoding)
         try:
             await writer.append(data)
@@ -428,7 +432,9 @@ class Client:
     async def read_id_into(self, file_id: int, offset: int, buf: BytesLike) -> int:
         """``read_into`` by file id: also reaches a nameless file (a new version being
         written) and the committed bytes of an unsealed one."""
-        out = memoryview(buf).cast("B")
+        int_arg("read_id_into", "file_id", file_id)
+        int_arg("read_id_into", "offset", offset, at_least=0)
+        out = buffer_arg("read_id_into", "buf", buf).cast("B")
         async with self.meta.transaction() as m:
             f, blocks, recs = await blocks_in(m, file_id, offset, len(out))
         end = min(f.size, offset + len(out))
@@ -449,6 +455,7 @@ class Client:
 
     async def reader_id(self, file_id: int) -> FileReader:
         """``reader`` by file id (a nameless or unsealed version too)."""
+        int_arg("reader_id", "file_id", file_id)
         async with self.meta.transaction() as m:
             return await self._reader(m, file_id)
 
@@ -465,7 +472,9 @@ class Client:
     async def read(self, path: str, offset: int = 0, size: int = -1) -> bytes:
         """Up to ``size`` bytes from ``offset`` (all to the end when ``size`` < 0); short or
         empty at the end of the file. Raises DataUnavailableError rather than return wrong
-        bytes."""
+        bytes. Raises ArgumentTypeError for an offset or size that is not an int."""
+        int_arg("read", "offset", offset)
+        int_arg("read", "size", size)
         if offset < 0:
             raise InvalidArgumentError("negative offset", path)
         f, blocks, recs = await self._file_blocks(path, offset, size)
@@ -479,7 +488,8 @@ class Client:
     async def read_into(self, path: str, offset: int, buf: BytesLike) -> int:
         """Read into ``buf`` (writable) from ``offset``; returns the byte count (0 at EOF).
         The fast path for big reads: no allocation per call."""
-        out = memoryview(buf).cast("B")
+        int_arg("read_into", "offset", offset, at_least=0)
+        out = buffer_arg("read_into", "buf", buf).cast("B")
         f, blocks, recs = await self._file_blocks(path, offset, len(out))
         end = min(f.size, offset + len(out))
         if end <= offset:
@@ -505,7 +515,7 @@ class Client:
         handing ``sink(file offset, piece)`` each piece, or with ``into`` (the destination of
         [start, end)) receiving them straight there. Raises DataUnavailableError rather than
         hand over wrong bytes. At most ``read_depth`` blocks are in flight, or more small
-        ones up to ``read_ahead_bytes``."""
+        ones up to ``read_ahead_bytes`` (never more than ``reader.MAX_BLOCKS_IN_FLIGHT``)."""
         await read_blocks(
             self.datapath,
             blocks,
@@ -524,6 +534,7 @@ class Client:
         ``src`` is a directory) at ``dst``. Raises NotFoundError, IsADirectoryError_,
         NotADirectoryError_, DirectoryNotEmptyError, InvalidArgumentError (a directory into
         itself)."""
+        bool_arg("rename", "keep_replaced", keep_replaced)
         sp, dp = split_path(src), split_path(dst)
         if not sp or not dp:
             raise InvalidPathError("cannot rename the root", "/")
@@ -575,6 +586,8 @@ class Client:
         file is fenced. ``keep`` (files): its bytes stay readable by id until ``purge`` or
         garbage collection (an unlinked file still open, in POSIX terms). Raises
         NotFoundError, DirectoryNotEmptyError, InvalidPathError (root)."""
+        bool_arg("delete", "recursive", recursive)
+        bool_arg("delete", "keep", keep)
         garbage: list[ChunkPlacement] = []
         async with self.meta.transaction() as m:
             parent, e = await self._lookup(m, path)
@@ -601,6 +614,7 @@ class Client:
     async def purge(self, file_id: int) -> None:
         """Best-effort removal of a nameless file (a new version that failed, or a file kept
         after replacement or deletion whose last reader is done)."""
+        int_arg("purge", "file_id", file_id)
         try:
             async with self.meta.transaction() as m:
                 f = await m.files.get(file_id)

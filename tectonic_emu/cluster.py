@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tectonic_emu._malloc import keep_freed_memory
+from tectonic_emu.argcheck import bool_arg, int_arg, number_arg, path_arg, str_arg
 from tectonic_emu.chunkstore import LocalNode, StorageNode
 from tectonic_emu.chunkstore.netem import Pacer
 from tectonic_emu.chunkstore.remote import HealthMonitor, RemoteNode
@@ -46,7 +47,12 @@ from tectonic_emu.config import (
     split_address,
 )
 from tectonic_emu.datapath import DataPath
-from tectonic_emu.errors import AlreadyExistsError, InvalidArgumentError, NodeUnavailableError
+from tectonic_emu.errors import (
+    AlreadyExistsError,
+    ArgumentTypeError,
+    InvalidArgumentError,
+    NodeUnavailableError,
+)
 from tectonic_emu.metadata import KVStore, PostgresKV, SQLiteKV
 from tectonic_emu.metadata.layers import Metadata
 from tectonic_emu.metadata.records import BlockRecord
@@ -104,6 +110,26 @@ def metadata_store(root: Path, config: ClusterConfig) -> KVStore:
     if config.metadata:
         return PostgresKV(config.metadata, table=config.metadata_table, synchronous=synchronous)
     return SQLiteKV(root / METADATA_FILE, synchronous=synchronous)
+
+
+def _check_create_args(args: dict[str, Any]) -> None:
+    """Types of ``Cluster.create``'s arguments: one line naming the one that is wrong."""
+    where = "Cluster.create"
+    path_arg(where, "path", args["path"])
+    for name in ("nodes", "disks_per_node", "block_size"):
+        int_arg(where, name, args[name])
+    for name in ("sync", "exist_ok"):
+        bool_arg(where, name, args[name])
+    for name in ("encoding", "compression", "metadata", "metadata_table"):
+        str_arg(where, name, args[name])
+    for name in ("nic_gbps", "rtt_ms", "loss"):
+        number_arg(where, name, args[name])
+    addresses = args["node_addresses"]
+    if not isinstance(addresses, (list, tuple)) or not all(isinstance(a, str) for a in addresses):
+        raise ArgumentTypeError(
+            f"{where}: node_addresses must be a sequence of 'host:port' strs, "
+            f"not {type(addresses).__name__} {addresses!r:.40}"
+        )
 
 
 def _check_metadata_free(config: ClusterConfig) -> None:
@@ -225,8 +251,10 @@ class Cluster:
         multi-host cluster (``chunkstore/netem.py``).
 
         Raises AlreadyExistsError (also for a metadata table in use), UnknownEncodingError,
-        InvalidArgumentError, and OSError when the database cannot be reached.
+        InvalidArgumentError (ArgumentTypeError for an argument of the wrong type), and
+        OSError when the database cannot be reached.
         """
+        _check_create_args(locals())
         root = Path(path)
         Encoding.parse(encoding)
         config = ClusterConfig(
@@ -275,9 +303,10 @@ class Cluster:
         dying node does not hold writers back; repair rebuilds a chunk that never lands).
         ``kv``: the metadata store to use instead of the cluster's SQLite file (``MemoryKV``
         for benches of the layers alone); it is closed with the cluster.
-        Raises ClusterNotFoundError when ``path`` holds no cluster.
+        Raises ClusterNotFoundError when ``path`` holds no cluster, ArgumentTypeError when
+        ``path`` is not a path.
         """
-        root = Path(path)
+        root = Path(path_arg("Cluster.open", "path", path))
         config = ClusterConfig.load(root)
         keep_freed_memory()
         io_pool = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="tectonic-io")

@@ -92,6 +92,16 @@ class ClusterNotFoundError(TectonicError, FileNotFoundError):
     default_errno = _errno.ENOENT
 
 
+class ArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument of the wrong type at the public Python API (``read("/f", 0.5)``); also a
+    ``TypeError``, as Python's own would be."""
+
+
+class UnsafeTargetError(InvalidArgumentError):
+    """A local output path that is a symlink, device, FIFO or socket: never followed or
+    replaced unless asked (``get --force``)."""
+
+
 # -- availability and integrity --------------------------------------------------------------
 class NotEnoughNodesError(TectonicError):
     """Fewer live nodes (or disks) than the encoding needs to place a block."""
@@ -136,6 +146,12 @@ class MetadataMismatchError(TectonicError):
     default_errno = _errno.EUCLEAN
 
 
+def reason(exc: BaseException) -> str:
+    """What went wrong, for an error line: ``str(exc)``, or its type's name when that is empty
+    (``TimeoutError()`` and ``ConnectionResetError()`` from asyncio say nothing)."""
+    return str(exc) or type(exc).__name__
+
+
 def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The first leaf of an exception group: ``TaskGroup`` wraps errors, our callers want the
     plain typed error."""
@@ -147,6 +163,7 @@ def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
 
 __all__ = [
     "AlreadyExistsError",
+    "ArgumentTypeError",
     "ChunkCorruptError",
     "ChunkNotFoundError",
     "ClusterNotFoundError",
@@ -166,6 +183,8 @@ __all__ = [
     "SealedFileError",
     "TectonicError",
     "UnknownEncodingError",
+    "UnsafeTargetError",
     "WriterClosedError",
     "first_error",
+    "reason",
 ]

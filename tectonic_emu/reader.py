@@ -25,6 +25,7 @@ import bisect
 from collections.abc import Callable
 from typing import Protocol
 
+from tectonic_emu.argcheck import buffer_arg, int_arg
 from tectonic_emu.buffers import BytesLike
 from tectonic_emu.datapath import DataPath
 from tectonic_emu.errors import (
@@ -38,6 +39,9 @@ from tectonic_emu.metadata.records import BlockEntry, BlockRecord, FileRecord
 
 # Block records fetched in one transaction when a read needs one that is not held yet.
 RECORD_BATCH = 32
+# Most blocks one read has in flight, however small they are: each is a request queued on a
+# node, and thousands at once starve the event loops of the client and the nodes alike.
+MAX_BLOCKS_IN_FLIGHT = 64
 
 
 async def blocks_in(
@@ -79,27 +83,35 @@ async def read_blocks(
     wanted = [(b, r) for b, r in zip(blocks, recs, strict=True) if b.end > start and b.offset < end]
     # In flight: depth blocks, or more small ones up to the bytes of that many rs-6-3 blocks
     # (an r3 block is one 8 MiB chunk; one at a time per node leaves a served cluster's
-    # nodes idle between round trips).
+    # nodes idle between round trips), never more than MAX_BLOCKS_IN_FLIGHT.
     largest = max((b.length for b, _ in wanted), default=1)
-    sem = asyncio.Semaphore(max(depth, ahead_bytes // max(largest, 1)))
+    width = min(max(depth, ahead_bytes // max(largest, 1)), MAX_BLOCKS_IN_FLIGHT)
 
     async def one(b: BlockEntry, rec: BlockRecord) -> None:
         lo, hi = max(0, start - b.offset), min(b.length, end - b.offset)
         dest = None
         if into is not None:
             dest = into[b.offset + lo - start : b.offset + hi - start]
-        async with sem:
-            pieces = await datapath.read_range(rec, lo, hi, into=dest)
+        pieces = await datapath.read_range(rec, lo, hi, into=dest)
         for at, piece in pieces:
             sink(b.offset + at, piece)
 
     if len(wanted) == 1:
         await one(*wanted[0])
         return
+    # ``width`` workers take the blocks in order from one iterator: a task per block, made
+    # up front, was 29,496 tasks (and as many requests queued at once on the nodes) for a
+    # read of a file of small blocks, which stalled this event loop for seconds.
+    todo = iter(wanted)
+
+    async def worker() -> None:
+        for b, rec in todo:
+            await one(b, rec)
+
     try:
         async with asyncio.TaskGroup() as tg:
-            for b, rec in wanted:
-                tg.create_task(one(b, rec))
+            for _ in range(min(width, len(wanted))):
+                tg.create_task(worker())
     except BaseExceptionGroup as eg:
         raise first_error(eg) from None
 
@@ -172,10 +184,12 @@ class FileReader:
     async def read_into(self, offset: int, buf: BytesLike) -> int:
         """Read into ``buf`` (writable) from ``offset``; returns the byte count (0 at or past
         ``size``). Raises DataUnavailableError rather than return wrong bytes, NotFoundError
-        once the file is deleted."""
+        once the file is deleted, ArgumentTypeError for an offset that is not an int or a
+        ``buf`` that is not a writable buffer."""
+        int_arg("FileReader.read_into", "offset", offset)
         if offset < 0:
             raise InvalidArgumentError("negative offset", f"file {self.file_id:016x}")
-        out = memoryview(buf).cast("B")
+        out = buffer_arg("FileReader.read_into", "buf", buf).cast("B")
         end = min(self.size, offset + len(out))
         if end <= offset:
             return 0
@@ -197,4 +211,11 @@ class FileReader:
         return end - offset
 
 
-__all__ = ["RECORD_BATCH", "BlockSource", "FileReader", "blocks_in", "read_blocks"]
+__all__ = [
+    "MAX_BLOCKS_IN_FLIGHT",
+    "RECORD_BATCH",
+    "BlockSource",
+    "FileReader",
+    "blocks_in",
+    "read_blocks",
+]

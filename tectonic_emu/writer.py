@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 from types import TracebackType
 from typing import Any, Protocol
 
+from tectonic_emu.argcheck import bytes_arg
 from tectonic_emu.buffers import BytesLike
 from tectonic_emu.bufpool import copy_into, recycled, uninitialised
 from tectonic_emu.coding import Encoding
@@ -207,6 +208,7 @@ class FileWriter:
 
         ``owned``: the caller hands ``data`` over and never changes it again, so whole
         blocks of it are encoded in place, as for ``bytes``, instead of being copied."""
+        bytes_arg("append", "data", data)  # a str is refused before the writer breaks
         if self._closed:
             raise WriterClosedError("writer is closed", self.path)
         await self._guard(self._append(data, owned))

@@ -32,6 +32,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import stat
 import threading
 import zlib
 from collections.abc import Callable
@@ -63,12 +64,19 @@ from tectonic_emu.errors import (
     InvalidArgumentError,
     NodeUnavailableError,
 )
+from tectonic_emu.localfile import file_kind, make_private
 
 # Writes bigger than this go out in several syscalls so a cancelled write stops soon.
 _WRITE_SLICE = 8 << 20
-_CREATE_FLAGS = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC
+_CREATE_FLAGS = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+# Chunk files and the directories above them: the node's owner alone reads them.
+_FILE_MODE = 0o600
+_DIR_MODE = 0o700
 # 0 where the platform has no O_DIRECT: then every write goes through the page cache.
-_DIRECT_FLAGS = os.O_WRONLY | os.O_CLOEXEC | os.O_DIRECT if hasattr(os, "O_DIRECT") else 0
+_DIRECT_FLAGS = (
+    os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_DIRECT if hasattr(os, "O_DIRECT") else 0
+)
 _PAGE = 4096  # O_DIRECT alignment of offsets, lengths and memory
 _HEADER_PAD = bytes(PAYLOAD_OFFSET - HEADER_SIZE)  # zeros between the header and the payload
 # Page-aligned copies of payloads that are not, for O_DIRECT (shared by every node and thread).
@@ -139,8 +147,9 @@ class LocalNode(StorageNode):
         self._durable_dirs: set[tuple[int, str]] = set()
         # Disks whose file system refused O_DIRECT (tmpfs): written through the page cache.
         self._no_direct: set[int] = set()
-        for disk in range(disks):
-            self._disk_dir(disk).mkdir(parents=True, exist_ok=True)
+        for d in (self.root, *(self._disk_dir(disk) for disk in range(disks))):
+            d.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
+            make_private(d, _DIR_MODE)
         if sync:
             _fsync_dir(str(self.root))
 
@@ -204,10 +213,10 @@ class LocalNode(StorageNode):
         fan_dir = os.path.dirname(job.path)
         try:
             try:
-                fd = os.open(job.path, _CREATE_FLAGS, 0o644)
+                fd = os.open(job.path, _CREATE_FLAGS, _FILE_MODE)
             except FileNotFoundError:
-                os.makedirs(fan_dir, exist_ok=True)
-                fd = os.open(job.path, _CREATE_FLAGS, 0o644)
+                os.makedirs(fan_dir, mode=_DIR_MODE, exist_ok=True)
+                fd = os.open(job.path, _CREATE_FLAGS, _FILE_MODE)
         except FileExistsError:
             raise AlreadyExistsError("chunk already exists", job.chunk_id) from None
         job.created = True
@@ -524,10 +533,32 @@ def _pread_exact(fd: int, n: int, offset: int, chunk_id: str) -> bytes:
 
 
 def _open_chunk(path: str, chunk_id: str) -> int:
+    """A read descriptor of a chunk file that is a regular file. Anything else at its path
+    (a FIFO, whose open or read would block forever; a symlink, which could point anywhere; a
+    directory, a device) is ChunkCorruptError, so readers fall back to other chunks and
+    repair replaces it. ``O_NONBLOCK`` makes the open of a FIFO return at once."""
     try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, _READ_FLAGS)
     except FileNotFoundError:
         raise ChunkNotFoundError("no such chunk", chunk_id) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ChunkCorruptError(
+                "chunk file is a symlink, not a regular file", chunk_id
+            ) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ChunkCorruptError(
+                f"chunk file is {file_kind(st.st_mode)}, not a regular file", chunk_id
+            )
+        # Regular files ignore O_NONBLOCK; cleared so nothing downstream ever sees EAGAIN.
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _chunk_files(disk_dir: Path) -> list[tuple[str, str]]:
@@ -552,9 +583,9 @@ def _is_chunk_id(name: str) -> bool:
 
 
 def _write_torn_file(chunk_id: str, path: str, header: bytes, partial: memoryview) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.makedirs(os.path.dirname(path), mode=_DIR_MODE, exist_ok=True)
     try:
-        fd = os.open(path, _CREATE_FLAGS, 0o644)
+        fd = os.open(path, _CREATE_FLAGS, _FILE_MODE)
     except FileExistsError:
         raise AlreadyExistsError("chunk already exists", chunk_id) from None
     try:
@@ -573,7 +604,10 @@ def _fsync_dir(path: str) -> None:
 
 def _unlink_quiet(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+        try:
+            os.unlink(path)
+        except IsADirectoryError:  # a directory where a chunk was (corruption): if empty
+            os.rmdir(path)
 
 
 def _unlink_best_effort(path: str) -> None:

@@ -34,7 +34,12 @@ from tectonic_emu.chunkstore.base import (
 from tectonic_emu.chunkstore.netem import Pacer, ReadGate, hold
 from tectonic_emu.chunkstore.wire import HEADER_SIZE, FrameError, Header, Op
 from tectonic_emu.coding import crc32c
-from tectonic_emu.errors import ChunkCorruptError, InvalidArgumentError, NodeUnavailableError
+from tectonic_emu.errors import (
+    ChunkCorruptError,
+    InvalidArgumentError,
+    NodeUnavailableError,
+    reason,
+)
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +115,8 @@ class _ClientConnection(asyncio.BufferedProtocol):
         self.transport = transport
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._fail(NodeUnavailableError(f"{self.name}: connection lost ({exc or 'closed'})"))
+        why = reason(exc) if exc is not None else "closed"
+        self._fail(NodeUnavailableError(f"{self.name}: connection lost ({why})"))
 
     def pause_writing(self) -> None:
         self.writer.pause()
@@ -288,7 +294,9 @@ class RemoteNode(StorageNode):
                 self.connect_timeout,
             )
         except (OSError, TimeoutError) as e:
-            raise NodeUnavailableError(f"{name}: cannot connect ({e or 'timed out'})") from None
+            # TimeoutError() says nothing (and an exception is always truthy): name the type.
+            why = "timed out" if isinstance(e, TimeoutError) else reason(e)
+            raise NodeUnavailableError(f"{name}: cannot connect ({why})") from None
         if self.pacer is not None and self.pacer.one_way:
             await hold(2 * self.pacer.one_way)  # TCP's handshake: one round trip
         return conn

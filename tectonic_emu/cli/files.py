@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import click
 
@@ -20,6 +21,7 @@ from tectonic_emu.cli.common import (
 )
 from tectonic_emu.cluster import Cluster
 from tectonic_emu.errors import IsADirectoryError_, NotFoundError
+from tectonic_emu.localfile import atomic_output
 from tectonic_emu.paths import join_path, split_path
 
 
@@ -72,8 +74,18 @@ def put(cluster_dir: Path, local: str, remote: str, encoding: str | None) -> Non
 @cluster_option
 @click.argument("remote")
 @click.argument("local", type=click.Path(dir_okay=False, allow_dash=True, path_type=str))
-def get(cluster_dir: Path, remote: str, local: str) -> None:
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace LOCAL even when it is a symlink, device, FIFO or socket: the entry itself "
+    "becomes a regular file (a link's target, a device, is never written).",
+)
+def get(cluster_dir: Path, remote: str, local: str, force: bool) -> None:
     """Copy REMOTE out of the cluster to a local file (or - for stdout).
+
+    The bytes go to a new private temporary file beside LOCAL, which replaces LOCAL only once
+    the copy is complete and fsync'd. A LOCAL that is a symlink or not a regular file is
+    refused (never followed), unless --force.
 
     \b
     Example:
@@ -88,33 +100,28 @@ def get(cluster_dir: Path, remote: str, local: str) -> None:
         st = await client.stat(remote)
         if st.kind == "dir":
             raise IsADirectoryError_("is a directory", remote)
+        # One reader for the whole copy: it looks the block list up once, where read_into
+        # per piece would scan every block entry of the file for each piece.
+        reader = await client.reader(remote)
         piece = c.config.block_size * 4
-        buf = bytearray(min(piece, max(st.size, 1)))
-        dst = (
-            sys.stdout.buffer
-            if local == "-"
-            else await asyncio.to_thread(open, local + ".part", "wb")
-        )
-        try:
-            with progress_bar(st.size) as bar:
-                task = bar.add_task(f"get {remote}", total=st.size)
+        buf = bytearray(min(piece, max(reader.size, 1)))
+        with contextlib.ExitStack() as stack:
+            dst: BinaryIO = (
+                sys.stdout.buffer
+                if local == "-"
+                else stack.enter_context(atomic_output(Path(local), force=force))
+            )
+            with progress_bar(reader.size) as bar:
+                task = bar.add_task(f"get {remote}", total=reader.size)
                 off = 0
-                while off < st.size:
-                    n = await client.read_into(remote, off, buf)
+                while off < reader.size:
+                    n = await reader.read_into(off, buf)
                     if n == 0:
                         break
                     await asyncio.to_thread(dst.write, memoryview(buf)[:n])
                     off += n
                     bar.advance(task, n)
             dst.flush()
-        except BaseException:
-            if dst is not sys.stdout.buffer:
-                dst.close()
-                os.unlink(local + ".part")
-            raise
-        if dst is not sys.stdout.buffer:
-            dst.close()
-            os.replace(local + ".part", local)
 
     run(with_cluster(cluster_dir, go))
 

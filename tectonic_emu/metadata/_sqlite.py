@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, TypeVar, cast
 
 from tectonic_emu.errors import InvalidArgumentError
+from tectonic_emu.localfile import make_private
 from tectonic_emu.metadata._common import (
     BufferedTransaction,
     DurableStore,
@@ -60,6 +61,18 @@ _ERRNO = {
     14: errno.ENOENT,  # SQLITE_CANTOPEN (usually a missing directory)
     23: errno.EACCES,  # SQLITE_AUTH
 }
+
+
+def _make_private(path: str) -> None:
+    """Create the database file 0600 if missing, and take group and other access away from it
+    and its -wal/-shm (SQLite makes those with the database file's mode). A file that is not
+    ours to chmod is left as it is: SQLite reports what it cannot open."""
+    if path == ":memory:" or path.startswith("file:"):
+        return
+    with contextlib.suppress(FileExistsError, FileNotFoundError, PermissionError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    for p in (path, path + "-wal", path + "-shm"):
+        make_private(p, 0o600)
 
 
 class SQLiteKV(DurableStore):
@@ -197,6 +210,7 @@ class SQLiteKV(DurableStore):
             os.close(fd)
 
     def _connect(self) -> sqlite3.Connection:
+        _make_private(self.path)
         db = sqlite3.connect(
             self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
         )
