@@ -112,3 +112,76 @@ def test_create_refuses_a_table_in_use_and_an_unreachable_database(
     assert b"tectonic-emu: error:" in shown.stderr
     bad = cli("cluster", "create", "--cluster", str(tmp_path / "e"), "--metadata", "mysql://x/y")
     assert bad.returncode != 0 and b"postgresql://" in bad.stderr
+
+
+_HOLDER = """
+import asyncio, sys
+from tectonic_emu.metadata import PostgresKV
+
+async def main() -> None:
+    kv = PostgresKV(sys.argv[1], table=sys.argv[2], lease=float(sys.argv[3]))
+    try:
+        async with kv.transaction() as t:
+            await t.get(b"k")  # takes the lock
+            await t.put(b"k", b"from the stopped holder")
+            print("holding", flush=True)
+            await asyncio.to_thread(sys.stdin.readline)  # SIGSTOPped in here
+    except OSError as exc:
+        print("refused:", exc, flush=True)
+        raise SystemExit(3)
+    print("committed", flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_a_stopped_client_holding_a_transaction_blocks_others_only_for_its_lease(
+    postgres_url: str,
+) -> None:
+    """A client SIGSTOPped while it holds the lock (inside a transaction) is ended by the
+    server after its lease: another client gets the lock instead of waiting for it forever,
+    and the stopped one, resumed, finds its transaction gone, none of it committed."""
+    import signal
+
+    table = fresh_table()
+    lease = 2.0
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, postgres_url, table, str(lease)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "holding"
+        os.kill(holder.pid, signal.SIGSTOP)
+
+        async def other() -> bytes | None:
+            # Without the lease this waits for the lock until busy_timeout and fails EBUSY.
+            kv = PostgresKV(postgres_url, table=table, busy_timeout=lease * 10)
+            try:
+                async with kv.transaction() as t:
+                    await t.put(b"k", b"from the other client")
+                    return await t.get(b"k")
+            finally:
+                await kv.close()
+
+        assert asyncio.run(other()) == b"from the other client"
+        os.kill(holder.pid, signal.SIGCONT)
+        out, _ = holder.communicate("go on\n", timeout=60)
+        assert holder.returncode == 3, out
+        assert "lease" in out and "nothing of it committed" in out, out
+    finally:
+        if holder.poll() is None:
+            os.kill(holder.pid, signal.SIGCONT)
+            holder.kill()
+            holder.wait()
+
+    async def value() -> bytes | None:
+        kv = PostgresKV(postgres_url, table=table)
+        try:
+            return await kv.get(b"k")
+        finally:
+            await kv.close()
+
+    assert asyncio.run(value()) == b"from the other client"

@@ -63,10 +63,17 @@ _ERRNO = {
     "28": errno.EACCES,  # invalid authorization (role, password)
     "3D000": errno.ENOENT,  # invalid_catalog_name: no such database
     "57014": errno.ETIMEDOUT,  # query_canceled (statement_timeout)
+    "25P03": errno.ETIMEDOUT,  # idle_in_transaction_session_timeout: the lease ran out
     "57P": errno.ECONNRESET,  # the server shutting down or restarting
     "08": errno.ECONNRESET,  # connection exceptions
     "53": errno.ENOMEM,  # insufficient resources (but disk_full above)
 }
+
+
+# A transaction that holds the lock and sends nothing for this long (its process paused,
+# stalled or dead) is ended by the server, which rolls it back and frees the lock for the
+# others: nobody waits behind a stopped client for longer than this.
+DEFAULT_LEASE = 5.0
 
 
 def _lock_key(table: str) -> int:
@@ -82,6 +89,11 @@ class PostgresKV(DurableStore):
     one that waits longer than ``busy_timeout`` seconds for its turn fails with
     ``OSError(EBUSY)``. ``synchronous``: ``"full"`` makes every commit durable before it
     returns (by group commit), ``"normal"`` may lose the last commits if the server crashes.
+    ``lease``: a transaction that holds the lock and sends nothing for this many seconds (its
+    process stopped, stalled or dead) is ended by the server (``idle_in_transaction_session_
+    timeout``), which rolls it back and frees the lock; its own commit then fails with
+    ``OSError(ECONNRESET)`` saying nothing of it committed. A transaction never continues on
+    another connection than the one it began on.
 
     Connections open on first use; ``await PostgresKV.open(...)`` opens them at once, so an
     unreachable server or a missing database fails there. Errors: every failure is an
@@ -100,7 +112,10 @@ class PostgresKV(DurableStore):
         synchronous: Synchronous = "full",
         busy_timeout: float = 30.0,
         connect_timeout: float = 10.0,
+        lease: float = DEFAULT_LEASE,
     ) -> None:
+        if not lease > 0:
+            raise InvalidArgumentError("a transaction lease must be more than 0 seconds", lease)
         if synchronous not in ("full", "normal"):
             raise InvalidArgumentError("synchronous must be 'full' or 'normal'", synchronous)
         if not _TABLE.fullmatch(table):
@@ -116,6 +131,7 @@ class PostgresKV(DurableStore):
         self.synchronous: Synchronous = synchronous
         self.busy_timeout = busy_timeout
         self.connect_timeout = connect_timeout
+        self.lease = lease
         self._key = _lock_key(table)
         self._conn: Any = None  # transactions' connection (asyncpg.Connection)
         self._pool: asyncio.Future[Any] | None = None  # reads outside transactions: a Pool
@@ -293,6 +309,11 @@ class PostgresKV(DurableStore):
             message = f"metadata store: {exc}"
             if state == "55P03":
                 message += f" (waited {self.busy_timeout:g} s for other transactions)"
+            elif state == "25P03":
+                message = (
+                    f"metadata store: this transaction sat idle past its {self.lease:g} s "
+                    "lease holding the lock; the server ended it and nothing of it committed"
+                )
             return OSError(err, message, self._where)
         if isinstance(exc, asyncpg.InterfaceError):
             return OSError(errno.ECONNRESET, f"metadata store: {exc}", self._where)
@@ -358,12 +379,20 @@ class _Statements:
         self.scan_all = f"SELECT k, v FROM {t} WHERE k >= $1 ORDER BY k LIMIT $2"
 
     @staticmethod
-    def begin(busy_timeout: float, key: int, asynchronous: bool = False) -> str:
-        """One round trip: begin, bound the wait for the lock, take it."""
+    def begin(
+        busy_timeout: float, key: int, asynchronous: bool = False, lease: float | None = None
+    ) -> str:
+        """One round trip: begin, bound the wait for the lock and the holder's idle time
+        (the lease), take it."""
         sync = "SET LOCAL synchronous_commit = off; " if asynchronous else ""
+        idle = (
+            f"SET LOCAL idle_in_transaction_session_timeout = {max(1, int(lease * 1000))}; "
+            if lease is not None
+            else ""
+        )
         return (
             "BEGIN ISOLATION LEVEL READ COMMITTED; "
-            f"SET LOCAL lock_timeout = {max(1, int(busy_timeout * 1000))}; {sync}"
+            f"SET LOCAL lock_timeout = {max(1, int(busy_timeout * 1000))}; {sync}{idle}"
             f"SELECT pg_advisory_xact_lock({key})"
         )
 
@@ -395,6 +424,7 @@ class _PostgresTransaction(BufferedTransaction):
     def __init__(self, store: PostgresKV, durable: bool = True) -> None:
         super().__init__(store, durable)
         self._begun = False  # BEGIN (and the lock) reached the server
+        self._conn: Any = None  # the connection it began on
         self._interrupted = False  # a call was cancelled or failed mid-flight
 
     @property
@@ -412,12 +442,44 @@ class _PostgresTransaction(BufferedTransaction):
 
     async def _begin(self) -> Any:
         store = self._store
+        if self._begun:
+            # The connection it began on, or nothing: the server ended the session (the
+            # lease ran out, a reset), rolled the transaction back and freed the lock, and
+            # another connection would run the rest in autocommit, half a transaction.
+            conn = store._conn
+            if conn is None or conn is not self._conn or conn.is_closed():
+                raise self._session_ended()
+            return conn
         conn = await store._connection()
-        if not self._begun:
-            sql = store._sql.begin(store.busy_timeout, store._key, asynchronous=True)
-            self._begun = True
-            await conn.execute(sql)
+        sql = store._sql.begin(store.busy_timeout, store._key, asynchronous=True, lease=store.lease)
+        self._begun = True
+        self._conn = conn
+        await conn.execute(sql)
         return conn
+
+    def _session_ended(self) -> OSError:
+        return OSError(
+            errno.ECONNRESET,
+            "metadata store: this transaction's session ended before it committed (the server "
+            f"ends one idle past its {self._store.lease:g} s lease, or it was restarted or "
+            "reset); nothing of it committed",
+            self._store._where,
+        )
+
+    def _mapped(self, exc: Exception) -> OSError | None:
+        """``exc`` as an OSError: a begun transaction whose connection failed under it (the
+        server ended the session) says so; else the store's mapping."""
+        import asyncpg
+
+        if self._begun and isinstance(
+            exc,
+            asyncpg.InterfaceError
+            | asyncpg.exceptions.InternalClientError
+            | asyncpg.exceptions.IdleInTransactionSessionTimeoutError
+            | asyncpg.exceptions.ConnectionDoesNotExistError,
+        ):
+            return self._session_ended()
+        return self._store._os_error(exc)
 
     async def _send_commit(self, writes: Writes) -> None:
         store = self._store
@@ -428,7 +490,7 @@ class _PostgresTransaction(BufferedTransaction):
             await conn.execute("COMMIT")
         except BaseException as exc:
             await store._drop_connection()  # whatever was open is rolled back by the server
-            if isinstance(exc, Exception) and (mapped := store._os_error(exc)) is not None:
+            if isinstance(exc, Exception) and (mapped := self._mapped(exc)) is not None:
                 raise mapped from exc
             raise
 
@@ -445,9 +507,14 @@ class _PostgresTransaction(BufferedTransaction):
 
         async def work() -> _T:
             conn = await self._begin()
-            if writes:
-                await store._sql.apply(conn, writes)
-            return await job(conn)
+            try:
+                if writes:
+                    await store._sql.apply(conn, writes)
+                return await job(conn)
+            except Exception as exc:
+                if isinstance(exc, OSError) or (mapped := self._mapped(exc)) is None:
+                    raise
+                raise mapped from exc
 
         try:
             return await store._call(work)
