@@ -115,7 +115,9 @@ class PostgresKV(DurableStore):
         lease: float = DEFAULT_LEASE,
     ) -> None:
         if not lease > 0:
-            raise InvalidArgumentError("a transaction lease must be more than 0 seconds", lease)
+            raise InvalidArgumentError(
+                f"a transaction lease must be more than 0 seconds, not {lease!r}"
+            )
         if synchronous not in ("full", "normal"):
             raise InvalidArgumentError("synchronous must be 'full' or 'normal'", synchronous)
         if not _TABLE.fullmatch(table):
