@@ -92,6 +92,19 @@ class ClusterNotFoundError(TectonicError, FileNotFoundError):
     default_errno = _errno.ENOENT
 
 
+class ClusterBusyError(TectonicError):
+    """Another process owns the cluster (``owner.py``): a second owner is refused."""
+
+    default_errno = _errno.EBUSY
+
+
+class MetadataLostError(TectonicError):
+    """The cluster's metadata is missing, empty or another cluster's: the message names the
+    fix (``meta restore --latest``, ``meta load``). Never an empty namespace instead."""
+
+    default_errno = _errno.EIO
+
+
 # -- availability and integrity --------------------------------------------------------------
 class NotEnoughNodesError(TectonicError):
     """Fewer live nodes (or disks) than the encoding needs to place a block."""
@@ -142,6 +155,7 @@ __all__ = [
     "AlreadyExistsError",
     "ChunkCorruptError",
     "ChunkNotFoundError",
+    "ClusterBusyError",
     "ClusterNotFoundError",
     "DataUnavailableError",
     "DirectoryNotEmptyError",
@@ -149,6 +163,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidPathError",
     "IsADirectoryError_",
+    "MetadataLostError",
     "NameTooLongError",
     "NoSpaceError",
     "NodeUnavailableError",

@@ -74,6 +74,11 @@ def _setup_logging() -> None:
     "--gc-grace", default="600s", show_default=True, help="Age before garbage is collected."
 )
 @click.option(
+    "--backup-interval",
+    default=None,
+    help="Pause between metadata backups onto the nodes (0: off) [default: the cluster's].",
+)
+@click.option(
     "--background",
     is_flag=True,
     help="Return once every node is live; the log goes to DIR/serve.log.",
@@ -89,6 +94,7 @@ def serve_cmd(
     scrub_interval: str,
     scrub_rate: str,
     gc_grace: str,
+    backup_interval: str | None,
     background: bool,
     stop: bool,
 ) -> None:
@@ -119,6 +125,7 @@ def serve_cmd(
         scrub_interval=parse_duration(scrub_interval),
         scrub_rate=float(parse_size(scrub_rate)),
         gc_grace=parse_duration(gc_grace),
+        backup_interval=None if backup_interval is None else parse_duration(backup_interval),
     )
     if background:
         log = cluster_dir / "serve.log"
@@ -129,6 +136,8 @@ def serve_cmd(
         }
         raw |= {"repair_interval": repair_interval, "repair_after": repair_after}
         raw |= {"scrub_interval": scrub_interval, "scrub_rate": scrub_rate, "gc_grace": gc_grace}
+        if backup_interval is not None:
+            raw["backup_interval"] = backup_interval
         serving = Serving(cluster_dir, log=log, detach=True, **raw).start()
         assert serving.proc is not None
         click.echo(
