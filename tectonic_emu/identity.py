@@ -101,6 +101,17 @@ async def check_metadata(root: Path, config: ClusterConfig, kv: KVStore) -> None
         )
 
 
+async def check_store(root: Path, config: ClusterConfig, open_store: Callable[[], KVStore]) -> None:
+    """``check_missing_file`` and ``check_metadata`` on a store opened (``open_store()``)
+    and closed for the purpose: ``serve`` runs it before it starts any node."""
+    check_missing_file(root, config)
+    kv = open_store()
+    try:
+        await check_metadata(root, config, kv)
+    finally:
+        await kv.close()
+
+
 async def adopt_if_empty(kv: KVStore, config: ClusterConfig) -> None:
     """Make an empty store the caller chose (``Cluster.open(kv=MemoryKV())``) this cluster's."""
     if not await kv.scan(b"", limit=1):
@@ -147,6 +158,7 @@ __all__ = [
     "RESTORE_HINT",
     "adopt_if_empty",
     "check_metadata",
+    "check_store",
     "check_missing_file",
     "init_metadata",
     "set_aside_damaged",

@@ -253,9 +253,13 @@ class Supervisor:
             got.release()  # after the nodes have stopped: they are the owner's
 
     async def _run(self, stop: asyncio.Event, ready: asyncio.Event | None) -> None:
-        from tectonic_emu.cluster import Cluster
+        from tectonic_emu.cluster import Cluster, metadata_store
+        from tectonic_emu.identity import check_store
         from tectonic_emu.services.background import repair_loop, scrub_loop
         from tectonic_emu.services.backup import backup_loop
+
+        # Lost metadata stops serve before any node starts (Cluster.open would, after).
+        await check_store(self.root, self.config, lambda: metadata_store(self.root, self.config))
 
         info = read_serve_file(self.root)
         if info is not None and is_local(info.get("hostname", "")) and pid_alive(int(info["pid"])):
