@@ -142,12 +142,36 @@ def claim(root: Path, mode: Mode) -> Ownership | Holder:
         return own
 
 
+def live_holder(root: Path) -> Holder | None:
+    """Who owns the cluster at ``root`` now, or None when nobody does (the lock is free; a
+    probe that takes and drops it at once). A process's own hold counts too."""
+    path = _lock_path(root)
+    with _registry_lock:
+        mine = _held.get(str(path))
+        if mine is not None and mine.holder.pid == os.getpid():
+            return mine.holder
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return read_holder(root) or Holder(0, "?", 0.0, "unknown")
+    finally:
+        os.close(fd)  # drops the probe's shared lock, if it got one
+    return None
+
+
 def busy_error(root: Path, holder: Holder) -> ClusterBusyError:
     """The one-line refusal of a second owner, naming the holder and what to do."""
-    if holder.mode == "unknown":
-        who = "another process (it has not said which yet)"
-    else:
-        who = holder.describe()
+    if holder.mode == "served":
+        return ClusterBusyError(
+            f"the cluster is already served by {holder.describe()}: use it as a client, or "
+            "stop it first (`tectonic-emu serve --stop`)",
+            str(root),
+        )
+    who = holder.describe() if holder.mode == "embedded" else "another process"
     return ClusterBusyError(
         f"the cluster is owned by {who}; one process owns a cluster: wait for it, or "
         "serve the cluster (`tectonic-emu serve`) for many processes to share it",
@@ -183,6 +207,7 @@ __all__ = [
     "Ownership",
     "busy_error",
     "claim",
+    "live_holder",
     "read_holder",
     "take_ownership",
 ]

@@ -104,6 +104,11 @@ def test_serve_is_refused_while_an_embedded_process_owns_the_cluster(
     assert read_address(root, 0) is None  # no node was started
 
 
+def test_a_node_is_not_served_beside_an_embedded_owner(root: Path, holder: Holder) -> None:
+    fails("node", "serve", "--node", "1", cluster=root, mentions=f"pid {holder.proc.pid}")
+    assert read_address(root, 1) is None
+
+
 def test_one_process_may_open_its_cluster_many_times(root: Path) -> None:
     async def go() -> list[bool]:
         async with Cluster.open(root) as a, Cluster.open(root) as b:
