@@ -20,6 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tectonic_emu import Cluster
+from tectonic_emu.client import Client
 from tectonic_emu.config import METADATA_FILE
 from tectonic_emu.errors import AlreadyExistsError, InvalidArgumentError, MetadataLostError
 from tectonic_emu.metadata import KVStore, MemoryKV, SQLiteKV
@@ -378,3 +379,63 @@ def test_a_backup_needs_its_copies_on_live_nodes(tmp_path: Path) -> None:
         assert [b.id for b in await list_backups(c.nodes)] == [info.id]
 
     run_with(root, go)
+
+
+# -- a namespace, through the client, dumped and loaded on MemoryKV ----------------------------
+names = st.text(alphabet="abcxyz019_.-", min_size=1, max_size=8).filter(
+    lambda s: s not in (".", "..")
+)
+trees = st.recursive(
+    st.binary(max_size=3 * 4096),
+    lambda sub: st.dictionaries(names, sub, min_size=1, max_size=4),
+    max_leaves=12,
+)
+
+
+async def _build(client: Client, path: str, tree: object) -> None:
+    if isinstance(tree, bytes):
+        await client.write_file(path, tree)
+        return
+    assert isinstance(tree, dict)
+    if path != "/":
+        await client.mkdir(path)
+    for name, sub in tree.items():
+        await _build(client, path.rstrip("/") + "/" + name, sub)
+
+
+async def _walk(client: Client, path: str = "/") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for e in await client.scandir(path):
+        child = path.rstrip("/") + "/" + e.name
+        st_ = await client.stat(child)
+        if e.kind == "dir":
+            out[e.name] = (e.id, await _walk(client, child))
+        else:
+            out[e.name] = (e.id, st_.size, await client.read_file(child))
+    return out
+
+
+@pytest.fixture(scope="module")
+def small_cluster(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_cluster(
+        tmp_path_factory.mktemp("ns") / "c", nodes=3, encoding="r3", block_size=4096
+    )
+
+
+@given(tree=st.dictionaries(names, trees, max_size=5))
+def test_a_namespace_round_trips_exactly_through_dump_and_load(
+    small_cluster: Path, tree: dict[str, object]
+) -> None:
+    async def go() -> None:
+        async with Cluster.open(small_cluster, kv=MemoryKV()) as c:
+            await _build(c.client(), "/", tree)
+            before = await _walk(c.client())
+            buf = io.BytesIO()
+            await dump(c.meta.kv, buf, created=0.0)
+        buf.seek(0)
+        fresh = MemoryKV()
+        await load(fresh, buf)
+        async with Cluster.open(small_cluster, kv=fresh) as c:
+            assert await _walk(c.client()) == before
+
+    asyncio.run(go())
