@@ -284,6 +284,7 @@ class Cluster:
         write_ack: str | None = None,
         kv: KVStore | None = None,
         recover: bool = False,
+        exclusive: bool = False,
     ) -> AsyncIterator[Cluster]:
         """Open an existing cluster for the duration of the ``async with`` block.
 
@@ -293,11 +294,14 @@ class Cluster:
         ``kv``: the metadata store to use instead of the cluster's SQLite file (``MemoryKV``
         for benches of the layers alone); it is closed with the cluster. ``recover``: open
         even when the metadata is missing, empty or another cluster's, and create nothing in
-        it (for ``meta restore`` and ``meta load``).
+        it (for ``meta backups``, ``meta restore`` and ``meta load``). ``exclusive``: with the
+        cluster to this process alone (``meta restore`` and ``meta load`` replace the metadata
+        under everyone).
 
-        Embedded, the process owns the cluster until the block exits (``owner.py``), and on a
+        Embedded, the process holds the cluster until the block exits, shared with other
+        embedded processes of this host but never with a ``serve`` (``owner.py``), and on a
         normal exit takes a metadata backup when one is due (``backup_interval``). Served
-        (a ``serve`` owns it), the process is one of its clients.
+        (a ``serve`` holds it), the process is one of its clients.
 
         Raises ClusterNotFoundError when ``path`` holds no cluster, ClusterBusyError when
         another process owns it (the line names it), MetadataLostError when its metadata is
@@ -306,7 +310,7 @@ class Cluster:
         root = Path(path)
         config = ClusterConfig.load(root)
         given = kv is not None
-        ownership, served = take_ownership(root, config)
+        ownership, served = take_ownership(root, config, exclusive=exclusive)
         try:
             if not given and not recover:
                 check_missing_file(root, config)

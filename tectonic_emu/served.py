@@ -47,7 +47,7 @@ from tectonic_emu.nodectl import (
     write_address,
     write_serve_file,
 )
-from tectonic_emu.owner import Ownership, busy_error, claim, live_holder
+from tectonic_emu.owner import Ownership, busy_error, claim, live_holders
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +85,9 @@ async def run_node(
         and pid_alive(current.pid)
     ):
         raise AlreadyExistsError(f"node {n} is already served by pid {current.pid}")
-    owner = None if configured else live_holder(root)
-    if owner is not None and owner.mode == "embedded":
-        raise busy_error(root, owner)  # it reads and writes the node directories itself
+    owners = [] if configured else [h for h in live_holders(root) if h.mode != "served"]
+    if owners:
+        raise busy_error(root, owners)  # they read and write the node directories themselves
     (node_dir(root, n) / STOP_MARKER).unlink(missing_ok=True)
     node = LocalNode(node_dir(root, n), n, config.disks_per_node, sync=config.sync)
     server = NodeServer(

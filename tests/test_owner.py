@@ -1,7 +1,8 @@
 """One owner per cluster (issue 19): a lock with liveness decides embedded or served.
 
-Real processes throughout: a second embedded process, a second ``serve``, a SIGKILLed
-``serve`` (whose nodes die with it) and a SIGSTOPped node that outlives its supervisor.
+Real processes throughout: embedded processes beside each other and beside an exclusive one
+(a metadata restore), a second ``serve``, a SIGKILLed ``serve`` (whose nodes die with it) and
+a SIGSTOPped node that outlives its supervisor.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import asyncio, sys
 from tectonic_emu import Cluster
 
 async def main():
-    async with Cluster.open(sys.argv[1]) as c:
+    async with Cluster.open(sys.argv[1], exclusive=sys.argv[2] == "exclusive") as c:
         print("owned" if c.owned else "client", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
 
@@ -42,9 +43,9 @@ asyncio.run(main())
 class Holder:
     """A process that opens the cluster and keeps it open until told (or killed)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, mode: str = "embedded") -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", HOLD, str(root)],
+            [sys.executable, "-c", HOLD, str(root), mode],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
@@ -74,27 +75,50 @@ def holder(root: Path) -> Iterator[Holder]:
         h.proc.wait(30)
 
 
-def test_a_second_embedded_process_is_refused_with_the_holder_named(
-    root: Path, holder: Holder
+def test_embedded_processes_share_but_not_with_an_exclusive_one(
+    root: Path, holder: Holder, tmp_path: Path
 ) -> None:
     assert holder.said == "owned"
-    line = fails("ls", "/", cluster=root, mentions=f"pid {holder.proc.pid}")
+    ok("mkdir", "/beside", cluster=root)  # ranks of one job, a mount and the CLI: shared
+    ok("meta", "dump", str(tmp_path / "m.dump"), cluster=root)
+    line = fails(
+        "meta", "load", "--force", str(tmp_path / "m.dump"), cluster=root,
+        mentions=f"pid {holder.proc.pid}",
+    )  # fmt: skip
     assert "embedded" in line and socket.gethostname() in line and "since" in line
 
     async def go() -> None:
-        async with Cluster.open(root):
+        async with Cluster.open(root, exclusive=True):
             pass
 
     with pytest.raises(ClusterBusyError, match=f"pid {holder.proc.pid}"):
         asyncio.run(go())
     holder.close()
-    ok("ls", "/", cluster=root)  # the owner has gone: the cluster is free
+    ok("meta", "load", "--force", str(tmp_path / "m.dump"), cluster=root)  # alone now
+
+
+def test_nothing_else_opens_a_cluster_held_exclusively(root: Path) -> None:
+    restoring = Holder(root, "exclusive")
+    try:
+        assert restoring.said == "owned"
+        line = fails("ls", "/", cluster=root, mentions=f"pid {restoring.proc.pid}")
+        assert "exclusive" in line
+        fails("serve", cluster=root, mentions=f"pid {restoring.proc.pid}")
+    finally:
+        restoring.close()
+    ok("ls", "/", cluster=root)
 
 
 def test_a_killed_owner_holds_nothing(root: Path, holder: Holder) -> None:
     holder.proc.kill()
     holder.proc.wait(30)
-    ok("mkdir", "/after", cluster=root)  # no stale lock to clear: the kernel dropped it
+    # No stale lock to clear: the kernel dropped it, and its record names a dead process.
+
+    async def go() -> bool:
+        async with Cluster.open(root, exclusive=True) as c:
+            return c.owned
+
+    assert asyncio.run(go())
 
 
 def test_serve_is_refused_while_an_embedded_process_owns_the_cluster(

@@ -126,7 +126,7 @@ def load_cmd(cluster_dir: Path, file: Path, force: bool, as_json: bool) -> None:
 
     async def go(src: BinaryIO) -> tuple[SnapshotInfo, Path | None]:
         aside = await _open_for_replace(cluster_dir)
-        async with Cluster.open(cluster_dir, recover=True) as c:
+        async with Cluster.open(cluster_dir, recover=True, exclusive=True) as c:
             await _replaceable(c, force, "load a dump")
             info = await load(c.meta.kv, src, replace=True, cluster_id=c.config.cluster_id)
             return info, aside
@@ -223,7 +223,7 @@ def restore_cmd(
 
     async def go() -> dict[str, Any]:
         aside = await _open_for_replace(cluster_dir)
-        async with Cluster.open(cluster_dir, recover=True) as c:
+        async with Cluster.open(cluster_dir, recover=True, exclusive=True) as c:
             why = await _replaceable(c, force, "restore a backup")
             info, snap, skipped = await restore(
                 c.nodes, c.meta.kv, cluster_id=c.config.cluster_id, backup_id=backup_id
