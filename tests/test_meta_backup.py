@@ -164,6 +164,15 @@ def test_restore_skips_a_damaged_newest_backup(
     assert "late.bin" not in ok("ls", "/", cluster=root).decode()
 
 
+def test_restore_without_a_backup_says_so_and_changes_nothing(tmp_path: Path) -> None:
+    root = make_cluster(tmp_path / "c", nodes=3, encoding="r3")
+    drop_metadata(root)
+    assert ok_json("meta", "backups", cluster=root) == []  # listing needs no metadata
+    fails("meta", "restore", "--latest", cluster=root, mentions="no complete backup")
+    fails("meta", "restore", "--id", "20260101t000000000z-0000", cluster=root, mentions="no backup")
+    fails("ls", "/", cluster=root, mentions=FIX)  # still lost, not emptied into a namespace
+
+
 def test_a_damaged_sqlite_file_is_set_aside(populated: tuple[Path, bytes, bytes]) -> None:
     root, _, _ = populated
     db = root / METADATA_FILE
