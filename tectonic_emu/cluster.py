@@ -310,7 +310,12 @@ class Cluster:
         root = Path(path)
         config = ClusterConfig.load(root)
         given = kv is not None
-        ownership, served = take_ownership(root, config, exclusive=exclusive)
+        try:
+            ownership, served = take_ownership(root, config, exclusive=exclusive)
+        except BaseException:
+            if kv is not None:
+                await kv.close()  # it is ours to close, as on every other way out
+            raise
         try:
             if not given and not recover:
                 check_missing_file(root, config)

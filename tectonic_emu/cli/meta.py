@@ -228,7 +228,7 @@ def restore_cmd(
             info, snap, skipped = await restore(
                 c.nodes, c.meta.kv, cluster_id=c.config.cluster_id, backup_id=backup_id
             )
-            lost = await unaccounted(c.nodes, c.meta)
+            lost = await unaccounted(c.nodes, c.meta, since=info.created)
         return {
             "backup": info.to_dict(),
             "keys": snap.keys,
@@ -237,6 +237,7 @@ def restore_cmd(
             "skipped": skipped,
             "lost_chunks": lost.chunks,
             "lost_bytes": lost.nbytes,
+            "older_unreferenced_chunks": lost.older,
             "unreadable_blocks": lost.blocks_lost,
         }
 
@@ -254,6 +255,12 @@ def restore_cmd(
         f"lost: writes after {_when(b['created'])}: {out['lost_chunks']} chunks "
         f"({human_bytes(out['lost_bytes'])}) on the nodes belong to no restored file "
         "(repair collects them)"
+        + (
+            f"; {out['older_unreferenced_chunks']} older unreferenced chunks (garbage, or "
+            "blocks in flight when the backup was taken)"
+            if out["older_unreferenced_chunks"]
+            else ""
+        )
         + (
             f"; {out['unreadable_blocks']} restored blocks lack the chunks to be read "
             "(files deleted after the backup)"

@@ -332,35 +332,37 @@ async def restore(
 class Unaccounted:
     """What the nodes and a (restored) namespace disagree on."""
 
-    chunks: int  # chunk files no block references (written after the backup, or garbage)
+    chunks: int  # chunk files no block references, written since the backup: lost writes
     nbytes: int
+    older: int  # chunk files no block references, from before it (garbage, or in flight then)
     blocks_lost: int  # blocks too few of whose chunks are on the nodes to read
 
 
-async def unaccounted(nodes: Sequence[StorageNode], meta: Metadata) -> Unaccounted:
-    """Compare the nodes' chunks with the Block layer: after a restore, chunks no block
-    references are the writes made after the backup (now lost), and blocks without enough
-    chunks are files deleted (and collected) after it."""
-    sizes: dict[str, int] = {}
-    present: set[tuple[int, int, str]] = set()
+async def unaccounted(nodes: Sequence[StorageNode], meta: Metadata, *, since: float) -> Unaccounted:
+    """Compare the nodes' chunks with the Block layer, after a restore of a backup taken at
+    ``since``: chunks no block references and written since then are the writes lost with
+    the newer metadata; blocks without enough chunks to read are files deleted (and
+    collected) after the backup."""
+    unnamed: dict[tuple[int, int, str], tuple[int, float]] = {}
     for node in nodes:
         if not node.available:
             continue
         for d in range(node.disks):
             with contextlib.suppress(NodeUnavailableError):
                 for c in await node.list_chunks(d):
-                    present.add((node.node_id, d, c.chunk_id))
                     if not c.chunk_id.startswith(PREFIX):
-                        sizes[c.chunk_id] = c.stored_len
+                        unnamed[(node.node_id, d, c.chunk_id)] = (c.stored_len, c.mtime)
+    present = set(unnamed)
     lost = 0
     async for rec in meta.iter_blocks():
-        for p in rec.chunks:
-            sizes.pop(p.chunk_id, None)
+        where = [(p.node, p.disk, p.chunk_id) for p in rec.chunks]
         need = Encoding.parse(rec.encoding).data  # 1 for replicas
-        have = sum((p.node, p.disk, p.chunk_id) in present for p in rec.chunks)
-        if rec.length > 0 and have < need:
+        if rec.length > 0 and sum(w in present for w in where) < need:
             lost += 1
-    return Unaccounted(len(sizes), sum(sizes.values()), lost)
+        for w in where:
+            unnamed.pop(w, None)
+    newer = [size for size, mtime in unnamed.values() if mtime >= since]
+    return Unaccounted(len(newer), sum(newer), len(unnamed) - len(newer), lost)
 
 
 async def backup_due(kv: KVStore, *, interval: float, since: float, now: float) -> bool:
