@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from tectonic_emu import Cluster
 from tectonic_emu.client import Client
-from tectonic_emu.config import METADATA_FILE
+from tectonic_emu.config import METADATA_FILE, ClusterConfig
 from tectonic_emu.errors import AlreadyExistsError, InvalidArgumentError, MetadataLostError
 from tectonic_emu.metadata import KVStore, MemoryKV, SQLiteKV
 from tectonic_emu.metadata.snapshot import CLUSTER_KEY, dump, load, verify
@@ -446,5 +446,52 @@ def test_a_namespace_round_trips_exactly_through_dump_and_load(
         await load(fresh, buf)
         async with Cluster.open(small_cluster, kv=fresh) as c:
             assert await _walk(c.client()) == before
+
+    asyncio.run(go())
+
+
+class _CutOff(io.BytesIO):
+    """A dump stream whose reads fail after ``budget`` of them once it is read a second time
+    (the writing pass of ``load``): a disk error, or the process dying, mid-load."""
+
+    def __init__(self, data: bytes, budget: int) -> None:
+        super().__init__(data)
+        self.passes = 0
+        self.budget = budget
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self.passes += 1
+        return super().seek(pos, whence)
+
+    def read(self, n: int | None = -1) -> bytes:
+        if self.passes >= 1:
+            self.budget -= 1
+            if self.budget < 0:
+                raise OSError(5, "Input/output error")
+        return super().read(n)
+
+
+@given(pairs=stores, budget=st.integers(0, 200))
+def test_a_load_cut_short_leaves_a_store_that_opening_refuses(
+    pairs: dict[bytes, bytes], budget: int
+) -> None:
+    from tectonic_emu.identity import check_metadata
+
+    async def go() -> None:
+        src = MemoryKV()
+        await _fill(src, pairs)
+        buf = io.BytesIO()
+        await dump(src, buf, created=4.0, batch=3)
+        dst = MemoryKV()
+        await _fill(dst, {b"old": b"namespace"})
+        stream = _CutOff(buf.getvalue(), budget)
+        try:
+            await load(dst, stream, replace=True, batch=3)
+        except OSError:
+            config = ClusterConfig(nodes=3, encoding="r3", cluster_id="c0ffee")
+            with pytest.raises(MetadataLostError, match="incomplete"):
+                await check_metadata(Path("."), config, dst)
+            return
+        assert await _everything(dst) == await _everything(src)  # the budget sufficed
 
     asyncio.run(go())
