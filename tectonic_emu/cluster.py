@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+import secrets
 import signal
 import threading
 import time
@@ -53,18 +55,22 @@ from tectonic_emu.errors import (
     InvalidArgumentError,
     NodeUnavailableError,
 )
+from tectonic_emu.identity import adopt_if_empty, check_metadata, check_missing_file, init_metadata
 from tectonic_emu.metadata import KVStore, PostgresKV, SQLiteKV
 from tectonic_emu.metadata.layers import Metadata
 from tectonic_emu.metadata.records import BlockRecord
 from tectonic_emu.nodectl import (
     STOP_MARKER,
     control,
-    is_served,
     node_dir,
     read_address,
     signal_node,
 )
+from tectonic_emu.owner import take_ownership
 from tectonic_emu.placement import spread_is_short
+from tectonic_emu.services.backup import backup_due, prune, take_backup
+
+log = logging.getLogger(__name__)
 
 # Threads for blocking chunk I/O, shared by all nodes of the cluster. Chunk writes block in
 # fdatasync most of their time, so more threads than cores keep the disk queue full.
@@ -96,7 +102,7 @@ def _same_cluster(found: ClusterConfig, asked: ClusterConfig, root: Path) -> Clu
     the first one that differs."""
     mine, theirs = asdict(asked), asdict(found)
     for key in mine:
-        if key != "created" and mine[key] != theirs.get(key):
+        if key not in ("created", "cluster_id") and mine[key] != theirs.get(key):
             raise AlreadyExistsError(
                 f"a cluster with {key} {theirs.get(key)!r}, not {mine[key]!r}, is already here",
                 str(root),
@@ -187,6 +193,9 @@ class ClusterStatus:
 class Cluster:
     """An open cluster. Use ``Cluster.create`` once, then ``async with Cluster.open(dir)``."""
 
+    #: Whether this process owns the cluster (embedded); False for a served client.
+    owned: bool = False
+
     def __init__(
         self,
         path: Path,
@@ -234,6 +243,8 @@ class Cluster:
         nic_gbps: float = 0.0,
         rtt_ms: float = 0.0,
         loss: float = 0.0,
+        backup_interval: float = 3600.0,
+        backup_keep: int = 24,
         exist_ok: bool = False,
     ) -> ClusterConfig:
         """Make a new cluster in ``path`` (created if missing; must not hold a cluster).
@@ -248,7 +259,9 @@ class Cluster:
         ``host:port`` per node, where ``tectonic-emu node serve --node N`` runs node N on its
         own host, for a cluster that spans hosts (``docs/deploy.md``). ``nic_gbps``,
         ``rtt_ms``, ``loss``: the emulated network between the hosts of a served or
-        multi-host cluster (``chunkstore/netem.py``).
+        multi-host cluster (``chunkstore/netem.py``). ``backup_interval``: seconds between
+        metadata backups onto the nodes (0: none), of which the newest ``backup_keep`` are
+        kept (``services/backup.py``).
 
         Raises AlreadyExistsError (also for a metadata table in use), UnknownEncodingError,
         InvalidArgumentError (ArgumentTypeError for an argument of the wrong type), and
@@ -270,6 +283,9 @@ class Cluster:
             nic_gbps=nic_gbps,
             rtt_ms=rtt_ms,
             loss=loss,
+            backup_interval=backup_interval,
+            backup_keep=backup_keep,
+            cluster_id=secrets.token_hex(8),
             created=time.time(),
         )
         if (root / CONFIG_FILE).exists():
@@ -284,6 +300,7 @@ class Cluster:
         for n in range(nodes):
             for d in range(disks_per_node):
                 (node_dir(root, n) / f"d{d}").mkdir(parents=True, exist_ok=True)
+        init_metadata(lambda: metadata_store(root, config), config)
         config.save(root)  # last: a cluster.json means the cluster is complete
         return config
 
@@ -295,6 +312,8 @@ class Cluster:
         *,
         write_ack: str | None = None,
         kv: KVStore | None = None,
+        recover: bool = False,
+        exclusive: bool = False,
     ) -> AsyncIterator[Cluster]:
         """Open an existing cluster for the duration of the ``async with`` block.
 
@@ -302,12 +321,55 @@ class Cluster:
         embedded default), ``"quorum"`` once all but one are (the served default: a slow or
         dying node does not hold writers back; repair rebuilds a chunk that never lands).
         ``kv``: the metadata store to use instead of the cluster's SQLite file (``MemoryKV``
-        for benches of the layers alone); it is closed with the cluster.
+        for benches of the layers alone); it is closed with the cluster. ``recover``: open
+        even when the metadata is missing, empty or another cluster's, and create nothing in
+        it (for ``meta backups``, ``meta restore`` and ``meta load``). ``exclusive``: with the
+        cluster to this process alone (``meta restore`` and ``meta load`` replace the metadata
+        under everyone).
+
+        Embedded, the process holds the cluster until the block exits, shared with other
+        embedded processes of this host but never with a ``serve`` (``owner.py``), and on a
+        normal exit takes a metadata backup when one is due (``backup_interval``). Served
+        (a ``serve`` holds it), the process is one of its clients.
+
         Raises ClusterNotFoundError when ``path`` holds no cluster, ArgumentTypeError when
-        ``path`` is not a path.
+        ``path`` is not a path, ClusterBusyError when another process owns it (the line names
+        it), MetadataLostError when its metadata is missing, empty, damaged or another
+        cluster's (the line names the fix).
         """
         root = Path(path_arg("Cluster.open", "path", path))
         config = ClusterConfig.load(root)
+        given = kv is not None
+        try:
+            ownership, served = take_ownership(root, config, exclusive=exclusive)
+        except BaseException:
+            if kv is not None:
+                await kv.close()  # it is ours to close, as on every other way out
+            raise
+        try:
+            if not given and not recover:
+                check_missing_file(root, config)
+            async with cls._open(root, config, write_ack, kv, served, recover) as cluster:
+                cluster.owned = ownership is not None
+                yield cluster
+                if cluster.owned and not given and not recover:
+                    await cluster._backup_if_due()
+        finally:
+            if ownership is not None:
+                ownership.release()
+
+    @classmethod
+    @asynccontextmanager
+    async def _open(
+        cls,
+        root: Path,
+        config: ClusterConfig,
+        write_ack: str | None,
+        kv: KVStore | None,
+        served: bool,
+        recover: bool,
+    ) -> AsyncIterator[Cluster]:
+        given = kv is not None
         keep_freed_memory()
         io_pool = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="tectonic-io")
         cpu_pool = ThreadPoolExecutor(
@@ -320,9 +382,11 @@ class Cluster:
         cluster: Cluster | None = None
         try:
             meta = Metadata(kv)
-            await meta.ensure_root(time.time())
-            # Nodes named by address live on their hosts; otherwise served ones publish theirs.
-            served = bool(config.node_addresses) or is_served(root, config.nodes)
+            if given:
+                await adopt_if_empty(kv, config)
+            if not recover:
+                await check_metadata(root, config, kv)
+                await meta.ensure_root(time.time())
             if served:
                 # This process's NIC, shared by its connections to every node.
                 pacer = Pacer.of(config.link, chunk=config.block_size)
@@ -362,6 +426,20 @@ class Cluster:
             await kv.close()
             io_pool.shutdown(wait=True)
             cpu_pool.shutdown(wait=True)
+
+    async def _backup_if_due(self) -> None:
+        """An embedded owner's periodic metadata backup, on close: a failure is logged, never
+        the caller's error (the next close tries again)."""
+        cfg = self.config
+        try:
+            if await backup_due(
+                self.meta.kv, interval=cfg.backup_interval, since=cfg.created, now=time.time()
+            ):
+                info = await take_backup(self.nodes, self.meta.kv, part_size=cfg.block_size)
+                await prune(self.nodes, keep=cfg.backup_keep)
+                log.info("metadata backup %s taken (%d keys)", info.id, info.keys)
+        except (OSError, ValueError) as e:
+            log.warning("metadata backup failed (the next close tries again): %s", e)
 
     def client(self) -> Client:
         return Client(self)

@@ -58,6 +58,12 @@ class ClusterConfig:
     nic_gbps: float = 0.0
     rtt_ms: float = 0.0
     loss: float = 0.0
+    # Metadata backups (services/backup.py) onto the cluster's own nodes: every
+    # backup_interval seconds (0: off), the newest backup_keep kept. cluster_id names the
+    # cluster in its metadata too, so that a lost or foreign metadata store is refused.
+    backup_interval: float = 3600.0
+    backup_keep: int = 24
+    cluster_id: str = ""
     version: int = FORMAT_VERSION
     created: float = field(default=0.0)
 
@@ -76,6 +82,12 @@ class ClusterConfig:
                 f"compression must be auto, zstd or none, not {self.compression!r}"
             )
         object.__setattr__(self, "node_addresses", tuple(self.node_addresses))  # from JSON
+        if not 0 <= self.backup_interval <= MAX_DURATION:
+            raise InvalidArgumentError(
+                f"backup interval must be 0 (off) to a year, not {self.backup_interval}"
+            )
+        if not 1 <= self.backup_keep <= 10000:
+            raise InvalidArgumentError(f"backups kept must be 1..10000, not {self.backup_keep}")
         try:
             LinkModel(self.nic_gbps, self.rtt_ms, self.loss)  # checks the network settings
         except ValueError as e:

@@ -102,6 +102,19 @@ class UnsafeTargetError(InvalidArgumentError):
     replaced unless asked (``get --force``)."""
 
 
+class ClusterBusyError(TectonicError):
+    """Another process owns the cluster (``owner.py``): a second owner is refused."""
+
+    default_errno = _errno.EBUSY
+
+
+class MetadataLostError(TectonicError):
+    """The cluster's metadata is missing, empty or another cluster's: the message names the
+    fix (``meta restore --latest``, ``meta load``). Never an empty namespace instead."""
+
+    default_errno = _errno.EIO
+
+
 # -- availability and integrity --------------------------------------------------------------
 class NotEnoughNodesError(TectonicError):
     """Fewer live nodes (or disks) than the encoding needs to place a block."""
@@ -166,6 +179,7 @@ __all__ = [
     "ArgumentTypeError",
     "ChunkCorruptError",
     "ChunkNotFoundError",
+    "ClusterBusyError",
     "ClusterNotFoundError",
     "DataUnavailableError",
     "DirectoryNotEmptyError",
@@ -174,6 +188,9 @@ __all__ = [
     "InvalidPathError",
     "IsADirectoryError_",
     "MetadataMismatchError",
+
+
+    "MetadataLostError",
     "NameTooLongError",
     "NoSpaceError",
     "NodeUnavailableError",

@@ -47,6 +47,7 @@ from tectonic_emu.nodectl import (
     write_address,
     write_serve_file,
 )
+from tectonic_emu.owner import Ownership, busy_error, claim, live_holders
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,9 @@ async def run_node(
         and pid_alive(current.pid)
     ):
         raise AlreadyExistsError(f"node {n} is already served by pid {current.pid}")
+    owners = [] if configured else [h for h in live_holders(root) if h.mode != "served"]
+    if owners:
+        raise busy_error(root, owners)  # they read and write the node directories themselves
     (node_dir(root, n) / STOP_MARKER).unlink(missing_ok=True)
     node = LocalNode(node_dir(root, n), n, config.disks_per_node, sync=config.sync)
     server = NodeServer(
@@ -121,6 +125,7 @@ class ServeOptions:
     scrub_interval: float = 0.0  # seconds between scrub passes; 0 turns scrubbing off
     scrub_rate: float = 50e6  # bytes per second a scrub pass reads at most
     gc_grace: float = 600.0
+    backup_interval: float | None = None  # seconds between metadata backups; None: config's
 
 
 def _die_with_parent() -> None:
@@ -239,9 +244,25 @@ class Supervisor:
             writer.close()
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
-        """Start the nodes, serve until ``stop``, then stop everything."""
-        from tectonic_emu.cluster import Cluster
+        """Own the cluster (``owner.py``), start the nodes, serve until ``stop``, then stop
+        everything. Raises ClusterBusyError, naming the holder, when another process owns
+        the cluster (another serve, or an embedded open)."""
+        got = claim(self.root, "served")
+        if not isinstance(got, Ownership):
+            raise busy_error(self.root, got)
+        try:
+            await self._run(stop, ready)
+        finally:
+            got.release()  # after the nodes have stopped: they are the owner's
+
+    async def _run(self, stop: asyncio.Event, ready: asyncio.Event | None) -> None:
+        from tectonic_emu.cluster import Cluster, metadata_store
+        from tectonic_emu.identity import check_store
         from tectonic_emu.services.background import repair_loop, scrub_loop
+        from tectonic_emu.services.backup import backup_loop
+
+        # Lost metadata stops serve before any node starts (Cluster.open would, after).
+        await check_store(self.root, self.config, lambda: metadata_store(self.root, self.config))
 
         info = read_serve_file(self.root)
         if info is not None and is_local(info.get("hostname", "")) and pid_alive(int(info["pid"])):
@@ -282,6 +303,23 @@ class Supervisor:
                     services.append(
                         asyncio.create_task(
                             scrub_loop(cluster, interval=opts.scrub_interval, rate=opts.scrub_rate)
+                        )
+                    )
+                cfg = cluster.config
+                every = (
+                    cfg.backup_interval if opts.backup_interval is None else opts.backup_interval
+                )
+                if every > 0:
+                    services.append(
+                        asyncio.create_task(
+                            backup_loop(
+                                cluster.nodes,
+                                cluster.meta.kv,
+                                interval=every,
+                                keep=cfg.backup_keep,
+                                part_size=cfg.block_size,
+                                since=cfg.created,
+                            )
                         )
                     )
                 if ready is not None:

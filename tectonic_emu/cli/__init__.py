@@ -25,6 +25,7 @@ from tectonic_emu.cli.common import (
 )
 from tectonic_emu.cli.demo import demo
 from tectonic_emu.cli.files import get, ls, mkdir, mv, put, rm, stat
+from tectonic_emu.cli.meta import meta_group
 from tectonic_emu.cli.serving import node_group, serve_cmd
 from tectonic_emu.cli.upkeep import repair_cmd, scrub_cmd
 from tectonic_emu.config import parse_duration
@@ -68,7 +69,7 @@ def cli() -> None:
 
 for _command in (cluster_group, put, get, ls, mkdir, mv, rm, stat, serve_cmd, node_group):
     cli.add_command(_command)
-for _command in (scrub_cmd, repair_cmd, demo):
+for _command in (scrub_cmd, repair_cmd, demo, meta_group):
     cli.add_command(_command)
 
 

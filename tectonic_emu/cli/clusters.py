@@ -20,6 +20,7 @@ from tectonic_emu.cli.common import (
 from tectonic_emu.cluster import Cluster
 from tectonic_emu.config import (
     DEFAULT_BLOCK_SIZE,
+    parse_duration,
     parse_node_addresses,
     parse_size,
     redact,
@@ -101,6 +102,15 @@ def cluster_group() -> None:
     show_default=True,
     help="The table in that database (one per cluster; it must be empty or missing).",
 )
+@click.option(
+    "--backup-interval",
+    default="1h",
+    show_default=True,
+    help="Back the metadata up onto the nodes this often (0: never; see `meta --help`).",
+)
+@click.option(
+    "--backup-keep", default=24, show_default=True, help="Metadata backups kept (newest)."
+)
 @json_option
 def cluster_create(
     cluster_dir: Path,
@@ -116,6 +126,8 @@ def cluster_create(
     rtt_ms: float,
     loss: float,
     metadata_table: str,
+    backup_interval: str,
+    backup_keep: int,
     as_json: bool,
 ) -> None:
     """Create a new cluster in DIR.
@@ -141,6 +153,8 @@ def cluster_create(
         nic_gbps=nic_gbps,
         rtt_ms=rtt_ms,
         loss=loss,
+        backup_interval=parse_duration(backup_interval),
+        backup_keep=backup_keep,
     )
     where = (
         f"PostgreSQL {redact(config.metadata)} table {config.metadata_table}"

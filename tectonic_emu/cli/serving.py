@@ -78,6 +78,11 @@ def _setup_logging() -> None:
     "and the least age of an unclaimed chunk it deletes. Not negative.",
 )
 @click.option(
+    "--backup-interval",
+    default=None,
+    help="Pause between metadata backups onto the nodes (0: off) [default: the cluster's].",
+)
+@click.option(
     "--background",
     is_flag=True,
     help="Return once every node is live; the log goes to DIR/serve.log.",
@@ -93,6 +98,7 @@ def serve_cmd(
     scrub_interval: str,
     scrub_rate: str,
     gc_grace: str,
+    backup_interval: str | None,
     background: bool,
     stop: bool,
 ) -> None:
@@ -123,6 +129,7 @@ def serve_cmd(
         scrub_interval=parse_duration(scrub_interval),
         scrub_rate=float(parse_size(scrub_rate)),
         gc_grace=parse_duration(gc_grace),
+        backup_interval=None if backup_interval is None else parse_duration(backup_interval),
     )
     if background:
         log = cluster_dir / "serve.log"
@@ -133,6 +140,8 @@ def serve_cmd(
         }
         raw |= {"repair_interval": repair_interval, "repair_after": repair_after}
         raw |= {"scrub_interval": scrub_interval, "scrub_rate": scrub_rate, "gc_grace": gc_grace}
+        if backup_interval is not None:
+            raw["backup_interval"] = backup_interval
         serving = Serving(cluster_dir, log=log, detach=True, **raw).start()
         assert serving.proc is not None
         click.echo(
