@@ -122,13 +122,13 @@ def _check_create_args(args: dict[str, Any]) -> None:
     """Types of ``Cluster.create``'s arguments: one line naming the one that is wrong."""
     where = "Cluster.create"
     path_arg(where, "path", args["path"])
-    for name in ("nodes", "disks_per_node", "block_size"):
+    for name in ("nodes", "disks_per_node", "block_size", "backup_keep"):
         int_arg(where, name, args[name])
     for name in ("sync", "exist_ok"):
         bool_arg(where, name, args[name])
     for name in ("encoding", "compression", "metadata", "metadata_table"):
         str_arg(where, name, args[name])
-    for name in ("nic_gbps", "rtt_ms", "loss"):
+    for name in ("nic_gbps", "rtt_ms", "loss", "backup_interval"):
         number_arg(where, name, args[name])
     addresses = args["node_addresses"]
     if not isinstance(addresses, (list, tuple)) or not all(isinstance(a, str) for a in addresses):

@@ -171,6 +171,8 @@ CREATE_ARGS = [
     ("nic_gbps", "number"),
     ("rtt_ms", "number"),
     ("loss", "number"),
+    ("backup_interval", "number"),
+    ("backup_keep", "int"),
     ("exist_ok", "bool"),
 ]
 
