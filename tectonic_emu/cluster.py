@@ -58,6 +58,7 @@ from tectonic_emu.nodectl import (
     read_address,
     signal_node,
 )
+from tectonic_emu.secret import create_secret, load_secret, secret_path
 
 # Threads for blocking chunk I/O, shared by all nodes of the cluster. Chunk writes block in
 # fdatasync most of their time, so more threads than cores keep the disk queue full.
@@ -252,6 +253,9 @@ class Cluster:
         if metadata:
             _check_metadata_free(config)
         root.mkdir(parents=True, exist_ok=True)
+        root.chmod(0o700)  # the secret, metadata and chunks are the owner's alone
+        if not secret_path(root).exists():
+            create_secret(secret_path(root))
         for n in range(nodes):
             for d in range(disks_per_node):
                 (node_dir(root, n) / f"d{d}").mkdir(parents=True, exist_ok=True)
@@ -296,8 +300,15 @@ class Cluster:
             if served:
                 # This process's NIC, shared by its connections to every node.
                 pacer = Pacer.of(config.link, chunk=config.block_size)
+                secret = load_secret(secret_path(root))
                 remote = [
-                    RemoteNode(n, config.disks_per_node, _resolver(root, config, n), pacer=pacer)
+                    RemoteNode(
+                        n,
+                        config.disks_per_node,
+                        _resolver(root, config, n),
+                        secret=secret,
+                        pacer=pacer,
+                    )
                     for n in range(config.nodes)
                 ]
                 nodes.extend(remote)

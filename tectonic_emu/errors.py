@@ -129,6 +129,13 @@ class DataUnavailableError(TectonicError):
     default_errno = _errno.EIO
 
 
+class AuthenticationError(TectonicError, PermissionError):
+    """The cluster secret is missing, unreadable or open to others, or a peer does not prove
+    it knows it."""
+
+    default_errno = _errno.EACCES
+
+
 def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The first leaf of an exception group: ``TaskGroup`` wraps errors, our callers want the
     plain typed error."""
@@ -140,6 +147,7 @@ def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
 
 __all__ = [
     "AlreadyExistsError",
+    "AuthenticationError",
     "ChunkCorruptError",
     "ChunkNotFoundError",
     "ClusterNotFoundError",
