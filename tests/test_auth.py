@@ -75,6 +75,25 @@ def test_handshake_proofs_and_keys() -> None:
         )
 
 
+def test_payload_tags_cannot_be_dropped_off_the_host() -> None:
+    """A server that sees a loopback link offers header-only tags; a client that is not on
+    loopback (or asked for payload tags) refuses that, and a changed mode fails the proof."""
+    secret = os.urandom(32)
+    client = auth.ClientHandshake(secret, 1)
+    challenge = auth.ServerHandshake(secret, 1, local=True).challenge(client.hello)
+    _, session = client.answer(challenge, local=True)
+    assert not session.send.payloads
+    with pytest.raises(auth.AuthError, match="no payload tags"):
+        client.answer(challenge, local=False)
+    asking = auth.ClientHandshake(secret, 1, payload_tags=True)
+    offered = auth.ServerHandshake(secret, 1, local=True).challenge(asking.hello)
+    assert asking.answer(offered, local=True)[1].send.payloads
+    downgraded = bytearray(offered)
+    downgraded[3] = 0  # a man in the middle clears the mode
+    with pytest.raises(auth.AuthError, match="does not prove"):
+        asking.answer(bytes(downgraded), local=True)
+
+
 def test_refusals_are_logged_without_flooding(caplog: pytest.LogCaptureFixture) -> None:
     refusals = auth.RefusalLog(logging.getLogger("test.refusals"), "node 1", interval=3600)
     with caplog.at_level(logging.WARNING, "test.refusals"):
@@ -272,13 +291,16 @@ def test_another_uid_can_do_nothing_to_a_served_cluster(served: Path) -> None:
     root = served
     data = os.urandom(3 * SMALL_BLOCK + 123)
 
-    async def write(c: Cluster) -> list[tuple[int, str]]:
+    async def write(c: Cluster) -> list[tuple[int, int, str]]:
         await c.client().write_file("/victim", data)
-        return [(ch.node, ch.chunk_id) async for rec in c.meta.iter_blocks() for ch in rec.chunks]
+        return [
+            (ch.node, ch.disk, ch.chunk_id)
+            async for rec in c.meta.iter_blocks()
+            for ch in rec.chunks
+        ]
 
     chunks = run_with(root, write)
-    node0 = [cid for n, cid in chunks if n == 0]
-    assert node0, "node 0 holds a chunk of the file"
+    assert {n for n, _, _ in chunks} - {2}, "a node the attacker targets holds a chunk"
     # A real client's session with node 0, captured on the way: a DELETE of a chunk of ours.
     addr0 = read_address(root, 0)
     assert addr0 is not None
@@ -300,14 +322,14 @@ def test_another_uid_can_do_nothing_to_a_served_cluster(served: Path) -> None:
     for n in (0, 1, 3):
         a = read_address(root, n)
         assert a is not None
-        cid = next((c for node, c in chunks if node == n), "x.0")
+        disk, cid = next(((d, c) for node, d, c in chunks if node == n), (0, "x.0"))
         frames = {
             "LIST": _frame(wire.Op.LIST, 1, wire.DISK.pack(0)),
-            "READ": _frame(wire.Op.READ, 2, wire.pack_chunk_ref(0, cid)),
+            "READ": _frame(wire.Op.READ, 2, wire.pack_chunk_ref(disk, cid)),
             "WRITE": _frame(
                 wire.Op.WRITE, 3, wire.DISK_FLAGS.pack(0, 0) + b"pwned.0", b"PWNED-BY-NOBODY!"
             ),
-            "DELETE": _frame(wire.Op.DELETE, 4, wire.pack_chunk_ref(0, cid)),
+            "DELETE": _frame(wire.Op.DELETE, 4, wire.pack_chunk_ref(disk, cid)),
             "SET_DELAY": _frame(wire.Op.SET_DELAY, 5, wire.DELAY.pack(3600.0)),
         }
         for what, raw in frames.items():
@@ -402,3 +424,29 @@ def test_a_client_with_another_secret_is_refused(served: Path, tmp_path: Path) -
     run_with(other, ping)
     with pytest.raises(AuthenticationError, match="does not prove"):
         control(other, {"cmd": "status"})
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("url", "want"),
+    [
+        ("postgresql://t@db1:5432/x", "postgresql://t@db1:5432/x?sslmode=require"),
+        ("postgresql://t:pw@10.0.0.1/x?a=b", "postgresql://t:pw@10.0.0.1/x?a=b&sslmode=require"),
+        ("postgresql://h1:1,h2:2/x", "postgresql://h1:1,h2:2/x?sslmode=require"),
+        ("postgresql://t@127.0.0.1:5/x", None),
+        ("postgresql://t@localhost/x", None),
+        ("postgresql://t@[::1]:5432/x", None),
+        ("postgresql:///x?host=/var/run/postgresql", None),
+        ("postgresql://t@db1/x?sslmode=verify-full&sslrootcert=/ca.pem", None),
+        ("postgresql://t@db1/x?sslmode=disable", None),
+    ],
+)
+def test_postgres_urls_to_other_hosts_require_tls(
+    url: str, want: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tectonic_emu.metadata._postgres import with_ssl_default
+
+    monkeypatch.delenv("PGSSLMODE", raising=False)
+    assert with_ssl_default(url) == (want or url)
+    monkeypatch.setenv("PGSSLMODE", "verify-full")
+    assert with_ssl_default(url) == url

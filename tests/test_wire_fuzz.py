@@ -104,23 +104,33 @@ class Link:
     """A blocking socket to the node after the handshake: frames sent with ``sendall`` get
     their tags (``seal``), replies read with ``read_reply`` have theirs checked."""
 
-    def __init__(self, sock: socket.socket, secret: bytes = SECRET, node_id: int = NODE_ID):
+    def __init__(
+        self,
+        sock: socket.socket,
+        secret: bytes = SECRET,
+        node_id: int = NODE_ID,
+        *,
+        payload_tags: bool = True,
+    ):
         self.sock = sock
-        handshake = auth.ClientHandshake(secret, node_id)
+        handshake = auth.ClientHandshake(secret, node_id, payload_tags=payload_tags)
         sock.sendall(handshake.hello)
-        proof, self.session = handshake.answer(_recv_exact(sock, auth.CHALLENGE.size))
+        challenge = _recv_exact(sock, auth.CHALLENGE.size)
+        proof, self.session = handshake.answer(challenge, local=True)
         sock.sendall(proof)
 
     def seal(self, one_frame: bytes) -> bytes:
-        """The frame and its tag, as the next frame this side sends."""
+        """The frame and its tag, as the next frame this side sends (a tag over the header
+        and meta alone when the session has no payload tags)."""
         mac = self.session.send
-        return one_frame + mac.tag(mac.next_seq(), [one_frame])
+        covered = one_frame if mac.payloads else one_frame[: 32 + _meta_len(one_frame)]
+        return one_frame + mac.tag(mac.next_seq(), [covered])
 
     def sendall(self, frames: bytes) -> None:
         """Send whole frames, back to back, each sealed in turn."""
         out, pos = bytearray(), 0
         while pos < len(frames):
-            meta_len = int.from_bytes(frames[pos + 6 : pos + 8], "little")
+            meta_len = _meta_len(frames[pos:])
             payload_len = int.from_bytes(frames[pos + 16 : pos + 24], "little")
             end = pos + 32 + meta_len + payload_len
             assert end <= len(frames), "sendall takes whole frames"
@@ -149,6 +159,10 @@ class Link:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _meta_len(frame_bytes: bytes) -> int:
+    return int.from_bytes(frame_bytes[6:8], "little")
 
 
 @dataclass(frozen=True)
@@ -193,7 +207,8 @@ def read_reply(sock: Link) -> Reply | None:
     assert payload_crc == crc(payload)
     tag = _recv_exact(sock, auth.TAG_BYTES)
     mac = sock.session.receive
-    assert mac.check(mac.next_seq(), [head + meta + payload], tag), "a reply fails its tag"
+    covered = head + meta + payload if mac.payloads else head + meta
+    assert mac.check(mac.next_seq(), [covered], tag), "a reply fails its tag"
     return Reply(op, status, request_id, meta, payload)
 
 
@@ -784,6 +799,33 @@ def test_spliced_frames_stop_at_the_splice(node: Node, data: st.DataObject) -> N
     stored = snapshot(node)[1]
     assert all(r.chunk in stored for r in reqs[:at])
     assert not any(r.chunk in stored for r in reqs[at:])
+    check_node(node)
+
+
+def test_without_payload_tags_the_crc_binds_the_payload(node: Node) -> None:
+    """On loopback a client may skip payload tags (the default of RemoteNode there): the tag
+    covers header and meta, whose CRC32C the node checks the payload against. A changed
+    payload is refused (EBADMSG) and not stored; a changed header still closes."""
+    payload = b"loopback payload"
+    cid = fresh_id("lo")
+    req = write_request(1, cid, payload)
+    with node.connect_raw() as raw:
+        link = Link(raw, payload_tags=False)
+        assert not link.session.send.payloads
+        sealed = bytearray(link.seal(req.encode(1)))
+        sealed[-auth.TAG_BYTES - 1] ^= 1  # the payload's last byte
+        link.send_raw(bytes(sealed))
+        reply = read_reply(link)
+        assert reply is not None and (reply.request_id, reply.status) == (1, errno.EBADMSG)
+        good = write_request(1, cid, payload)
+        node.expect_written(good)
+        link.sendall(good.encode(2))
+        reply = read_reply(link)
+        assert reply is not None and (reply.request_id, reply.status) == (2, 0)
+        sealed = bytearray(link.seal(frame(Op.PING, 3)))
+        sealed[9] ^= 1  # the request id
+        link.send_raw(bytes(sealed))
+        assert drain(link) == []
     check_node(node)
 
 

@@ -4,24 +4,32 @@ Every connection to a node (``server.py``) or to the supervisor's control socket
 a mutual challenge-response over the cluster's 32-byte secret (``docs/wire-protocol.md``,
 *Authentication*)::
 
-    client -> server  HELLO      b"TA", version 1, 0, node id (u32), client nonce (32 bytes)
-    server -> client  CHALLENGE  b"TA", version 1, 0, node id (u32), server nonce (32 bytes),
+    client -> server  HELLO      b"TA", version 1, flags, node id (u32), client nonce (32)
+    server -> client  CHALLENGE  b"TA", version 1, mode, node id (u32), server nonce (32),
                                  server proof (32 bytes)
     client -> server  PROOF      client proof (32 bytes)
 
-A proof is HMAC-SHA256(secret, label || node id || client nonce || server nonce), with a
-different label each way, so neither side's proof can be reflected as the other's. Each
-direction then has a key of its own, HMAC-SHA256(secret, its label || the same fields): fresh
-nonces make fresh keys, so nothing captured on one connection is valid on another.
+A proof is HMAC-SHA256(secret, label || node id || mode || client nonce || server nonce),
+with a different label each way, so neither side's proof can be reflected as the other's.
+Each direction then has a key of its own, HMAC-SHA256(secret, its label || the same fields):
+fresh nonces make fresh keys, so nothing captured on one connection is valid on another.
 
 After the handshake every frame is followed by a 16-byte tag: AES-256-GCM's tag with no
-plaintext (GMAC) under the direction's key, over the frame's header, meta and payload, with
-the frame's sequence number in that direction (0, 1, 2...) as the nonce. The sequence number
-is not sent: a replayed, dropped, reordered or inserted frame fails its tag. GMAC is used
-because it runs at about 10 GB/s on one core here (AES-NI with VPCLMULQDQ), eight times
-HMAC-SHA256's speed, which matters on a path that already spends both cores
-(docs/performance.md, *Authentication*); it comes from the libcrypto that Python's ``ssl``
-module links.
+plaintext (GMAC) under the direction's key, with the frame's sequence number in that
+direction (0, 1, 2...) as the nonce. The sequence number is not sent: a replayed, dropped,
+reordered or inserted frame fails its tag. The tag covers the header and meta, which carry
+the payload's CRC32C, and, in mode ``PAYLOAD_TAGS``, the payload too. Mode is
+``PAYLOAD_TAGS`` unless both ends of the connection are loopback addresses, or whenever the
+client asks for it (HELLO flags): on one host nobody but root can change bytes in flight
+between two processes, so the CRC32C the receiver checks anyway, bound to an authenticated
+header, covers the payload there; off the host an on-path attacker could forge a payload
+with the same CRC32C, and the payload tag stops that (docs/performance.md, *Authentication*,
+gives the cost of each). A side that finds itself off-host refuses a mode without payload
+tags, so a man in the middle cannot downgrade it (the mode is in the proofs).
+
+GMAC runs at about 10 GB/s on one core here from the cache, 4 GB/s from memory (AES-NI with
+VPCLMULQDQ), four to eight times HMAC-SHA256; it comes from the libcrypto that Python's
+``ssl`` module links.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import hmac
+import ipaddress
 import logging
 import os
 import secrets
@@ -54,6 +63,8 @@ HELLO = struct.Struct("<2sBBI32s")  # 40 bytes
 CHALLENGE = struct.Struct("<2sBBI32s32s")  # 72 bytes
 # Seconds a peer has to complete the handshake before the connection is dropped.
 HANDSHAKE_TIMEOUT = 10.0
+
+PAYLOAD_TAGS = 1  # HELLO flag and CHALLENGE mode: tags cover payloads too
 
 _U32 = struct.Struct("<I")
 _NONCE_SUFFIX = bytes(4)  # a GCM nonce is 12 bytes: the u64 sequence number, then zeros
@@ -138,8 +149,9 @@ class FrameMac:
     ``seq`` as its nonce. ``next_seq`` hands out sequence numbers in frame order; the tag of a
     numbered frame may then be computed on any thread."""
 
-    def __init__(self, key: bytes) -> None:
+    def __init__(self, key: bytes, *, payloads: bool = True) -> None:
         self._key = key
+        self.payloads = payloads  # tags cover payloads (else header and meta only)
         self._seq = 0
         self._lock = threading.Lock()
 
@@ -157,8 +169,8 @@ class FrameMac:
 
 
 # -- the handshake ---------------------------------------------------------------------------
-def _hmac(secret: bytes, label: bytes, node_id: int, cn: bytes, sn: bytes) -> bytes:
-    return hmac.digest(secret, label + _U32.pack(node_id) + cn + sn, "sha256")
+def _hmac(secret: bytes, label: bytes, node_id: int, mode: int, cn: bytes, sn: bytes) -> bytes:
+    return hmac.digest(secret, label + _U32.pack(node_id) + bytes([mode]) + cn + sn, "sha256")
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,10 +182,24 @@ class Session:
     receive: FrameMac
 
 
-def _session(secret: bytes, node_id: int, cn: bytes, sn: bytes, *, client: bool) -> Session:
-    c2s = FrameMac(_hmac(secret, b"tectonic c2s key", node_id, cn, sn))
-    s2c = FrameMac(_hmac(secret, b"tectonic s2c key", node_id, cn, sn))
+def _session(
+    secret: bytes, node_id: int, mode: int, cn: bytes, sn: bytes, *, client: bool
+) -> Session:
+    payloads = bool(mode & PAYLOAD_TAGS)
+    c2s = FrameMac(_hmac(secret, b"tectonic c2s key", node_id, mode, cn, sn), payloads=payloads)
+    s2c = FrameMac(_hmac(secret, b"tectonic s2c key", node_id, mode, cn, sn), payloads=payloads)
     return Session(c2s, s2c) if client else Session(s2c, c2s)
+
+
+def is_local(sockname: object, peername: object) -> bool:
+    """Whether both ends of a connection are loopback addresses (one host, no wire)."""
+    try:
+        return all(
+            isinstance(end, tuple) and ipaddress.ip_address(end[0]).is_loopback
+            for end in (sockname, peername)
+        )
+    except ValueError:
+        return False
 
 
 def check_secret(secret: bytes) -> bytes:
@@ -184,56 +210,67 @@ def check_secret(secret: bytes) -> bytes:
 
 class ClientHandshake:
     """The client's side: ``hello`` to send first, then ``answer`` the server's CHALLENGE
-    (raises AuthError when the server does not prove the secret, or is another node)."""
+    (raises AuthError when the server does not prove the secret, is another node, or offers
+    no payload tags where they are needed). ``payload_tags``: ask for them even on one host;
+    they are required off it (``answer``'s ``local`` False)."""
 
-    def __init__(self, secret: bytes, node_id: int) -> None:
+    def __init__(self, secret: bytes, node_id: int, *, payload_tags: bool = False) -> None:
         self._secret = check_secret(secret)
         self.node_id = node_id
+        self._want = PAYLOAD_TAGS if payload_tags else 0
         self._nonce = secrets.token_bytes(NONCE_BYTES)
-        self.hello = HELLO.pack(MAGIC, VERSION, 0, node_id, self._nonce)
+        self.hello = HELLO.pack(MAGIC, VERSION, self._want, node_id, self._nonce)
 
-    def answer(self, challenge: bytes | bytearray | memoryview) -> tuple[bytes, Session]:
-        """(the PROOF to send, this side's session)."""
-        magic, version, _, node_id, sn, proof = CHALLENGE.unpack(bytes(challenge))
+    def answer(
+        self, challenge: bytes | bytearray | memoryview, *, local: bool = False
+    ) -> tuple[bytes, Session]:
+        """(the PROOF to send, this side's session). ``local``: both ends are loopback."""
+        magic, version, mode, node_id, sn, proof = CHALLENGE.unpack(bytes(challenge))
         if magic != MAGIC or version != VERSION:
             raise AuthError("the peer does not speak the authenticated protocol")
         if node_id != self.node_id:
             raise AuthError(f"the peer is node {node_id}, not node {self.node_id}")
-        want = _hmac(self._secret, b"tectonic server proof", node_id, self._nonce, sn)
+        want = _hmac(self._secret, b"tectonic server proof", node_id, mode, self._nonce, sn)
         if not hmac.compare_digest(want, proof):
             raise AuthError("the peer does not prove it knows the cluster secret")
-        mine = _hmac(self._secret, b"tectonic client proof", node_id, self._nonce, sn)
-        return mine, _session(self._secret, node_id, self._nonce, sn, client=True)
+        if not mode & PAYLOAD_TAGS and (self._want or not local):
+            raise AuthError("the peer offers no payload tags on a link that needs them")
+        mine = _hmac(self._secret, b"tectonic client proof", node_id, mode, self._nonce, sn)
+        return mine, _session(self._secret, node_id, mode, self._nonce, sn, client=True)
 
 
 class ServerHandshake:
     """The server's side: ``challenge`` a client's HELLO, then ``verify`` its PROOF. Both
     raise AuthError for a client that is refused."""
 
-    def __init__(self, secret: bytes, node_id: int) -> None:
+    def __init__(self, secret: bytes, node_id: int, *, local: bool = False) -> None:
         self._secret = check_secret(secret)
         self.node_id = node_id
+        self._local = local  # both ends loopback: payload tags only when the client asks
+        self._mode = 0
         self._nonce = secrets.token_bytes(NONCE_BYTES)
         self._client_nonce = b""
 
     def challenge(self, hello: bytes | bytearray | memoryview) -> bytes:
-        magic, version, _, node_id, cn = HELLO.unpack(bytes(hello))
+        magic, version, flags, node_id, cn = HELLO.unpack(bytes(hello))
         if magic != MAGIC or version != VERSION:
             raise AuthError("not an authenticated hello (a client of an older protocol?)")
         if node_id != self.node_id:
             raise AuthError(f"hello for node {node_id}, this is node {self.node_id}")
         self._client_nonce = cn
-        proof = _hmac(self._secret, b"tectonic server proof", node_id, cn, self._nonce)
-        return CHALLENGE.pack(MAGIC, VERSION, 0, node_id, self._nonce, proof)
+        self._mode = PAYLOAD_TAGS if flags & PAYLOAD_TAGS or not self._local else 0
+        proof = _hmac(self._secret, b"tectonic server proof", node_id, self._mode, cn, self._nonce)
+        return CHALLENGE.pack(MAGIC, VERSION, self._mode, node_id, self._nonce, proof)
 
     def verify(self, proof: bytes | bytearray | memoryview) -> Session:
         if not self._client_nonce:
             raise AuthError("proof before hello")
-        want = _hmac(self._secret, b"tectonic client proof", self.node_id, self._client_nonce,
-                     self._nonce)  # fmt: skip
+        want = _hmac(self._secret, b"tectonic client proof", self.node_id, self._mode,
+                     self._client_nonce, self._nonce)  # fmt: skip
         if not hmac.compare_digest(want, bytes(proof)):
             raise AuthError("wrong proof: the client does not know the cluster secret")
-        return _session(self._secret, self.node_id, self._client_nonce, self._nonce, client=False)
+        return _session(self._secret, self.node_id, self._mode, self._client_nonce, self._nonce,
+                        client=False)  # fmt: skip
 
 
 # -- messages of the control socket ---------------------------------------------------------
@@ -267,7 +304,7 @@ async def accept_control(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: bytes
 ) -> Session:
     """The server's handshake on a stream (the control socket); raises AuthError."""
-    handshake = ServerHandshake(secret, CONTROL_ID)
+    handshake = ServerHandshake(secret, CONTROL_ID)  # messages are tagged whole, always
     writer.write(handshake.challenge(await reader.readexactly(HELLO.size)))
     return handshake.verify(await reader.readexactly(PROOF_BYTES))
 
@@ -339,6 +376,7 @@ __all__ = [
     "CONTROL_ID",
     "HANDSHAKE_TIMEOUT",
     "HELLO",
+    "PAYLOAD_TAGS",
     "PROOF_BYTES",
     "SECRET_BYTES",
     "TAG_BYTES",
@@ -352,6 +390,7 @@ __all__ = [
     "check_secret",
     "connect_control",
     "gmac",
+    "is_local",
     "pack_message",
     "random_secret",
     "read_message",

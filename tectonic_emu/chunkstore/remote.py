@@ -99,6 +99,7 @@ class _ClientConnection(asyncio.BufferedProtocol):
         self._handshake = handshake
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._rx: auth.FrameMac | None = None
+        self._local = False  # both ends loopback (set once connected)
         self._hs_buf = bytearray(auth.CHALLENGE.size)
         self._tag_buf = bytearray(auth.TAG_BYTES)
         self.pacer = pacer  # this host's emulated NIC (netem.py), shared by its connections
@@ -119,6 +120,9 @@ class _ClientConnection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self._local = auth.is_local(
+            transport.get_extra_info("sockname"), transport.get_extra_info("peername")
+        )
         transport.write(self._handshake.hello)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -189,7 +193,7 @@ class _ClientConnection(asyncio.BufferedProtocol):
     def _advance(self) -> None:
         if self._state == _CHALLENGE and self._got == auth.CHALLENGE.size:
             assert self.transport is not None
-            proof, session = self._handshake.answer(self._hs_buf)
+            proof, session = self._handshake.answer(self._hs_buf, local=self._local)
             self.transport.write(proof)
             self._rx, self.writer.mac = session.receive, session.send
             self._state, self._got = _HEAD, 0
@@ -238,6 +242,11 @@ class _ClientConnection(asyncio.BufferedProtocol):
         assert self._rx is not None
         seq = self._rx.next_seq()
         head = bytes(self._header_buf) + meta
+        if not self._rx.payloads:  # the payload is bound by its CRC32C, checked by the caller
+            if not self._rx.check(seq, [head], tag):
+                raise auth.AuthError("a reply fails its tag (forged, replayed or cut)")
+            self._deliver(h, meta, dest)
+            return
         if dest is None and h.payload_len:
             self.pending.pop(h.request_id, None)
             return
@@ -269,6 +278,8 @@ class RemoteNode(StorageNode):
     """A storage node served by another process. ``resolve`` returns its current address
     (re-read on every connect, so a node restarted on a new port is found), or None while it
     has none. ``secret``: the cluster's 32-byte secret, proved on every connection.
+    ``payload_tags``: tag payloads even where both ends are loopback (off the host they
+    always are; ``auth.py``).
     ``request_timeout`` bounds every request; a node that misses it is marked down."""
 
     def __init__(
@@ -278,12 +289,14 @@ class RemoteNode(StorageNode):
         resolve: Resolver,
         *,
         secret: bytes,
+        payload_tags: bool = False,
         connect_timeout: float = 2.0,
         request_timeout: float = 120.0,
         pacer: Pacer | None = None,
     ) -> None:
         self.node_id = node_id
         self._secret = auth.check_secret(secret)
+        self.payload_tags = payload_tags
         self.pacer = pacer
         self.disks = disks
         self.available = True
@@ -348,7 +361,7 @@ class RemoteNode(StorageNode):
         host, port = address
         name = f"node {self.node_id} at {host}:{port}"
         loop = asyncio.get_running_loop()
-        handshake = auth.ClientHandshake(self._secret, self.node_id)
+        handshake = auth.ClientHandshake(self._secret, self.node_id, payload_tags=self.payload_tags)
         try:
             _, conn = await asyncio.wait_for(
                 loop.create_connection(
@@ -361,7 +374,9 @@ class RemoteNode(StorageNode):
         if self.pacer is not None and self.pacer.one_way:
             await hold(2 * self.pacer.one_way)  # TCP's handshake: one round trip
         try:
-            await asyncio.wait_for(asyncio.shield(conn.ready), self.connect_timeout)
+            # The node's process must answer the handshake, not only its kernel the connect:
+            # a loaded host may take longer than ``connect_timeout``, and is not down for that.
+            await asyncio.wait_for(asyncio.shield(conn.ready), auth.HANDSHAKE_TIMEOUT)
         except TimeoutError:
             conn.abort("no handshake in time")
             raise NodeUnavailableError(f"{name}: no authentication handshake in time") from None
@@ -530,12 +545,21 @@ class RemoteNode(StorageNode):
 
     async def list_chunks(self, disk: int) -> list[ChunkInfo]:
         self._check(disk)
-        _, _, payload = await self.call(Op.LIST, wire.DISK.pack(disk))
+        h, _, payload = await self.call(Op.LIST, wire.DISK.pack(disk))
+        self._check_listing(h, payload)
         return wire.unpack_list(payload)
 
     async def usage(self) -> list[DiskUsage]:
-        _, _, payload = await self.call(Op.USAGE)
+        h, _, payload = await self.call(Op.USAGE)
+        self._check_listing(h, payload)
         return wire.unpack_usage(payload)
+
+    def _check_listing(self, h: Header, payload: memoryview) -> None:
+        # The header's CRC32C is authenticated: it covers the payload where tags do not.
+        if crc32c(payload) != h.payload_crc32c:
+            raise ChunkCorruptError(
+                "a listing fails its checksum in transit", f"node {self.node_id}"
+            )
 
     async def close(self) -> None:
         self._closed = True

@@ -248,9 +248,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._meta_buf = bytearray(MAX_META)
         self._hs_buf = bytearray(auth.HELLO.size)
         self._tag_buf = bytearray(auth.TAG_BYTES)
-        self._handshake: auth.ServerHandshake | None = auth.ServerHandshake(
-            server.secret, server.node.node_id
-        )
+        self._handshake: auth.ServerHandshake | None = None  # made once connected
         self._rx: auth.FrameMac | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self._peer: object = "a client"
@@ -269,6 +267,10 @@ class _Connection(asyncio.BufferedProtocol):
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
         self._peer = transport.get_extra_info("peername") or "a client"
+        local = auth.is_local(transport.get_extra_info("sockname"), self._peer)
+        self._handshake = auth.ServerHandshake(
+            self.server.secret, self.server.node.node_id, local=local
+        )
         self.server.connections.add(self)
         self._deadline = asyncio.get_running_loop().call_later(
             auth.HANDSHAKE_TIMEOUT, self._handshake_timed_out
@@ -382,9 +384,9 @@ class _Connection(asyncio.BufferedProtocol):
         seq = self._rx.next_seq()
         head = bytes(self._header_buf) + self._meta
         payload = self._payload
-        if self._h.payload_len < wire.THREAD_TAG_BYTES:
+        if self._h.payload_len < wire.THREAD_TAG_BYTES or not self._rx.payloads:
             parts: list[bytes | memoryview] = [head]
-            if payload is not None:
+            if payload is not None and self._rx.payloads:
                 parts.append(memoryview(payload)[: self._h.payload_len])
             ok = self._rx.check(seq, parts, self._tag_buf)
             for part in parts[1:]:

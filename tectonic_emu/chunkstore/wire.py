@@ -233,8 +233,10 @@ class FrameWriter:
             await self._writable.wait()
             if transport.is_closing():
                 raise ConnectionResetError("connection closed")
-            size = payload.nbytes if payload is not None else 0
-            tag = await self._tag([head] if payload is None else [head, payload], size)
+            if payload is None or not self.mac or not self.mac.payloads:
+                tag = await self._tag([head], 0)
+            else:
+                tag = await self._tag([head, payload], payload.nbytes)
             transport.write(head)
             if payload is not None:
                 for start in range(0, payload.nbytes, SEND_SLICE):
@@ -256,8 +258,9 @@ class FrameWriter:
             await self._writable.wait()
             if transport.is_closing():
                 raise ConnectionResetError("connection closed")
-            if count:
+            if count and self.mac is not None and self.mac.payloads:
                 mapped = mmap.mmap(fd, offset + count, access=mmap.ACCESS_READ)
+                mapped.madvise(mmap.MADV_WILLNEED)  # read ahead all of it, not page by page
                 try:
                     view = memoryview(mapped)[offset:]
                     try:
