@@ -224,6 +224,9 @@ class Cluster:
         ``rtt_ms``, ``loss``: the emulated network between the hosts of a served or
         multi-host cluster (``chunkstore/netem.py``).
 
+        ``path`` is made mode 0700 and gets the cluster secret, ``path/secret`` (0600), which
+        served nodes and clients prove they know (``secret.py``, docs/deploy.md).
+
         Raises AlreadyExistsError (also for a metadata table in use), UnknownEncodingError,
         InvalidArgumentError, and OSError when the database cannot be reached.
         """

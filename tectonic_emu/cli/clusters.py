@@ -118,7 +118,8 @@ def cluster_create(
     metadata_table: str,
     as_json: bool,
 ) -> None:
-    """Create a new cluster in DIR.
+    """Create a new cluster in DIR (made mode 0700), with its secret in DIR/secret (0600):
+    served nodes and clients prove they know it on every connection (docs/deploy.md).
 
     \b
     Example:
