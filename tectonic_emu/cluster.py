@@ -59,6 +59,7 @@ from tectonic_emu.nodectl import (
     signal_node,
 )
 from tectonic_emu.secret import create_secret, load_secret, secret_path
+from tectonic_emu.tls import client_context, make_certificates
 
 # Threads for blocking chunk I/O, shared by all nodes of the cluster. Chunk writes block in
 # fdatasync most of their time, so more threads than cores keep the disk queue full.
@@ -209,6 +210,7 @@ class Cluster:
         rtt_ms: float = 0.0,
         loss: float = 0.0,
         exist_ok: bool = False,
+        tls: bool = False,
     ) -> ClusterConfig:
         """Make a new cluster in ``path`` (created if missing; must not hold a cluster).
 
@@ -225,7 +227,9 @@ class Cluster:
         multi-host cluster (``chunkstore/netem.py``).
 
         ``path`` is made mode 0700 and gets the cluster secret, ``path/secret`` (0600), which
-        served nodes and clients prove they know (``secret.py``, docs/deploy.md).
+        served nodes and clients prove they know (``secret.py``, docs/deploy.md). ``tls``:
+        also a CA and a node certificate in ``path/tls``, so that served links speak TLS
+        (``tls.py``; needs the ``openssl`` command).
 
         Raises AlreadyExistsError (also for a metadata table in use), UnknownEncodingError,
         InvalidArgumentError, and OSError when the database cannot be reached.
@@ -259,6 +263,9 @@ class Cluster:
         root.chmod(0o700)  # the secret, metadata and chunks are the owner's alone
         if not secret_path(root).exists():
             create_secret(secret_path(root))
+        if tls:
+            hosts = [a.rsplit(":", 1)[0].strip("[]") for a in config.node_addresses]
+            make_certificates(root, hosts)
         for n in range(nodes):
             for d in range(disks_per_node):
                 (node_dir(root, n) / f"d{d}").mkdir(parents=True, exist_ok=True)
@@ -304,12 +311,14 @@ class Cluster:
                 # This process's NIC, shared by its connections to every node.
                 pacer = Pacer.of(config.link, chunk=config.block_size)
                 secret = load_secret(secret_path(root))
+                tls = client_context(root)
                 remote = [
                     RemoteNode(
                         n,
                         config.disks_per_node,
                         _resolver(root, config, n),
                         secret=secret,
+                        tls=tls,
                         pacer=pacer,
                     )
                     for n in range(config.nodes)

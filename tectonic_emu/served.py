@@ -56,6 +56,7 @@ from tectonic_emu.nodectl import (
     write_serve_file,
 )
 from tectonic_emu.secret import ensure_secret, load_secret, secret_path
+from tectonic_emu.tls import server_context
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,7 @@ async def run_node(
     server = NodeServer(
         node,
         secret=secret,
+        tls=server_context(root),
         max_payload=config.block_size,
         buffers=buffers,
         delay=delay,

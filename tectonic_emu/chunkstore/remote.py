@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import itertools
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -279,7 +280,8 @@ class RemoteNode(StorageNode):
     (re-read on every connect, so a node restarted on a new port is found), or None while it
     has none. ``secret``: the cluster's 32-byte secret, proved on every connection.
     ``payload_tags``: tag payloads even where both ends are loopback (off the host they
-    always are; ``auth.py``).
+    always are; ``auth.py``). ``tls``: a client context, to speak TLS to the node (its
+    certificate checked against the host connected to).
     ``request_timeout`` bounds every request; a node that misses it is marked down."""
 
     def __init__(
@@ -290,6 +292,7 @@ class RemoteNode(StorageNode):
         *,
         secret: bytes,
         payload_tags: bool = False,
+        tls: ssl.SSLContext | None = None,
         connect_timeout: float = 2.0,
         request_timeout: float = 120.0,
         pacer: Pacer | None = None,
@@ -297,6 +300,7 @@ class RemoteNode(StorageNode):
         self.node_id = node_id
         self._secret = auth.check_secret(secret)
         self.payload_tags = payload_tags
+        self.tls = tls
         self.pacer = pacer
         self.disks = disks
         self.available = True
@@ -365,7 +369,11 @@ class RemoteNode(StorageNode):
         try:
             _, conn = await asyncio.wait_for(
                 loop.create_connection(
-                    lambda: _ClientConnection(name, handshake, self.pacer), host, port
+                    lambda: _ClientConnection(name, handshake, self.pacer),
+                    host,
+                    port,
+                    ssl=self.tls,
+                    server_hostname=host if self.tls is not None else None,
                 ),
                 self.connect_timeout,
             )

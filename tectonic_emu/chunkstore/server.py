@@ -27,6 +27,7 @@ import errno
 import logging
 import mmap
 import os
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -85,7 +86,8 @@ class NodeServer:
     """Serve ``node`` on TCP. ``max_payload`` bounds a chunk (the cluster's block size);
     ``delay`` seconds are added before every reply but PING's (a slow node, for studying tail
     latency; ``SET_DELAY`` changes it at run time). ``secret``: the cluster's 32-byte secret,
-    which every client must prove it knows (``auth.py``)."""
+    which every client must prove it knows (``auth.py``). ``tls``: a server context, to speak
+    TLS on every connection."""
 
     def __init__(
         self,
@@ -96,8 +98,10 @@ class NodeServer:
         buffers: int = 8,
         delay: float = 0.0,
         link: LinkModel | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.node = node
+        self.tls = tls  # encrypt every connection (``tectonic_emu/tls.py``)
         self.secret = auth.check_secret(secret)
         self.refusals = auth.RefusalLog(log, f"node {node.node_id}")
         # The node host's emulated NIC (``netem.py``), when the cluster models a network.
@@ -114,7 +118,7 @@ class NodeServer:
         """Listen; returns the (host, port) bound (port 0 picks a free one)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _Connection(self), host, port, reuse_address=True
+            lambda: _Connection(self), host, port, reuse_address=True, ssl=self.tls
         )
         sockname = self._server.sockets[0].getsockname()
         return str(sockname[0]), int(sockname[1])

@@ -101,6 +101,12 @@ def cluster_group() -> None:
     show_default=True,
     help="The table in that database (one per cluster; it must be empty or missing).",
 )
+@click.option(
+    "--tls",
+    is_flag=True,
+    help="Encrypt served links with TLS: makes a CA and a node certificate in DIR/tls "
+    "(openssl); copy DIR/tls to every host.",
+)
 @json_option
 def cluster_create(
     cluster_dir: Path,
@@ -116,6 +122,7 @@ def cluster_create(
     rtt_ms: float,
     loss: float,
     metadata_table: str,
+    tls: bool,
     as_json: bool,
 ) -> None:
     """Create a new cluster in DIR (made mode 0700), with its secret in DIR/secret (0600):
@@ -126,6 +133,7 @@ def cluster_create(
       tectonic-emu cluster create --cluster /tmp/c1 --nodes 12 --disks-per-node 2 --encoding r3
       tectonic-emu cluster create --cluster /tmp/c2 --metadata postgresql://tectonic@db1/tectonic
       tectonic-emu cluster create --cluster /tmp/c3 --nic-gbps 10 --rtt-ms 0.5 --loss 0.0001
+      tectonic-emu cluster create --cluster /srv/c4 --tls --node-addresses 10.0.0.2:7100-7102
     """
     addresses = parse_node_addresses(node_addresses)
     config = Cluster.create(
@@ -142,6 +150,7 @@ def cluster_create(
         nic_gbps=nic_gbps,
         rtt_ms=rtt_ms,
         loss=loss,
+        tls=tls,
     )
     where = (
         f"PostgreSQL {redact(config.metadata)} table {config.metadata_table}"
