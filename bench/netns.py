@@ -139,10 +139,11 @@ class Hosts:
 
 
 def host_copy(template: Path, where: Path) -> Path:
-    """A host's own cluster directory ``where``: nothing but its copy of the template's
-    cluster.json (the metadata is in PostgreSQL, each node's chunks on its host)."""
-    where.mkdir(parents=True, exist_ok=True)
+    """A host's own cluster directory ``where``: nothing but its copies of the template's
+    cluster.json and secret (the metadata is in PostgreSQL, each node's chunks on its host)."""
+    where.mkdir(mode=0o700, parents=True, exist_ok=True)
     shutil.copy(template / "cluster.json", where / "cluster.json")
+    shutil.copy(template / "secret", where / "secret")  # keeps its mode, 0600
     return where
 
 

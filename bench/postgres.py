@@ -11,6 +11,7 @@ shared with a system cluster, and ``stop()`` removes everything.
 from __future__ import annotations
 
 import glob
+import ipaddress
 import os
 import pwd
 import shutil
@@ -89,11 +90,33 @@ class PostgresServer:
 
     def start(self) -> PostgresServer:
         self._run("initdb", "-D", str(self.data), "-U", ROLE, "--auth=trust", "-E", "UTF8")
+        if self.ssl:
+            self._make_certificate()
         if self.trust:
             with open(self.data / "pg_hba.conf", "a") as hba:
                 hba.writelines(f"host all all {net} trust\n" for net in self.trust)
         self.pg_ctl("start")
         return self
+
+    @property
+    def ssl(self) -> bool:
+        """TLS on when it listens beyond loopback: clients then default to sslmode=require
+        (``metadata/_postgres.py``), as on a real network."""
+        return any(not ipaddress.ip_address(a).is_loopback for a in self.listen)
+
+    def _make_certificate(self) -> None:
+        """A self-signed certificate for the server (``openssl``), readable by it alone."""
+        key, cert = self.dir / "server.key", self.dir / "server.crt"
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+             "-subj", "/CN=tectonic-emu test", "-keyout", str(key), "-out", str(cert)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        key.chmod(0o600)
+        if os.geteuid() == 0:
+            pw = pwd.getpwnam("postgres")
+            for path in (key, cert):
+                os.chown(path, pw.pw_uid, pw.pw_gid)
 
     def pg_ctl(self, action: str) -> None:
         """``pg_ctl start|stop|restart`` (stop and restart: fast mode; both wait)."""
@@ -102,6 +125,9 @@ class PostgresServer:
             args += ["-m", "fast"]
         opts = f"-p {self.port} -c listen_addresses={','.join(self.listen)} -k {self.dir}"
         opts += " -c max_connections=200"
+        if self.ssl:
+            opts += f" -c ssl=on -c ssl_cert_file={self.dir}/server.crt"
+            opts += f" -c ssl_key_file={self.dir}/server.key"
         self._run(*args, "-o", opts, "-l", str(self.dir / "server.log"), action)
 
     def stop(self) -> None:

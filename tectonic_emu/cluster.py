@@ -68,7 +68,9 @@ from tectonic_emu.nodectl import (
 )
 from tectonic_emu.owner import take_ownership
 from tectonic_emu.placement import spread_is_short
+from tectonic_emu.secret import create_secret, load_secret, secret_path
 from tectonic_emu.services.backup import backup_due, prune, take_backup
+from tectonic_emu.tls import client_context, make_certificates
 
 log = logging.getLogger(__name__)
 
@@ -246,6 +248,7 @@ class Cluster:
         backup_interval: float = 3600.0,
         backup_keep: int = 24,
         exist_ok: bool = False,
+        tls: bool = False,
     ) -> ClusterConfig:
         """Make a new cluster in ``path`` (created if missing; must not hold a cluster).
 
@@ -262,6 +265,11 @@ class Cluster:
         multi-host cluster (``chunkstore/netem.py``). ``backup_interval``: seconds between
         metadata backups onto the nodes (0: none), of which the newest ``backup_keep`` are
         kept (``services/backup.py``).
+
+        ``path`` is made mode 0700 and gets the cluster secret, ``path/secret`` (0600), which
+        served nodes and clients prove they know (``secret.py``, docs/deploy.md). ``tls``:
+        also a CA and a node certificate in ``path/tls``, so that served links speak TLS
+        (``tls.py``; needs the ``openssl`` command).
 
         Raises AlreadyExistsError (also for a metadata table in use), UnknownEncodingError,
         InvalidArgumentError (ArgumentTypeError for an argument of the wrong type), and
@@ -297,6 +305,12 @@ class Cluster:
         if metadata:
             _check_metadata_free(config)
         root.mkdir(parents=True, exist_ok=True)
+        root.chmod(0o700)  # the secret, metadata and chunks are the owner's alone
+        if not secret_path(root).exists():
+            create_secret(secret_path(root))
+        if tls:
+            hosts = [a.rsplit(":", 1)[0].strip("[]") for a in config.node_addresses]
+            make_certificates(root, hosts)
         for n in range(nodes):
             for d in range(disks_per_node):
                 (node_dir(root, n) / f"d{d}").mkdir(parents=True, exist_ok=True)
@@ -390,8 +404,17 @@ class Cluster:
             if served:
                 # This process's NIC, shared by its connections to every node.
                 pacer = Pacer.of(config.link, chunk=config.block_size)
+                secret = load_secret(secret_path(root))
+                tls = client_context(root)
                 remote = [
-                    RemoteNode(n, config.disks_per_node, _resolver(root, config, n), pacer=pacer)
+                    RemoteNode(
+                        n,
+                        config.disks_per_node,
+                        _resolver(root, config, n),
+                        secret=secret,
+                        tls=tls,
+                        pacer=pacer,
+                    )
                     for n in range(config.nodes)
                 ]
                 nodes.extend(remote)

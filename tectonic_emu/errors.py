@@ -165,6 +165,13 @@ def reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+class AuthenticationError(TectonicError, PermissionError):
+    """The cluster secret is missing, unreadable or open to others, or a peer does not prove
+    it knows it."""
+
+    default_errno = _errno.EACCES
+
+
 def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The first leaf of an exception group: ``TaskGroup`` wraps errors, our callers want the
     plain typed error."""
@@ -177,6 +184,7 @@ def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
 __all__ = [
     "AlreadyExistsError",
     "ArgumentTypeError",
+    "AuthenticationError",
     "ChunkCorruptError",
     "ChunkNotFoundError",
     "ClusterBusyError",

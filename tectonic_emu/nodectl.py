@@ -27,7 +27,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tectonic_emu.errors import InvalidArgumentError, NodeUnavailableError, TectonicError
+from tectonic_emu.chunkstore.auth import AuthError, connect_control, pack_message, recv_message
+from tectonic_emu.errors import (
+    AuthenticationError,
+    InvalidArgumentError,
+    NodeUnavailableError,
+    TectonicError,
+)
+from tectonic_emu.secret import load_secret, secret_path
 
 ADDRESS_FILE = "address.json"
 SERVE_FILE = "serve.json"
@@ -176,19 +183,31 @@ def signal_node(root: Path, n: int, sig: int, *, wait: float = 10.0) -> int:
     return addr.pid
 
 
-def control(root: Path, request: dict[str, Any], *, wait: float = 30.0) -> dict[str, Any]:
-    """Send one request to the supervisor's control socket and return its reply."""
+def control(
+    root: Path, request: dict[str, Any], *, wait: float = 30.0, secret: bytes | None = None
+) -> dict[str, Any]:
+    """Send one request to the supervisor's control socket and return its reply. Both sides
+    first prove they know the cluster secret (``secret``, default read from ``root/secret``).
+
+    Raises NodeUnavailableError when no supervisor answers, AuthenticationError when the
+    secret file is unusable or the supervisor does not prove the secret, TectonicError with
+    the supervisor's message when it refuses the request."""
     info = read_serve_file(root)
     if info is None:
         raise NodeUnavailableError(
             "no `tectonic-emu serve` runs for this cluster (start nodes with `node serve`)",
             str(root),
         )
+    if secret is None:
+        secret = load_secret(secret_path(root))
     host, port = info["control"]
     try:
         with socket.create_connection((host, port), timeout=wait) as sock:
-            sock.sendall(json.dumps(request).encode() + b"\n")
-            raw = sock.makefile("rb").readline()
+            session = connect_control(sock, secret)
+            sock.sendall(pack_message(json.dumps(request).encode(), session.send))
+            raw = recv_message(sock, session.receive)
+    except AuthError as e:
+        raise AuthenticationError(f"the supervisor at {host}:{port}: {e}", str(root)) from None
     except OSError as e:
         raise NodeUnavailableError(f"cannot reach the supervisor at {host}:{port} ({e})") from None
     reply = json.loads(raw or b"{}")

@@ -28,6 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from tectonic_emu._malloc import keep_freed_memory
+from tectonic_emu.chunkstore.auth import (
+    HANDSHAKE_TIMEOUT,
+    AuthError,
+    RefusalLog,
+    accept_control,
+    pack_message,
+    read_message,
+)
 from tectonic_emu.config import ClusterConfig
 from tectonic_emu.errors import AlreadyExistsError, InvalidArgumentError, NodeUnavailableError
 from tectonic_emu.nodectl import (
@@ -48,6 +56,8 @@ from tectonic_emu.nodectl import (
     write_serve_file,
 )
 from tectonic_emu.owner import Ownership, busy_error, claim, live_holders
+from tectonic_emu.secret import ensure_secret, load_secret, secret_path
+from tectonic_emu.tls import server_context
 
 log = logging.getLogger(__name__)
 
@@ -61,16 +71,20 @@ async def run_node(
     port: int | None = None,
     delay: float = 0.0,
     buffers: int = 8,
+    secret_file: Path | None = None,
     ready: asyncio.Event | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
     """Serve node ``n`` of the cluster at ``root`` until SIGTERM/SIGINT (or ``stop``).
     ``host`` and ``port`` default to the node's address in the configuration (a cluster
-    across hosts), else to 127.0.0.1 and any free port."""
+    across hosts), else to 127.0.0.1 and any free port. ``secret_file``: the cluster secret
+    (default ``root/secret``). Raises AuthenticationError when it is missing or open to
+    others."""
     from tectonic_emu.chunkstore import LocalNode
     from tectonic_emu.chunkstore.server import NodeServer
 
     config = ClusterConfig.load(root)
+    secret = load_secret(secret_file if secret_file is not None else secret_path(root))
     keep_freed_memory()
     if not 0 <= n < config.nodes:
         raise InvalidArgumentError(f"no node {n}; nodes are 0..{config.nodes - 1}")
@@ -91,7 +105,13 @@ async def run_node(
     (node_dir(root, n) / STOP_MARKER).unlink(missing_ok=True)
     node = LocalNode(node_dir(root, n), n, config.disks_per_node, sync=config.sync)
     server = NodeServer(
-        node, max_payload=config.block_size, buffers=buffers, delay=delay, link=config.link
+        node,
+        secret=secret,
+        tls=server_context(root),
+        max_payload=config.block_size,
+        buffers=buffers,
+        delay=delay,
+        link=config.link,
     )
     bound_host, bound_port = await server.start(host, port)
     advertised = socket.getfqdn() if bound_host in ("0.0.0.0", "::") else bound_host
@@ -140,6 +160,8 @@ class Supervisor:
         self.root = root
         self.options = options
         self.config = ClusterConfig.load(root)
+        self.secret = b""  # the cluster secret, read (or made, for an older cluster) by ``run``
+        self.refusals = RefusalLog(log, "control socket")
         self.procs: dict[int, asyncio.subprocess.Process] = {}
         self.exits: dict[int, int] = {}  # node -> exit status of its last process
         # One start at a time per node: concurrent starts would race to serve it twice.
@@ -221,8 +243,21 @@ class Supervisor:
             await asyncio.gather(*(p.wait() for p in live))
 
     async def _control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One control request: the client must prove the cluster secret first (``auth.py``);
+        request and reply are then one tagged message each (``nodectl.control``)."""
+        peer = writer.get_extra_info("peername") or "a client"
         try:
-            request = json.loads(await reader.readline())
+            session = await asyncio.wait_for(
+                accept_control(reader, writer, self.secret), HANDSHAKE_TIMEOUT
+            )
+            request = json.loads(await read_message(reader, session.receive))
+        except (AuthError, TimeoutError, asyncio.IncompleteReadError, ValueError, OSError) as e:
+            self.refusals.refused(peer, str(e) or type(e).__name__)
+            writer.close()
+            return
+        try:
+            if not isinstance(request, dict):
+                raise ValueError(f"a request is a JSON object, not {request!r}")
             if request.get("cmd") == "start":
                 addr = await self.start_node(int(request["node"]))
                 reply: dict[str, Any] = {"ok": True, "address": asdict(addr)}
@@ -238,7 +273,7 @@ class Supervisor:
                 reply = {"ok": False, "error": f"unknown request {request!r}"}
         except (ValueError, KeyError, OSError) as e:
             reply = {"ok": False, "error": str(e)}
-        writer.write(json.dumps(reply).encode() + b"\n")
+        writer.write(pack_message(json.dumps(reply).encode(), session.send))
         with contextlib.suppress(OSError):
             await writer.drain()
             writer.close()
@@ -267,6 +302,7 @@ class Supervisor:
         info = read_serve_file(self.root)
         if info is not None and is_local(info.get("hostname", "")) and pid_alive(int(info["pid"])):
             raise AlreadyExistsError(f"the cluster is already served by pid {info['pid']}")
+        self.secret = ensure_secret(self.root)  # an older cluster gets its secret now
         control_server = await asyncio.start_server(self._control, self.options.host, 0)
         chost, cport = control_server.sockets[0].getsockname()[:2]
         write_serve_file(

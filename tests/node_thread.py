@@ -10,6 +10,9 @@ from pathlib import Path
 from tectonic_emu.chunkstore import LocalNode
 from tectonic_emu.chunkstore.server import NodeServer
 
+# The cluster secret of test nodes: clients pass it to ``RemoteNode(..., secret=SECRET)``.
+SECRET = bytes(range(32))
+
 
 class ThreadedNodeServer:
     def __init__(
@@ -21,6 +24,7 @@ class ThreadedNodeServer:
         max_payload: int = 16 << 20,
         buffers: int = 4,
         sync: bool = True,
+        secret: bytes = SECRET,
     ) -> None:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -29,7 +33,7 @@ class ThreadedNodeServer:
         self.local = node
 
         async def start() -> tuple[NodeServer, tuple[str, int]]:
-            server = NodeServer(node, max_payload=max_payload, buffers=buffers)
+            server = NodeServer(node, secret=secret, max_payload=max_payload, buffers=buffers)
             return server, await server.start("127.0.0.1", 0)
 
         self.server, self.address = asyncio.run_coroutine_threadsafe(start(), self.loop).result()

@@ -47,7 +47,7 @@ from tectonic_emu.errors import (
     InvalidArgumentError,
     NodeUnavailableError,
 )
-from tests.node_thread import ThreadedNodeServer
+from tests.node_thread import SECRET, ThreadedNodeServer
 
 run = asyncio.run
 T = TypeVar("T")
@@ -64,7 +64,7 @@ _servers: dict[int, ThreadedNodeServer] = {}
 def make_node(kind: str, root: Path) -> StorageNode:
     if kind == "remote":
         server = ThreadedNodeServer(root, node_id=7, disks=DISKS)
-        remote = RemoteNode(7, DISKS, fixed_address(*server.address))
+        remote = RemoteNode(7, DISKS, fixed_address(*server.address), secret=SECRET)
         _servers[id(remote)] = server
         return remote
     if kind == "local":

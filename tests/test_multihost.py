@@ -8,6 +8,8 @@ writers finish, and repair restores full redundancy once the host is back."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import subprocess
 import sys
 import time
@@ -19,10 +21,12 @@ import pytest
 from bench import netns
 from bench.postgres import PostgresServer, bin_dir
 from tectonic_emu import Cluster
+from tectonic_emu.chunkstore import auth, wire
 from tectonic_emu.chunkstore.remote import RemoteNode
 from tectonic_emu.services.repair import repair
 from tests.conftest import SMALL_BLOCK, fresh_table, run_with
 from tests.served_writer import acknowledged, stream
+from tests.test_auth import ATTACKER, ATTACKER_PYTHON, _chunk_files, _frame
 from tests.test_served import until
 
 REPO = Path(__file__).resolve().parent.parent
@@ -136,3 +140,77 @@ def test_a_host_cut_off_mid_write_loses_nothing_acknowledged(
 async def _names(root: Path) -> list[str]:
     async with Cluster.open(root) as c:
         return sorted(await c.client().listdir("/"))
+
+
+def test_another_uid_on_another_host_can_do_nothing(
+    tmp_path: Path, hosts: netns.Hosts, database: str
+) -> None:
+    """Issue 19 across hosts: a process as uid nobody on the client host sends LIST, READ,
+    WRITE, DELETE and SET_DELAY to every node host, without a handshake and with a guessed
+    secret. Each connection closes with nothing but a challenge; the chunk files on every
+    host are unchanged and the file reads back. (Links across namespaces are not loopback:
+    their tags cover payloads.)"""
+    port = PORT + 50  # the other test's nodes may still listen on PORT
+    template = tmp_path / "template"
+    Cluster.create(
+        template,
+        nodes=len(NODE_HOSTS),
+        encoding="r3",
+        block_size=SMALL_BLOCK,
+        metadata=database,
+        metadata_table=fresh_table(),
+        node_addresses=tuple(f"{hosts.ip[h]}:{port}" for h in NODE_HOSTS),
+    )
+    netns.serve_nodes(hosts, template, tmp_path, NODE_HOSTS)
+    for h in NODE_HOSTS:
+        until(lambda h=h: netns.listening(hosts.ip[h], port), f"node on {h} listens", 30)
+    here = netns.host_copy(template, tmp_path / "reader")
+    data = bytes(range(256)) * (3 * SMALL_BLOCK // 256 + 7)
+
+    async def write(c: Cluster) -> list[tuple[int, int, str]]:
+        await c.client().write_file("/victim", data)
+        return [
+            (ch.node, ch.disk, ch.chunk_id) async for r in c.meta.iter_blocks() for ch in r.chunks
+        ]
+
+    chunks = run_with(here, write)
+    attempts: list[dict[str, object]] = []
+    for n, h in enumerate(NODE_HOSTS):
+        disk, cid = next(((d, c) for node, d, c in chunks if node == n), (0, "x.0"))
+        for what, raw in {
+            "LIST": _frame(wire.Op.LIST, 1, wire.DISK.pack(0)),
+            "READ": _frame(wire.Op.READ, 2, wire.pack_chunk_ref(disk, cid)),
+            "WRITE": _frame(wire.Op.WRITE, 3, wire.DISK_FLAGS.pack(0, 0) + b"p.0", b"PWNED!"),
+            "DELETE": _frame(wire.Op.DELETE, 4, wire.pack_chunk_ref(disk, cid)),
+            "SET_DELAY": _frame(wire.Op.SET_DELAY, 5, wire.DELAY.pack(3600.0)),
+        }.items():
+            addr = [hosts.ip[h], port]
+            attempts.append({"what": f"{what} to {h}", "addr": addr, "data": raw.hex()})
+            attempts.append({
+                "what": f"{what} to {h}, guessed secret", "addr": addr, "node": n,
+                "data": (raw + os.urandom(auth.TAG_BYTES)).hex(), "secret": os.urandom(32).hex(),
+            })  # fmt: skip
+    before = {h: _chunk_files(tmp_path / h) for h in NODE_HOSTS}
+    assert any(before.values())
+    job = json.dumps({"secret": str(template / "secret"), "attempts": attempts})
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    proc = hosts.popen(
+        "client",
+        [*nobody, ATTACKER_PYTHON, "-c", ATTACKER, job],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        cwd="/",
+    )
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0
+    result = json.loads(out)
+    assert result["uid"] == 65534 and result["secret"] == "PermissionError"
+    for r, a in zip(result["results"], attempts, strict=True):
+        challenge = auth.CHALLENGE.size if "secret" in a else 0
+        assert r["got"] == challenge and r["how"] in ("closed", "reset"), r
+    assert {h: _chunk_files(tmp_path / h) for h in NODE_HOSTS} == before
+
+    async def read_back(c: Cluster) -> bytes:
+        return await c.client().read_file("/victim")
+
+    assert run_with(here, read_back) == data

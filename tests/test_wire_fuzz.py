@@ -1,12 +1,15 @@
 """Frames thrown at a real node server over TCP (docs/wire-protocol.md).
 
 Frames are built here with a packer of their own, from the layout in the doc, and sent raw on
-blocking sockets. The hypothesis tests mangle well-formed frames (flipped bytes, cut frames,
-garbage, fields the server must refuse, metas it must answer with EINVAL). After every example
-the node must still be serving (its loop running, nothing logged as a bug, every pool buffer
-back), must hold only chunks that intact, valid WRITE frames carried, each with exactly its
-payload, and must answer a fresh ``RemoteNode``. Plain tests cover error replies, pipelining,
-limits and backpressure, and replies stuck behind an unread socket when the connection ends.
+blocking sockets after the handshake of ``chunkstore/auth.py`` (a ``Link``), each followed by
+its tag; replies are checked against theirs. The hypothesis tests mangle well-formed frames
+(flipped bytes, cut frames, garbage, fields the server must refuse, metas it must answer
+with EINVAL). After every example the node must still be serving (its loop running, nothing
+logged as a bug, every pool buffer back), must hold only chunks that intact, valid WRITE
+frames carried, each with exactly its payload, and must answer a fresh ``RemoteNode``. Plain
+tests cover error replies, pipelining, limits and backpressure, and replies stuck behind an
+unread socket when the connection ends. Unauthenticated, forged, replayed and spliced frames
+must close their connection having done nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import socket
 import struct
 import termios
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -35,7 +38,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tectonic_emu.chunkstore import wire
+from tectonic_emu.chunkstore import auth, wire
 from tectonic_emu.chunkstore.base import check_chunk_id
 from tectonic_emu.chunkstore.remote import RemoteNode, fixed_address
 from tectonic_emu.chunkstore.server import MAX_INFLIGHT
@@ -45,9 +48,10 @@ from tectonic_emu.errors import (
     ChunkCorruptError,
     ChunkNotFoundError,
     InvalidArgumentError,
+    NodeUnavailableError,
     TectonicError,
 )
-from tests.node_thread import ThreadedNodeServer
+from tests.node_thread import SECRET, ThreadedNodeServer
 
 T = TypeVar("T")
 
@@ -96,6 +100,71 @@ def frame(
     return head + _U32.pack(google_crc32c.extend(google_crc32c.value(head), meta)) + meta + payload
 
 
+class Link:
+    """A blocking socket to the node after the handshake: frames sent with ``sendall`` get
+    their tags (``seal``), replies read with ``read_reply`` have theirs checked."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        secret: bytes = SECRET,
+        node_id: int = NODE_ID,
+        *,
+        payload_tags: bool = True,
+    ):
+        self.sock = sock
+        handshake = auth.ClientHandshake(secret, node_id, payload_tags=payload_tags)
+        sock.sendall(handshake.hello)
+        challenge = _recv_exact(sock, auth.CHALLENGE.size)
+        proof, self.session = handshake.answer(challenge, local=True)
+        sock.sendall(proof)
+
+    def seal(self, one_frame: bytes) -> bytes:
+        """The frame and its tag, as the next frame this side sends (a tag over the header
+        and meta alone when the session has no payload tags)."""
+        mac = self.session.send
+        covered = one_frame if mac.payloads else one_frame[: 32 + _meta_len(one_frame)]
+        return one_frame + mac.tag(mac.next_seq(), [covered])
+
+    def sendall(self, frames: bytes) -> None:
+        """Send whole frames, back to back, each sealed in turn."""
+        out, pos = bytearray(), 0
+        while pos < len(frames):
+            meta_len = _meta_len(frames[pos:])
+            payload_len = int.from_bytes(frames[pos + 16 : pos + 24], "little")
+            end = pos + 32 + meta_len + payload_len
+            assert end <= len(frames), "sendall takes whole frames"
+            out += self.seal(frames[pos:end])
+            pos = end
+        self.sock.sendall(out)
+
+    def send_raw(self, data: bytes) -> None:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self.sock.sendall(data)
+
+    def recv(self, n: int) -> bytes:
+        return self.sock.recv(n)
+
+    def shutdown(self, how: int) -> None:
+        self.sock.shutdown(how)
+
+    def getsockname(self) -> Any:
+        return self.sock.getsockname()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> Link:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _meta_len(frame_bytes: bytes) -> int:
+    return int.from_bytes(frame_bytes[6:8], "little")
+
+
 @dataclass(frozen=True)
 class Reply:
     op: int
@@ -109,7 +178,7 @@ class _Cut(Exception):
     """The peer closed in the middle of a frame."""
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket | Link, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
         got = sock.recv(min(n - len(buf), 1 << 20))
@@ -119,8 +188,9 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def read_reply(sock: socket.socket) -> Reply | None:
-    """The next reply frame, checked; None when the server closed between frames."""
+def read_reply(sock: Link) -> Reply | None:
+    """The next reply frame, checked (its tag too); None when the server closed between
+    frames."""
     first = sock.recv(1)
     if not first:
         return None
@@ -135,10 +205,14 @@ def read_reply(sock: socket.socket) -> Reply | None:
     assert header_crc == google_crc32c.extend(google_crc32c.value(head[:28]), meta)
     payload = _recv_exact(sock, payload_len)
     assert payload_crc == crc(payload)
+    tag = _recv_exact(sock, auth.TAG_BYTES)
+    mac = sock.session.receive
+    covered = head + meta + payload if mac.payloads else head + meta
+    assert mac.check(mac.next_seq(), [covered], tag), "a reply fails its tag"
     return Reply(op, status, request_id, meta, payload)
 
 
-def read_replies(sock: socket.socket, n: int) -> dict[int, Reply]:
+def read_replies(sock: Link, n: int) -> dict[int, Reply]:
     """``n`` replies on a connection that must stay open, by request id."""
     replies: dict[int, Reply] = {}
     for _ in range(n):
@@ -149,7 +223,7 @@ def read_replies(sock: socket.socket, n: int) -> dict[int, Reply]:
     return replies
 
 
-def drain(sock: socket.socket) -> list[Reply]:
+def drain(sock: Link) -> list[Reply]:
     """Whole replies until the server closes (a reset or a cut frame counts as closed)."""
     replies: list[Reply] = []
     try:
@@ -160,10 +234,12 @@ def drain(sock: socket.socket) -> list[Reply]:
     return replies
 
 
-def send(sock: socket.socket, data: bytes) -> None:
-    """Send what the server takes; it may close early on a bad frame."""
+def send(sock: Link | socket.socket, data: bytes) -> None:
+    """Send what the server takes, as it is (tags included, if any); it may close early on a
+    bad frame."""
+    raw = sock.sock if isinstance(sock, Link) else sock
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        sock.sendall(data)
+        raw.sendall(data)
 
 
 # -- the node under test ---------------------------------------------------------------------
@@ -195,10 +271,14 @@ class Node:
         if req.chunk is not None:
             self.valid[req.chunk] = req.payload
 
-    def connect(self) -> socket.socket:
+    def connect_raw(self) -> socket.socket:
+        """A connection with no handshake."""
         sock = socket.create_connection(self.srv.address, timeout=TIMEOUT)
         sock.settimeout(TIMEOUT)
         return sock
+
+    def connect(self) -> Link:
+        return Link(self.connect_raw())
 
 
 @pytest.fixture(scope="module")
@@ -255,7 +335,9 @@ def wait_until(check: Any, what: str, timeout: float = 20.0) -> None:
 
 
 async def _liveness(address: tuple[str, int]) -> None:
-    remote = RemoteNode(NODE_ID, DISKS, fixed_address(*address), request_timeout=TIMEOUT)
+    remote = RemoteNode(
+        NODE_ID, DISKS, fixed_address(*address), secret=SECRET, request_timeout=TIMEOUT
+    )
     try:
         ping = await remote.ping(wait=TIMEOUT)
         assert (ping.node_id, ping.disks, ping.max_payload) == (NODE_ID, DISKS, MAX_PAYLOAD)
@@ -362,10 +444,13 @@ Expect = Literal["closes", "closes_at_eof", "error"]
 class Case:
     """Bytes to send after ``prefix`` and what the server must do with them: close the
     connection by itself, close it once the client closes its side, or send an error reply
-    with ``status`` and go on."""
+    with ``status`` and go on. ``bad`` is one frame, sealed with its tag before it is sent
+    and then changed by ``mangle``, or garbage sent as it is (``sealed`` False)."""
 
     bad: bytes
     expect: Expect
+    sealed: bool = True
+    mangle: Callable[[bytes], bytes] | None = None
     prefix: Request | None = None
     request_id: int = 2
     op: int = 0
@@ -384,25 +469,39 @@ def mangled(draw: st.DrawFn) -> Case:
     prefix = draw(prefixes)
     if how == "garbage":
         garbage = draw(st.binary(min_size=1, max_size=300))
-        return Case(garbage, "closes_at_eof", prefix, label="garbage")
+        return Case(garbage, "closes_at_eof", False, None, prefix, label="garbage")
     req, rid = draw(requests()), draw(request_ids)
     raw = req.encode(rid)
+    sealed_len = len(raw) + auth.TAG_BYTES
     if how == "truncate":
-        cut = raw[: draw(st.integers(0, len(raw) - 1))]
-        return Case(cut, "closes_at_eof", prefix, label=f"truncated {req.op.name}")
+        keep = draw(st.integers(0, sealed_len - 1))
+        return Case(
+            raw, "closes_at_eof", True, lambda b: b[:keep], prefix, label=f"truncated {req.op.name}"
+        )
     end_meta = 32 + len(req.meta)
-    regions = {"header": (0, 32), "meta": (32, end_meta), "payload": (end_meta, len(raw))}
+    regions = {
+        "header": (0, 32),
+        "meta": (32, end_meta),
+        "payload": (end_meta, len(raw)),
+        "tag": (len(raw), sealed_len),
+    }
     region = draw(st.sampled_from([r for r, (lo, hi) in regions.items() if hi > lo]))
     lo, hi = regions[region]
     spots = draw(
         st.lists(st.integers(lo, hi - 1), min_size=1, max_size=min(3, hi - lo), unique=True)
     )
-    out = bytearray(raw)
-    for spot in spots:
-        out[spot] ^= draw(st.integers(1, 255))
-    if region == "payload":  # the header is intact: the payload fails its checksum
-        return Case(bytes(out), "error", prefix, rid, Op.WRITE, errno.EBADMSG, "flipped payload")
-    return Case(bytes(out), "closes_at_eof", prefix, label=f"flipped {region} of {req.op.name}")
+    flips = [(spot, draw(st.integers(1, 255))) for spot in spots]
+
+    def flip(sealed: bytes) -> bytes:
+        out = bytearray(sealed)
+        for spot, mask in flips:
+            out[spot] ^= mask
+        return bytes(out)
+
+    # A flipped payload or tag fails the tag; a flipped header may also claim more bytes
+    # than come, so the node closes at the latest when the client closes its side.
+    label = f"flipped {region} of {req.op.name}"
+    return Case(raw, "closes_at_eof", True, flip, prefix, label=label)
 
 
 unknown_ops = st.integers(0, 255).filter(lambda op: op not in Op._value2member_map_)
@@ -436,7 +535,7 @@ def bad_fields(draw: st.DrawFn) -> Case:
         op, payload = req.op, draw(st.binary(min_size=1, max_size=64))
         fields["payload_len"] = draw(st.integers(len(payload), MAX_PAYLOAD))
     raw = frame(op, rid, req.meta, payload, **fields)
-    return Case(raw, "closes", draw(prefixes), label=f"bad {what}")
+    return Case(raw, "closes", prefix=draw(prefixes), label=f"bad {what}")
 
 
 bad_chunk_ids = st.one_of(
@@ -506,7 +605,10 @@ def bad_refs(draw: st.DrawFn) -> Case:
         )
     rid = draw(request_ids)
     raw = frame(op, rid, meta, payload)
-    return Case(raw, "error", draw(prefixes), rid, op, errno.EINVAL, f"bad meta of {op.name}")
+    return Case(
+        raw, "error", prefix=draw(prefixes), request_id=rid, op=op, status=errno.EINVAL,
+        label=f"bad meta of {op.name}",
+    )  # fmt: skip
 
 
 def run_case(n: Node, case: Case) -> None:
@@ -514,14 +616,15 @@ def run_case(n: Node, case: Case) -> None:
     event(case.label)
     event(f"after a valid {case.prefix.op.name}" if case.prefix else "alone")
     prefix_id = 1
-    data = case.prefix.encode(prefix_id) if case.prefix is not None else b""
+    sock = n.connect()
+    data = sock.seal(case.prefix.encode(prefix_id)) if case.prefix is not None else b""
     if case.prefix is not None:
         n.expect_written(case.prefix)
-    data += case.bad
-    sock = n.connect()
+    bad = sock.seal(case.bad) if case.sealed else case.bad
+    data += case.mangle(bad) if case.mangle is not None else bad
     try:
         if case.expect == "error":
-            send(sock, data + frame(Op.PING, SENTINEL))
+            send(sock, data + sock.seal(frame(Op.PING, SENTINEL)))
             replies = read_replies(sock, 2 + (case.prefix is not None))
             bad = replies.pop(case.request_id)
             assert (bad.op, bad.status, bad.payload) == (case.op, case.status, b"")
@@ -566,6 +669,164 @@ def test_frames_breaking_framing_rules_close_the_connection(node: Node, case: Ca
 @given(case=bad_refs())
 def test_bad_meta_gets_an_error_reply(node: Node, case: Case) -> None:
     run_case(node, case)
+
+
+# -- frames that are not authenticated, replayed or spliced ----------------------------------
+# Requests that would change the node if they ran: a WRITE, a DELETE of the known chunk, a
+# delay. Their absence afterwards (check_node) shows they did not.
+def harmful(draw: st.DrawFn) -> Request:
+    kind = draw(st.sampled_from(["write", "delete", "delay"]))
+    if kind == "write":
+        return write_request(draw(st.integers(0, DISKS - 1)), fresh_id("evil"), draw(payloads()))
+    if kind == "delete":
+        return Request(Op.DELETE, ref(0, KNOWN))
+    return Request(Op.SET_DELAY, wire.DELAY.pack(draw(st.sampled_from([1.0, 3600.0]))))
+
+
+@settings(_fuzz, max_examples=40)
+@given(data=st.data())
+def test_frames_without_a_handshake_do_nothing(node: Node, data: st.DataObject) -> None:
+    """Well-formed frames, with or without tags, on a connection that skipped the handshake
+    (or sent a HELLO and then a wrong proof): closed, nothing run, nothing answered."""
+    reqs = [data.draw(st.composite(harmful)()) for _ in range(data.draw(st.integers(1, 3)))]
+    how = data.draw(st.sampled_from(["none", "wrong proof", "wrong key"]))
+    with node.connect_raw() as sock:
+        if how != "none":
+            handshake = auth.ClientHandshake(SECRET, NODE_ID)
+            sock.sendall(handshake.hello)
+            _recv_exact(sock, auth.CHALLENGE.size)
+            sock.sendall(bytes(auth.PROOF_BYTES) if how == "wrong proof" else os.urandom(32))
+        mac = auth.FrameMac(os.urandom(32))  # a key the node never derived
+        frames = [r.encode(i) for i, r in enumerate(reqs)]
+        if data.draw(st.booleans()):
+            frames = [f + mac.tag(i, [f]) for i, f in enumerate(frames)]
+        send(sock, b"".join(frames))
+        with contextlib.suppress(OSError):
+            assert sock.recv(1) == b""  # closed, no reply
+    check_node(node)
+
+
+def test_a_wrong_secret_cannot_connect(node: Node) -> None:
+    """A client with another secret finds the node does not prove it; the node refuses it."""
+    with pytest.raises(auth.AuthError, match="does not prove"):
+        Link(node.connect_raw(), secret=os.urandom(32))
+    with pytest.raises(_Cut):
+        Link(node.connect_raw(), node_id=NODE_ID + 1)  # the node closes: no challenge
+
+    async def go() -> None:
+        remote = RemoteNode(NODE_ID, DISKS, fixed_address(*node.srv.address), secret=bytes(32))
+        try:
+            with pytest.raises(NodeUnavailableError, match="cannot authenticate"):
+                await remote.ping()
+        finally:
+            await remote.close()
+
+    asyncio.run(go())
+    check_node(node)
+
+
+@settings(_fuzz, max_examples=40)
+@given(data=st.data())
+def test_replayed_frames_do_nothing(node: Node, data: st.DataObject) -> None:
+    """A sealed frame captured on one connection and sent again, on a new connection or later
+    on its own: refused, the connection closed, nothing run twice or at all."""
+    req = data.draw(st.composite(harmful)())
+    where = data.draw(st.sampled_from(["another connection", "same connection"]))
+    with node.connect() as first:
+        captured = first.seal(req.encode(1))
+        if where == "same connection":
+            node.expect_written(req)
+            first.send_raw(captured)
+            reply = read_reply(first)
+            assert reply is not None and reply.status == 0
+            if req.op == Op.DELETE:  # it ran once: put the known chunk back
+                node.on_loop(
+                    node.srv.local.write_chunk(0, KNOWN, KNOWN_DATA, crc32c=crc(KNOWN_DATA))
+                )
+                node.verified.discard((0, KNOWN))
+            if req.op == Op.SET_DELAY:
+                first.sendall(frame(Op.SET_DELAY, 2, wire.DELAY.pack(0.0)))
+                assert read_reply(first) is not None
+            node.on_loop(_quiesce())
+            before = snapshot(node)
+            first.send_raw(captured)
+            assert drain(first) == []
+        else:
+            before = snapshot(node)
+            with node.connect() as second:
+                second.send_raw(captured)
+                assert drain(second) == []
+    node.on_loop(_quiesce())
+    assert snapshot(node) == before
+    check_node(node)
+
+
+def snapshot(n: Node) -> tuple[float, set[tuple[int, str]]]:
+    """The node's delay and chunks."""
+    chunks = {
+        (disk, info.chunk_id)
+        for disk in range(DISKS)
+        for info in n.on_loop(n.srv.local.list_chunks(disk))
+    }
+    return n.srv.server.delay, chunks
+
+
+@settings(_fuzz, max_examples=40)
+@given(data=st.data())
+def test_spliced_frames_stop_at_the_splice(node: Node, data: st.DataObject) -> None:
+    """Sealed frames sent out of order, with one dropped, or with a frame sealed for another
+    connection cut in: the frames before the splice run, the connection closes there, and
+    nothing after it runs."""
+    sizes = data.draw(st.lists(st.integers(0, 3000), min_size=2, max_size=5))
+    reqs = [write_request(i % DISKS, fresh_id("seq"), os.urandom(n)) for i, n in enumerate(sizes)]
+    how = data.draw(st.sampled_from(["swap", "drop", "cut in"]))
+    at = data.draw(st.integers(0, len(reqs) - 2))
+    with node.connect() as link, node.connect() as other:
+        sealed = [link.seal(r.encode(i)) for i, r in enumerate(reqs)]
+        if how == "swap":
+            sealed[at], sealed[at + 1] = sealed[at + 1], sealed[at]
+        elif how == "drop":
+            del sealed[at]
+        else:
+            sealed.insert(at, other.seal(write_request(1, fresh_id("cut"), b"cut in").encode(99)))
+        for req in reqs[:at]:  # these run; nothing from the splice on may
+            node.expect_written(req)
+        link.send_raw(b"".join(sealed))
+        answered = drain(link)
+    # (replies of requests still running when the connection closes are dropped)
+    assert {r.request_id for r in answered} <= set(range(at))
+    node.on_loop(_quiesce())
+    stored = snapshot(node)[1]
+    assert all(r.chunk in stored for r in reqs[:at])
+    assert not any(r.chunk in stored for r in reqs[at:])
+    check_node(node)
+
+
+def test_without_payload_tags_the_crc_binds_the_payload(node: Node) -> None:
+    """On loopback a client may skip payload tags (the default of RemoteNode there): the tag
+    covers header and meta, whose CRC32C the node checks the payload against. A changed
+    payload is refused (EBADMSG) and not stored; a changed header still closes."""
+    payload = b"loopback payload"
+    cid = fresh_id("lo")
+    req = write_request(1, cid, payload)
+    with node.connect_raw() as raw:
+        link = Link(raw, payload_tags=False)
+        assert not link.session.send.payloads
+        sealed = bytearray(link.seal(req.encode(1)))
+        sealed[-auth.TAG_BYTES - 1] ^= 1  # the payload's last byte
+        link.send_raw(bytes(sealed))
+        reply = read_reply(link)
+        assert reply is not None and (reply.request_id, reply.status) == (1, errno.EBADMSG)
+        good = write_request(1, cid, payload)
+        node.expect_written(good)
+        link.sendall(good.encode(2))
+        reply = read_reply(link)
+        assert reply is not None and (reply.request_id, reply.status) == (2, 0)
+        sealed = bytearray(link.seal(frame(Op.PING, 3)))
+        sealed[9] ^= 1  # the request id
+        link.send_raw(bytes(sealed))
+        assert drain(link) == []
+    check_node(node)
 
 
 # -- plain cases -----------------------------------------------------------------------------
@@ -672,7 +933,7 @@ def test_payload_failing_its_checksum_is_refused(node: Node) -> None:
 
 def test_error_replies_raise_typed_errors(node: Node) -> None:
     async def go() -> None:
-        remote = RemoteNode(NODE_ID, DISKS, fixed_address(*node.srv.address))
+        remote = RemoteNode(NODE_ID, DISKS, fixed_address(*node.srv.address), secret=SECRET)
         try:
             with pytest.raises(ChunkNotFoundError):
                 await remote.read_chunk(1, "absent")
@@ -749,7 +1010,7 @@ def test_write_waits_for_a_pool_buffer_while_others_are_served(node: Node) -> No
             head = frame(
                 Op.WRITE, 1, wire.DISK_FLAGS.pack(0, 0) + fresh_id("held").encode(), b"\0" * 1000
             )
-            sock.sendall(head[:-990])  # header, meta and 10 payload bytes
+            sock.send_raw(sock.seal(head)[: -990 - auth.TAG_BYTES])  # all but 990 + the tag
         wait_until(lambda: node.on_loop(_free_buffers(node)) == 0, "the pool to be empty")
         req = write_request(1, fresh_id("waited"), b"waited for a buffer")
         node.expect_written(req)
@@ -833,6 +1094,7 @@ class ConnState:
     reading: bool
     buffered: int  # reply bytes waiting in the transport
     high_water: int
+    frames: int  # frames received whole (tags checked or being checked)
 
 
 async def _connection_state(n: Node, peer: tuple[str, int]) -> ConnState | None:
@@ -848,11 +1110,12 @@ async def _connection_state(n: Node, peer: tuple[str, int]) -> ConnState | None:
             transport.is_reading(),
             transport.get_write_buffer_size(),
             transport.get_write_buffer_limits()[1],
+            conn._rx._seq if conn._rx is not None else 0,
         )
     return None
 
 
-def pipeline_unread(n: Node, request: bytes, count: int) -> tuple[socket.socket, list[ConnState]]:
+def pipeline_unread(n: Node, request: bytes, count: int) -> tuple[Link, list[ConnState]]:
     """Send ``count`` copies of a request and read nothing, until the server has answered
     them all or stopped reading; returns the socket and the states seen meanwhile."""
     sock = n.connect()
@@ -865,7 +1128,7 @@ def pipeline_unread(n: Node, request: bytes, count: int) -> tuple[socket.socket,
         if state is None:  # not accepted yet
             return False
         seen.append(state)
-        done = state.tasks == 0 and state.unread == 0
+        done = state.frames == count and state.tasks == 0 and state.unread == 0
         # Stopped reading with requests left unread: its replies fill the transport's buffer,
         # or (chunk replies go out with sendfile, which buffers nothing) the socket, and a
         # reply waiting for the socket holds the connection's reading.
@@ -902,7 +1165,7 @@ async def _cancel_all() -> None:
 
 
 @contextlib.contextmanager
-def blocked_replies(root: Path) -> Iterator[tuple[Node, socket.socket]]:
+def blocked_replies(root: Path) -> Iterator[tuple[Node, Link]]:
     """A node of its own (these tests may leave it stuck) with one connection whose replies
     are blocked: READs waiting to write to a client that reads nothing."""
     srv = ThreadedNodeServer(

@@ -6,6 +6,10 @@ Requests are pipelined on the connection and matched to replies by request id; r
 received straight into their destination buffer, which is page aligned (copies into a buffer
 16 bytes past a page boundary are 5x slower on this machine, see ../shared/MACHINE.md).
 
+Every connection starts with the handshake of ``auth.py`` (the node and this client each
+prove they know the cluster secret), and every frame each way carries its tag; a reply that
+fails its tag is treated as a malformed one.
+
 A connection that fails (refused, reset, timed out, malformed reply) marks the node down at
 once, fails every request on it with ``NodeUnavailableError``, and is dropped; the cluster's
 health monitor pings down nodes and marks them up when they answer again.
@@ -18,11 +22,12 @@ import contextlib
 import ctypes
 import itertools
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tectonic_emu.chunkstore import wire
+from tectonic_emu.chunkstore import auth, wire
 from tectonic_emu.chunkstore._format import as_byte_view
 from tectonic_emu.chunkstore.base import (
     BytesLike,
@@ -89,12 +94,20 @@ class _Call:
         self.dest = dest  # receive the reply payload here (it must be exactly this size)
 
 
-_HEAD, _META, _PAYLOAD = range(3)
+_CHALLENGE, _HEAD, _META, _PAYLOAD, _TAG = range(5)
 
 
 class _ClientConnection(asyncio.BufferedProtocol):
-    def __init__(self, name: str, pacer: Pacer | None = None) -> None:
+    """One connection to a node: ``ready`` is done once the handshake is (or has failed)."""
+
+    def __init__(self, name: str, handshake: auth.ClientHandshake, pacer: Pacer | None = None):
         self.name = name
+        self._handshake = handshake
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._rx: auth.FrameMac | None = None
+        self._local = False  # both ends loopback (set once connected)
+        self._hs_buf = bytearray(auth.CHALLENGE.size)
+        self._tag_buf = bytearray(auth.TAG_BYTES)
         self.pacer = pacer  # this host's emulated NIC (netem.py), shared by its connections
         self._gate = ReadGate(pacer, lambda: not self.closed)
         self.pending: dict[int, _Call] = {}
@@ -102,7 +115,7 @@ class _ClientConnection(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self._header_buf = bytearray(HEADER_SIZE)
         self._meta_buf = bytearray(wire.MAX_META)
-        self._state = _HEAD
+        self._state = _CHALLENGE
         self._got = 0
         self._h: Header | None = None
         self._meta = b""
@@ -113,6 +126,10 @@ class _ClientConnection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self._local = auth.is_local(
+            transport.get_extra_info("sockname"), transport.get_extra_info("peername")
+        )
+        transport.write(self._handshake.hello)
 
     def connection_lost(self, exc: Exception | None) -> None:
         why = reason(exc) if exc is not None else "closed"
@@ -126,6 +143,9 @@ class _ClientConnection(asyncio.BufferedProtocol):
 
     def _fail(self, error: Exception) -> None:
         self.closed = True
+        if not self.ready.done():
+            self.ready.set_exception(error)
+            self.ready.exception()  # retrieved: ``_open`` re-raises it when it waits
         self.writer.resume()
         calls, self.pending = self.pending, {}
         for call in calls.values():
@@ -151,6 +171,10 @@ class _ClientConnection(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._state == _HEAD:
             return memoryview(self._header_buf)[self._got :]
+        if self._state == _CHALLENGE:
+            return memoryview(self._hs_buf)[self._got :]
+        if self._state == _TAG:
+            return memoryview(self._tag_buf)[self._got :]
         assert self._h is not None
         if self._state == _META:
             return memoryview(self._meta_buf)[self._got : self._h.meta_len]
@@ -170,8 +194,18 @@ class _ClientConnection(asyncio.BufferedProtocol):
             self._advance()
         except FrameError as e:
             self.abort(f"bad reply frame: {e}")
+        except auth.AuthError as e:
+            self.abort(f"cannot authenticate: {e}")
 
     def _advance(self) -> None:
+        if self._state == _CHALLENGE and self._got == auth.CHALLENGE.size:
+            assert self.transport is not None
+            proof, session = self._handshake.answer(self._hs_buf, local=self._local)
+            self.transport.write(proof)
+            self._rx, self.writer.mac = session.receive, session.send
+            self._state, self._got = _HEAD, 0
+            self.ready.set_result(None)
+            return
         if self._state == _HEAD and self._got == HEADER_SIZE:
             self._h = wire.unpack_header(self._header_buf, MAX_REPLY_PAYLOAD)
             self._state, self._got = _META, 0
@@ -200,18 +234,61 @@ class _ClientConnection(asyncio.BufferedProtocol):
                 )
             self._state, self._got = _PAYLOAD, 0
         if self._state == _PAYLOAD and self._h is not None and self._got == self._h.payload_len:
+            self._state, self._got = _TAG, 0
+        if self._state == _TAG and self._h is not None and self._got == auth.TAG_BYTES:
             h, meta, dest = self._h, self._meta, self._dest
             self._state, self._got, self._h, self._dest = _HEAD, 0, None, None
             self._call = None
-            call = self.pending.pop(h.request_id, None)
-            if call is not None and not call.future.done():
-                call.future.set_result((h, meta, dest if dest is not None else memoryview(b"")))
+            self._check_tag(h, meta, dest, bytes(self._tag_buf))
+
+    def _check_tag(self, h: Header, meta: bytes, dest: memoryview | None, tag: bytes) -> None:
+        """Deliver a reply once its tag holds: here, or for a big payload from a worker
+        thread. A reply whose payload was discarded (nobody waits for it) cannot be checked
+        and is dropped unread; a frame forged in its place shifts the sequence numbers, so
+        the next reply fails its tag and closes the connection."""
+        assert self._rx is not None
+        seq = self._rx.next_seq()
+        head = bytes(self._header_buf) + meta
+        if not self._rx.payloads:  # the payload is bound by its CRC32C, checked by the caller
+            if not self._rx.check(seq, [head], tag):
+                raise auth.AuthError("a reply fails its tag (forged, replayed or cut)")
+            self._deliver(h, meta, dest)
+            return
+        if dest is None and h.payload_len:
+            self.pending.pop(h.request_id, None)
+            return
+        parts: list[bytes | memoryview] = [head] if dest is None else [head, dest]
+        if h.payload_len < wire.THREAD_TAG_BYTES:
+            if not self._rx.check(seq, parts, tag):
+                raise auth.AuthError("a reply fails its tag (forged, replayed or cut)")
+            self._deliver(h, meta, dest)
+            return
+        checked = asyncio.get_running_loop().run_in_executor(None, self._rx.check, seq, parts, tag)
+
+        def done(f: asyncio.Future[bool]) -> None:
+            if self.closed:
+                return
+            if f.exception() is not None or not f.result():
+                self.abort("cannot authenticate: a reply fails its tag (forged, replayed or cut)")
+            else:
+                self._deliver(h, meta, dest)
+
+        checked.add_done_callback(done)
+
+    def _deliver(self, h: Header, meta: bytes, dest: memoryview | None) -> None:
+        call = self.pending.pop(h.request_id, None)
+        if call is not None and not call.future.done():
+            call.future.set_result((h, meta, dest if dest is not None else memoryview(b"")))
 
 
 class RemoteNode(StorageNode):
     """A storage node served by another process. ``resolve`` returns its current address
     (re-read on every connect, so a node restarted on a new port is found), or None while it
-    has none. ``request_timeout`` bounds every request; a node that misses it is marked down."""
+    has none. ``secret``: the cluster's 32-byte secret, proved on every connection.
+    ``payload_tags``: tag payloads even where both ends are loopback (off the host they
+    always are; ``auth.py``). ``tls``: a client context, to speak TLS to the node (its
+    certificate checked against the host connected to).
+    ``request_timeout`` bounds every request; a node that misses it is marked down."""
 
     def __init__(
         self,
@@ -219,11 +296,17 @@ class RemoteNode(StorageNode):
         disks: int,
         resolve: Resolver,
         *,
+        secret: bytes,
+        payload_tags: bool = False,
+        tls: ssl.SSLContext | None = None,
         connect_timeout: float = 2.0,
         request_timeout: float = 120.0,
         pacer: Pacer | None = None,
     ) -> None:
         self.node_id = node_id
+        self._secret = auth.check_secret(secret)
+        self.payload_tags = payload_tags
+        self.tls = tls
         self.pacer = pacer
         self.disks = disks
         self.available = True
@@ -288,9 +371,16 @@ class RemoteNode(StorageNode):
         host, port = address
         name = f"node {self.node_id} at {host}:{port}"
         loop = asyncio.get_running_loop()
+        handshake = auth.ClientHandshake(self._secret, self.node_id, payload_tags=self.payload_tags)
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _ClientConnection(name, self.pacer), host, port),
+                loop.create_connection(
+                    lambda: _ClientConnection(name, handshake, self.pacer),
+                    host,
+                    port,
+                    ssl=self.tls,
+                    server_hostname=host if self.tls is not None else None,
+                ),
                 self.connect_timeout,
             )
         except (OSError, TimeoutError) as e:
@@ -299,6 +389,16 @@ class RemoteNode(StorageNode):
             raise NodeUnavailableError(f"{name}: cannot connect ({why})") from None
         if self.pacer is not None and self.pacer.one_way:
             await hold(2 * self.pacer.one_way)  # TCP's handshake: one round trip
+        try:
+            # The node's process must answer the handshake, not only its kernel the connect:
+            # a loaded host may take longer than ``connect_timeout``, and is not down for that.
+            await asyncio.wait_for(asyncio.shield(conn.ready), auth.HANDSHAKE_TIMEOUT)
+        except TimeoutError:
+            conn.abort("no handshake in time")
+            raise NodeUnavailableError(f"{name}: no authentication handshake in time") from None
+        except NodeUnavailableError as e:
+            _drop(conn)
+            raise NodeUnavailableError(str(e)) from None
         return conn
 
     async def call(
@@ -461,12 +561,21 @@ class RemoteNode(StorageNode):
 
     async def list_chunks(self, disk: int) -> list[ChunkInfo]:
         self._check(disk)
-        _, _, payload = await self.call(Op.LIST, wire.DISK.pack(disk))
+        h, _, payload = await self.call(Op.LIST, wire.DISK.pack(disk))
+        self._check_listing(h, payload)
         return wire.unpack_list(payload)
 
     async def usage(self) -> list[DiskUsage]:
-        _, _, payload = await self.call(Op.USAGE)
+        h, _, payload = await self.call(Op.USAGE)
+        self._check_listing(h, payload)
         return wire.unpack_usage(payload)
+
+    def _check_listing(self, h: Header, payload: memoryview) -> None:
+        # The header's CRC32C is authenticated: it covers the payload where tags do not.
+        if crc32c(payload) != h.payload_crc32c:
+            raise ChunkCorruptError(
+                "a listing fails its checksum in transit", f"node {self.node_id}"
+            )
 
     async def close(self) -> None:
         self._closed = True

@@ -10,6 +10,10 @@ Backpressure: when the pool has no free buffer, or a connection has ``MAX_INFLIG
 running, the connection stops reading until that changes, so a node never holds more than
 ``buffers`` chunk payloads in memory whatever its clients send.
 
+Authentication (``auth.py``): a connection is served only after the client proves it knows
+the cluster secret, and every frame after that must carry its tag. A failed handshake or tag
+closes the connection and is logged, at most once per ten seconds per node.
+
 A frame that breaks the framing rules (``wire.FrameError``) closes its connection only; every
 other error becomes a typed error reply and the connection goes on.
 """
@@ -23,11 +27,12 @@ import errno
 import logging
 import mmap
 import os
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from tectonic_emu.chunkstore import wire
+from tectonic_emu.chunkstore import auth, wire
 from tectonic_emu.chunkstore._local import LocalNode
 from tectonic_emu.chunkstore.base import BytesLike
 from tectonic_emu.chunkstore.netem import LinkModel, Pacer, ReadGate
@@ -80,18 +85,25 @@ class BufferPool:
 class NodeServer:
     """Serve ``node`` on TCP. ``max_payload`` bounds a chunk (the cluster's block size);
     ``delay`` seconds are added before every reply but PING's (a slow node, for studying tail
-    latency; ``SET_DELAY`` changes it at run time)."""
+    latency; ``SET_DELAY`` changes it at run time). ``secret``: the cluster's 32-byte secret,
+    which every client must prove it knows (``auth.py``). ``tls``: a server context, to speak
+    TLS on every connection."""
 
     def __init__(
         self,
         node: LocalNode,
         *,
+        secret: bytes,
         max_payload: int,
         buffers: int = 8,
         delay: float = 0.0,
         link: LinkModel | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.node = node
+        self.tls = tls  # encrypt every connection (``tectonic_emu/tls.py``)
+        self.secret = auth.check_secret(secret)
+        self.refusals = auth.RefusalLog(log, f"node {node.node_id}")
         # The node host's emulated NIC (``netem.py``), when the cluster models a network.
         self.pacer = Pacer.of(link, chunk=max_payload)
         self.max_payload = max_payload
@@ -106,7 +118,7 @@ class NodeServer:
         """Listen; returns the (host, port) bound (port 0 picks a free one)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _Connection(self), host, port, reuse_address=True
+            lambda: _Connection(self), host, port, reuse_address=True, ssl=self.tls
         )
         sockname = self._server.sockets[0].getsockname()
         return str(sockname[0]), int(sockname[1])
@@ -216,7 +228,16 @@ def _unpack_exact(fmt: Any, meta: bytes) -> tuple[Any, ...]:
     return tuple(fmt.unpack(meta))
 
 
-_HEADER, _META, _PAYLOAD, _WAIT_BUFFER = range(4)
+_HELLO, _PROOF, _HEADER, _META, _PAYLOAD, _WAIT_BUFFER, _TAG = range(7)
+
+
+@dataclass(frozen=True, slots=True)
+class _Unchecked:
+    """A frame whose tag is checked in a worker thread (a big payload), before it runs."""
+
+    seq: int
+    head: bytes
+    tag: bytes
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -229,7 +250,13 @@ class _Connection(asyncio.BufferedProtocol):
         self._transport: asyncio.Transport | None = None
         self._header_buf = bytearray(HEADER_SIZE)
         self._meta_buf = bytearray(MAX_META)
-        self._state = _HEADER
+        self._hs_buf = bytearray(auth.HELLO.size)
+        self._tag_buf = bytearray(auth.TAG_BYTES)
+        self._handshake: auth.ServerHandshake | None = None  # made once connected
+        self._rx: auth.FrameMac | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._peer: object = "a client"
+        self._state = _HELLO
         self._got = 0
         self._h: Header | None = None
         self._meta = b""
@@ -243,10 +270,24 @@ class _Connection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
+        self._peer = transport.get_extra_info("peername") or "a client"
+        local = auth.is_local(transport.get_extra_info("sockname"), self._peer)
+        self._handshake = auth.ServerHandshake(
+            self.server.secret, self.server.node.node_id, local=local
+        )
         self.server.connections.add(self)
+        self._deadline = asyncio.get_running_loop().call_later(
+            auth.HANDSHAKE_TIMEOUT, self._handshake_timed_out
+        )
+
+    def _handshake_timed_out(self) -> None:
+        if self._rx is None and not self.closed:
+            self._refuse(f"no handshake in {auth.HANDSHAKE_TIMEOUT:.0f} s")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._deadline is not None:
+            self._deadline.cancel()
         self.writer.resume()  # replies waiting for the socket to drain now fail and end
         self.server.connections.discard(self)
         if self._payload is not None:
@@ -262,6 +303,12 @@ class _Connection(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._state == _HEADER:
             return memoryview(self._header_buf)[self._got :]
+        if self._state == _HELLO:
+            return memoryview(self._hs_buf)[self._got :]
+        if self._state == _PROOF:
+            return memoryview(self._hs_buf)[self._got : auth.PROOF_BYTES]
+        if self._state == _TAG:
+            return memoryview(self._tag_buf)[self._got :]
         assert self._h is not None
         if self._state == _META:
             return memoryview(self._meta_buf)[self._got : self._h.meta_len]
@@ -274,14 +321,38 @@ class _Connection(asyncio.BufferedProtocol):
         try:
             self._advance()
         except FrameError as e:
-            log.warning("node %d: closing a connection: %s", self.server.node.node_id, e)
-            self.abort()
+            if self._rx is None:  # not authenticated: a refusal, logged as one
+                self._refuse(str(e))
+            else:
+                log.warning("node %d: closing a connection: %s", self.server.node.node_id, e)
+                self.abort()
+        except auth.AuthError as e:
+            self._refuse(str(e))
+
+    def _refuse(self, reason: str) -> None:
+        self.server.refusals.refused(self._peer, reason)
+        self.abort()
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
 
     # -- framing -----------------------------------------------------------------------------
     def _advance(self) -> None:
+        if self._state == _HELLO and self._got == auth.HELLO.size:
+            assert self._handshake is not None and self._transport is not None
+            challenge = self._handshake.challenge(self._hs_buf)
+            self._transport.write(challenge)
+            self._state, self._got = _PROOF, 0
+            return
+        if self._state == _PROOF and self._got == auth.PROOF_BYTES:
+            assert self._handshake is not None
+            session = self._handshake.verify(memoryview(self._hs_buf)[: auth.PROOF_BYTES])
+            self._handshake = None
+            self._rx, self.writer.mac = session.receive, session.send
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self._state, self._got = _HEADER, 0
+            return
         if self._state == _HEADER and self._got == HEADER_SIZE:
             self._h = wire.unpack_header(self._header_buf, self.server.max_payload)
             self._got = 0
@@ -296,7 +367,7 @@ class _Connection(asyncio.BufferedProtocol):
             self._meta = bytes(meta)
             self._got = 0
             if self._h.payload_len == 0:
-                self._dispatch(None)
+                self._state = _TAG
                 return
             buf = self.server.pool.acquire(self)
             if buf is None:
@@ -306,7 +377,30 @@ class _Connection(asyncio.BufferedProtocol):
             self._payload = buf
             self._state = _PAYLOAD
         if self._state == _PAYLOAD and self._h is not None and self._got == self._h.payload_len:
-            self._dispatch(self._payload)
+            self._state, self._got = _TAG, 0
+        if self._state == _TAG and self._h is not None and self._got == auth.TAG_BYTES:
+            self._check_tag()
+
+    def _check_tag(self) -> None:
+        """Check the frame's tag here, or for a big payload hand it to the request's task to
+        check in a worker thread; a frame that fails it closes the connection (AuthError)."""
+        assert self._rx is not None and self._h is not None
+        seq = self._rx.next_seq()
+        head = bytes(self._header_buf) + self._meta
+        payload = self._payload
+        if self._h.payload_len < wire.THREAD_TAG_BYTES or not self._rx.payloads:
+            parts: list[bytes | memoryview] = [head]
+            if payload is not None and self._rx.payloads:
+                parts.append(memoryview(payload)[: self._h.payload_len])
+            ok = self._rx.check(seq, parts, self._tag_buf)
+            for part in parts[1:]:
+                assert isinstance(part, memoryview)
+                part.release()
+            if not ok:
+                raise auth.AuthError("a frame fails its tag (forged, replayed or cut)")
+            self._dispatch(payload)
+        else:
+            self._dispatch(payload, _Unchecked(seq, head, bytes(self._tag_buf)))
 
     def got_buffer(self, buf: mmap.mmap) -> None:
         """The pool hands us the buffer we waited for."""
@@ -314,12 +408,12 @@ class _Connection(asyncio.BufferedProtocol):
         self._state = _PAYLOAD
         self._resume()
 
-    def _dispatch(self, payload: mmap.mmap | None) -> None:
+    def _dispatch(self, payload: mmap.mmap | None, unchecked: _Unchecked | None = None) -> None:
         assert self._h is not None
         h, meta = self._h, self._meta
         self._payload = None
         self._state, self._got, self._h = _HEADER, 0, None
-        task = asyncio.get_running_loop().create_task(self._run(h, meta, payload))
+        task = asyncio.get_running_loop().create_task(self._run(h, meta, payload, unchecked))
         self.tasks.add(task)
         task.add_done_callback(self._done)
         if len(self.tasks) >= MAX_INFLIGHT:
@@ -347,13 +441,17 @@ class _Connection(asyncio.BufferedProtocol):
             self._transport.abort()
 
     # -- one request -------------------------------------------------------------------------
-    async def _run(self, h: Header, meta: bytes, payload: mmap.mmap | None) -> None:
+    async def _run(
+        self, h: Header, meta: bytes, payload: mmap.mmap | None, unchecked: _Unchecked | None
+    ) -> None:
         server = self.server
         status, reply_meta, reply_crc = 0, b"", 0
         reply_payload: BytesLike | FilePayload = b""
         try:
             view = memoryview(payload)[: h.payload_len] if payload is not None else None
             try:
+                if unchecked is not None and not await self._tag_holds(unchecked, view):
+                    return
                 reply_meta, reply_payload, reply_crc = await server.handle(h, meta, view)
             finally:
                 if view is not None:
@@ -385,6 +483,20 @@ class _Connection(asyncio.BufferedProtocol):
         finally:
             if isinstance(reply_payload, FilePayload):
                 server.node.close_read(reply_payload.fd)  # its pages dropped, as in the node
+
+    async def _tag_holds(self, frame: _Unchecked, payload: memoryview | None) -> bool:
+        """Whether a frame's tag holds, checked in a worker thread; one that fails closes the
+        connection (requests running on it finish, their replies are dropped)."""
+        assert self._rx is not None
+        parts: list[bytes | memoryview] = [frame.head]
+        if payload is not None:
+            parts.append(payload)
+        loop = asyncio.get_running_loop()
+        if await loop.run_in_executor(None, self._rx.check, frame.seq, parts, frame.tag):
+            return True
+        if not self.closed:
+            self._refuse("a frame fails its tag (forged, replayed or cut)")
+        return False
 
     async def _reply(
         self,

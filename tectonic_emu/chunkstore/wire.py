@@ -24,11 +24,13 @@ from __future__ import annotations
 import asyncio
 import enum
 import errno
+import mmap
 import struct
 from dataclasses import dataclass
 
 import google_crc32c
 
+from tectonic_emu.chunkstore.auth import FrameMac
 from tectonic_emu.chunkstore.base import ChunkInfo, DiskUsage
 from tectonic_emu.errors import (
     AlreadyExistsError,
@@ -190,22 +192,38 @@ def unpack_usage(payload: bytes | memoryview) -> list[DiskUsage]:
 SEND_SLICE = 512 << 10
 
 
+# Payloads of at least this many bytes are tagged in a worker thread, off the event loop.
+THREAD_TAG_BYTES = 256 << 10
+
+
 class FrameWriter:
     """Writes whole frames to one transport, one frame at a time (replies and pipelined
-    requests never interleave), payloads in ``SEND_SLICE`` pieces, waiting between pieces
-    while the transport is above its high-water mark. The protocol forwards its
+    requests never interleave), each followed by its tag under ``mac`` (``auth.py``; set once
+    the handshake is done), payloads in ``SEND_SLICE`` pieces, waiting between pieces while the
+    transport is above its high-water mark. The protocol forwards its
     ``pause_writing``/``resume_writing`` callbacks to ``pause``/``resume``."""
 
     def __init__(self) -> None:
         self._lock = asyncio.Lock()
         self._writable = asyncio.Event()
         self._writable.set()
+        self.mac: FrameMac | None = None
 
     def pause(self) -> None:
         self._writable.clear()
 
     def resume(self) -> None:
         self._writable.set()
+
+    async def _tag(self, parts: list[bytes | memoryview], size: int) -> bytes:
+        """The next frame's tag; called under the lock, so sequence numbers follow the
+        order frames go out in."""
+        if self.mac is None:
+            raise ConnectionResetError("no authenticated session on this connection")
+        seq = self.mac.next_seq()
+        if size < THREAD_TAG_BYTES:
+            return self.mac.tag(seq, parts)
+        return await asyncio.to_thread(self.mac.tag, seq, parts)
 
     async def write(
         self, transport: asyncio.WriteTransport, head: bytes, payload: memoryview | None
@@ -215,31 +233,50 @@ class FrameWriter:
             await self._writable.wait()
             if transport.is_closing():
                 raise ConnectionResetError("connection closed")
+            if payload is None or not self.mac or not self.mac.payloads:
+                tag = await self._tag([head], 0)
+            else:
+                tag = await self._tag([head, payload], payload.nbytes)
             transport.write(head)
-            if payload is None:
-                return
-            for start in range(0, payload.nbytes, SEND_SLICE):
-                await self._writable.wait()
-                if transport.is_closing():
-                    raise ConnectionResetError("connection closed")
-                transport.write(payload[start : start + SEND_SLICE])
+            if payload is not None:
+                for start in range(0, payload.nbytes, SEND_SLICE):
+                    await self._writable.wait()
+                    if transport.is_closing():
+                        raise ConnectionResetError("connection closed")
+                    transport.write(payload[start : start + SEND_SLICE])
+            transport.write(tag)
 
     async def write_file(
         self, transport: asyncio.WriteTransport, head: bytes, fd: int, offset: int, count: int
     ) -> None:
         """A frame whose payload is ``count`` bytes of the open file ``fd`` from ``offset``,
         sent with ``sendfile`` (from the page cache to the socket, with no copy through
-        user space). asyncio pauses reading on the connection meanwhile and resumes it
-        after: a protocol that paused reading itself must pause it again."""
+        user space; the tag reads the same pages through a mapping first). asyncio pauses
+        reading on the connection meanwhile and resumes it after: a protocol that paused
+        reading itself must pause it again."""
         async with self._lock:
             await self._writable.wait()
             if transport.is_closing():
                 raise ConnectionResetError("connection closed")
+            if count and self.mac is not None and self.mac.payloads:
+                mapped = mmap.mmap(fd, offset + count, access=mmap.ACCESS_READ)
+                mapped.madvise(mmap.MADV_WILLNEED)  # read ahead all of it, not page by page
+                try:
+                    view = memoryview(mapped)[offset:]
+                    try:
+                        tag = await self._tag([head, view], count)
+                    finally:
+                        view.release()
+                finally:
+                    mapped.close()
+            else:
+                tag = await self._tag([head], 0)
             transport.write(head)
             if count:
                 # A file object around the open descriptor (no path is opened: nothing blocks).
                 with open(fd, "rb", buffering=0, closefd=False) as f:  # noqa: ASYNC230
                     await asyncio.get_running_loop().sendfile(transport, f, offset, count)
+            transport.write(tag)
 
 
 # -- errors ----------------------------------------------------------------------------------

@@ -111,6 +111,12 @@ def cluster_group() -> None:
 @click.option(
     "--backup-keep", default=24, show_default=True, help="Metadata backups kept (newest)."
 )
+@click.option(
+    "--tls",
+    is_flag=True,
+    help="Encrypt served links with TLS: makes a CA and a node certificate in DIR/tls "
+    "(openssl); copy DIR/tls to every host.",
+)
 @json_option
 def cluster_create(
     cluster_dir: Path,
@@ -128,15 +134,18 @@ def cluster_create(
     metadata_table: str,
     backup_interval: str,
     backup_keep: int,
+    tls: bool,
     as_json: bool,
 ) -> None:
-    """Create a new cluster in DIR.
+    """Create a new cluster in DIR (made mode 0700), with its secret in DIR/secret (0600):
+    served nodes and clients prove they know it on every connection (docs/deploy.md).
 
     \b
     Example:
       tectonic-emu cluster create --cluster /tmp/c1 --nodes 12 --disks-per-node 2 --encoding r3
       tectonic-emu cluster create --cluster /tmp/c2 --metadata postgresql://tectonic@db1/tectonic
       tectonic-emu cluster create --cluster /tmp/c3 --nic-gbps 10 --rtt-ms 0.5 --loss 0.0001
+      tectonic-emu cluster create --cluster /srv/c4 --tls --node-addresses 10.0.0.2:7100-7102
     """
     addresses = parse_node_addresses(node_addresses)
     config = Cluster.create(
@@ -155,6 +164,7 @@ def cluster_create(
         loss=loss,
         backup_interval=parse_duration(backup_interval),
         backup_keep=backup_keep,
+        tls=tls,
     )
     where = (
         f"PostgreSQL {redact(config.metadata)} table {config.metadata_table}"

@@ -180,28 +180,49 @@ def node_group() -> None:
     help="Port [default: the node's port in cluster.json, else 0: any free one].",
 )
 @click.option("--slow", default="0", show_default=True, help="Delay added to every reply.")
+@click.option(
+    "--secret",
+    "secret_file",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The cluster secret file (mode 0600) [default: DIR/secret].",
+)
 @buffers_option
 def node_serve(
-    cluster_dir: Path, node: int, host: str | None, port: int | None, slow: str, buffers: int
+    cluster_dir: Path,
+    node: int,
+    host: str | None,
+    port: int | None,
+    slow: str,
+    secret_file: Path | None,
+    buffers: int,
 ) -> None:
     """Serve one storage node in this process (`serve` starts these for every node).
 
     Its chunks go in DIR/nodes/nNNN on this host. A cluster created with --node-addresses
     names where each node listens: run this on that host, and clients anywhere reach it.
     Otherwise it writes DIR/nodes/nNNN/address.json so that clients sharing DIR find it.
-    Runs until SIGTERM or Ctrl-C.
+    Every client must prove it knows the cluster secret (DIR/secret, or a copy of it given
+    with --secret on a host that does not share DIR). Runs until SIGTERM or Ctrl-C.
 
     \b
     Example:
       tectonic-emu node serve --cluster /srv/c1 --node 4      # at its address in cluster.json
       tectonic-emu node serve --cluster /shared/c1 --node 4 --host 0.0.0.0 --port 7004
+      tectonic-emu node serve --cluster /srv/c1 --node 4 --secret /etc/tectonic/c1.secret
     """
     from tectonic_emu.served import run_node
 
     _setup_logging()
     run(
         run_node(
-            cluster_dir, node, host=host, port=port, delay=parse_duration(slow), buffers=buffers
+            cluster_dir,
+            node,
+            host=host,
+            port=port,
+            delay=parse_duration(slow),
+            buffers=buffers,
+            secret_file=secret_file,
         )
     )
 

@@ -30,7 +30,10 @@ import asyncio
 import contextlib
 import errno
 import hashlib
+import ipaddress
+import os
 import re
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
@@ -81,6 +84,35 @@ def _lock_key(table: str) -> int:
     return int.from_bytes(hashlib.blake2b(table.encode(), digest_size=8).digest(), signed=True)
 
 
+def _is_local_host(host: str) -> bool:
+    host = urllib.parse.unquote(host).strip("[]")
+    if host in ("", "localhost") or host.startswith("/"):  # a Unix socket directory
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def with_ssl_default(dsn: str) -> str:
+    """``dsn`` with ``sslmode=require`` added when it names a host other than this one (not
+    a loopback address or a Unix socket directory) and sets no ``sslmode`` of its own, in the
+    URL or in ``PGSSLMODE``: metadata never crosses a network in plain text by default.
+    Any ``sslmode`` given is passed to asyncpg as it is: ``verify-full`` (with
+    ``sslrootcert``) checks the server's certificate and name, ``disable`` turns TLS off."""
+    parts = urllib.parse.urlsplit(dsn)
+    query = urllib.parse.parse_qs(parts.query)
+    if "sslmode" in query or os.environ.get("PGSSLMODE"):
+        return dsn
+    hosts = query.get("host") or [
+        re.sub(r":\d*$", "", h) for h in parts.netloc.rpartition("@")[2].split(",")
+    ]
+    if all(_is_local_host(h) for h in hosts):
+        return dsn
+    extra = f"{parts.query}&sslmode=require" if parts.query else "sslmode=require"
+    return urllib.parse.urlunsplit(parts._replace(query=extra))
+
+
 class PostgresKV(DurableStore):
     """An ordered key-value store in the table ``table`` of the PostgreSQL database at ``dsn``
     (``postgresql://user@host:port/db``; a password from ``PGPASSWORD`` or ``~/.pgpass``).
@@ -127,7 +159,7 @@ class PostgresKV(DurableStore):
         if not dsn.startswith(("postgresql://", "postgres://")):
             raise InvalidArgumentError("not a postgresql:// URL", redact(dsn))
         super().__init__()
-        self.dsn = dsn
+        self.dsn = with_ssl_default(dsn)
         self._where = redact(dsn)  # errors name the database, never its password
         self.table = table
         self.synchronous: Synchronous = synchronous
