@@ -41,7 +41,7 @@ from hypothesis import strategies as st
 from tectonic_emu.chunkstore import auth, wire
 from tectonic_emu.chunkstore.base import check_chunk_id
 from tectonic_emu.chunkstore.remote import RemoteNode, fixed_address
-from tectonic_emu.chunkstore.server import MAX_INFLIGHT
+from tectonic_emu.chunkstore.server import MAX_INFLIGHT, SWEEPER
 from tectonic_emu.chunkstore.wire import MAX_META, Op
 from tectonic_emu.errors import (
     AlreadyExistsError,
@@ -319,7 +319,7 @@ def fresh_id(tag: str = "c") -> str:
 async def _quiesce() -> None:
     """Wait until no task but this one runs on the loop (every dispatched request is done)."""
     me = asyncio.current_task()
-    while others := [t for t in asyncio.all_tasks() if t is not me]:
+    while others := [t for t in asyncio.all_tasks() if t is not me and t.get_name() != SWEEPER]:
         await asyncio.wait(others)
 
 
@@ -1187,7 +1187,7 @@ def blocked_replies(root: Path) -> Iterator[tuple[Node, Link]]:
 
 
 async def _tasks_left() -> int:
-    return len(asyncio.all_tasks()) - 1
+    return len([t for t in asyncio.all_tasks() if t.get_name() != SWEEPER]) - 1
 
 
 def test_client_leaving_with_replies_blocked_leaves_no_task(tmp_path: Path) -> None:

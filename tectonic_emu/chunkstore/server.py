@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tectonic_emu.chunkstore import auth, wire
+from tectonic_emu.chunkstore import auth, limits, wire
 from tectonic_emu.chunkstore._local import LocalNode
 from tectonic_emu.chunkstore.base import BytesLike
 from tectonic_emu.chunkstore.netem import LinkModel, Pacer, ReadGate
@@ -42,6 +42,8 @@ from tectonic_emu.errors import ChunkCorruptError, InvalidArgumentError, NoSpace
 
 log = logging.getLogger(__name__)
 
+# The name of the task that closes stalled and idle connections (``limits.sweep``).
+SWEEPER = "tectonic-node-sweeper"
 # Requests one connection may have running before the node stops reading from it.
 MAX_INFLIGHT = 64
 # Below this many bytes a checksum runs on the event loop rather than in a worker thread.
@@ -96,6 +98,7 @@ class NodeServer:
         secret: bytes,
         max_payload: int,
         buffers: int = 8,
+        per_connection_buffers: int | None = None,
         delay: float = 0.0,
         link: LinkModel | None = None,
         tls: ssl.SSLContext | None = None,
@@ -109,6 +112,11 @@ class NodeServer:
         self.max_payload = max_payload
         self.delay = delay
         self.pool = BufferPool(max_payload, buffers)
+        # No connection takes every buffer (``limits.py``).
+        self.per_connection_buffers = per_connection_buffers or max(1, buffers // 2)
+        self.closings = auth.RefusalLog(log, f"node {node.node_id}: closing a connection")
+        self.max_connections = limits.max_connections(limits.raise_fd_limit())
+        self._sweeper: asyncio.Task[None] | None = None
         self.started = time.time()
         self.connections: set[_Connection] = set()
         self._server: asyncio.Server | None = None
@@ -120,6 +128,8 @@ class NodeServer:
         self._server = await loop.create_server(
             lambda: _Connection(self), host, port, reuse_address=True, ssl=self.tls
         )
+        limits.quiet_accept_errors(loop, self.refusals)
+        self._sweeper = loop.create_task(limits.sweep(lambda: self.connections), name=SWEEPER)
         sockname = self._server.sockets[0].getsockname()
         return str(sockname[0]), int(sockname[1])
 
@@ -129,6 +139,8 @@ class NodeServer:
         chunk write leaves no chunk) and close the node."""
         if self._server is not None:
             self._server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         self.delay = 0.0
         running = [t for conn in self.connections for t in conn.tasks]
         if running:
@@ -262,6 +274,9 @@ class _Connection(asyncio.BufferedProtocol):
         self._meta = b""
         self._payload: mmap.mmap | None = None
         self._paused = False  # backpressure: no buffer, or too many requests running
+        self._last_rx = time.monotonic()  # a byte arrived, or reading resumed
+        self.held = 0  # payload buffers this connection holds (``per_connection_buffers``)
+        self._over_cap = False  # waiting for one of its own buffers to come back
         # Reading held while the emulated NIC's ingress is dry (netem.py).
         self._gate = ReadGate(server.pacer, lambda: not self._paused and not self.closed)
         self.writer = wire.FrameWriter()
@@ -271,6 +286,11 @@ class _Connection(asyncio.BufferedProtocol):
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
         self._peer = transport.get_extra_info("peername") or "a client"
+        if len(self.server.connections) >= self.server.max_connections:
+            # Accept no more than the descriptors allow, so accept itself never hits EMFILE.
+            self.server.refusals.refused(self._peer, "too many connections")
+            self.abort()
+            return
         local = auth.is_local(transport.get_extra_info("sockname"), self._peer)
         self._handshake = auth.ServerHandshake(
             self.server.secret, self.server.node.node_id, local=local
@@ -317,6 +337,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._got += nbytes
+        self._last_rx = time.monotonic()
         self._gate.received(nbytes, self._transport)
         try:
             self._advance()
@@ -335,6 +356,40 @@ class _Connection(asyncio.BufferedProtocol):
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
+
+    # -- limits (``limits.py``) ------------------------------------------------------------------
+    def quiet_for(self, now: float) -> tuple[float, bool, bool]:
+        begun = self._state in (_META, _PAYLOAD, _TAG) or (self._state == _HEADER and self._got)
+        being_read = not self._paused and not self._gate.held
+        return now - self._last_rx, bool(begun) and being_read, bool(self.tasks)
+
+    def close_for(self, reason: str) -> None:
+        self.server.closings.refused(self._peer, reason)
+        self.abort()
+
+    def _take_buffer(self) -> bool:
+        """A payload buffer for the frame being read, or False: reading waits (paused) for
+        the pool, or for one of this connection's own when it holds its share."""
+        if self.held >= self.server.per_connection_buffers:
+            self._over_cap = True
+        else:
+            buf = self.server.pool.acquire(self)
+            if buf is not None:
+                self.held += 1
+                self._payload = buf
+                self._state = _PAYLOAD
+                return True
+        self._state = _WAIT_BUFFER
+        self._pause()
+        return False
+
+    def _gave_back(self) -> None:
+        """One of this connection's buffers went back to the pool."""
+        self.held -= 1
+        if self._over_cap and not self.closed:
+            self._over_cap = False
+            if self._take_buffer():
+                self._resume()
 
     # -- framing -----------------------------------------------------------------------------
     def _advance(self) -> None:
@@ -369,13 +424,8 @@ class _Connection(asyncio.BufferedProtocol):
             if self._h.payload_len == 0:
                 self._state = _TAG
                 return
-            buf = self.server.pool.acquire(self)
-            if buf is None:
-                self._state = _WAIT_BUFFER
-                self._pause()
+            if not self._take_buffer():
                 return
-            self._payload = buf
-            self._state = _PAYLOAD
         if self._state == _PAYLOAD and self._h is not None and self._got == self._h.payload_len:
             self._state, self._got = _TAG, 0
         if self._state == _TAG and self._h is not None and self._got == auth.TAG_BYTES:
@@ -404,6 +454,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def got_buffer(self, buf: mmap.mmap) -> None:
         """The pool hands us the buffer we waited for."""
+        self.held += 1
         self._payload = buf
         self._state = _PAYLOAD
         self._resume()
@@ -432,6 +483,7 @@ class _Connection(asyncio.BufferedProtocol):
     def _resume(self) -> None:
         if self._paused and self._transport is not None and not self.closed:
             self._paused = False
+            self._last_rx = time.monotonic()  # the time it was not read is not the peer's
             if not self._gate.held:
                 self._transport.resume_reading()
 
@@ -458,6 +510,7 @@ class _Connection(asyncio.BufferedProtocol):
                     view.release()
                 if payload is not None:
                     server.pool.release(payload)
+                    self._gave_back()
         except (FrameError, ValueError, OSError) as e:
             bad_request = isinstance(e, (FrameError, ValueError))
             status = errno.EINVAL if bad_request else wire.error_status(e)
@@ -526,4 +579,4 @@ class _Connection(asyncio.BufferedProtocol):
                 await self.writer.write(self._transport, head, body if body.nbytes else None)
 
 
-__all__ = ["BufferPool", "FilePayload", "NodeServer"]
+__all__ = ["SWEEPER", "BufferPool", "FilePayload", "NodeServer"]
