@@ -34,6 +34,7 @@ from tectonic_emu.reader import MAX_BLOCKS_IN_FLIGHT
 from tectonic_emu.served import Serving
 
 from .conftest import make_cluster, run_with
+from .node_thread import SECRET
 
 BLOCK = 4096
 BLOCKS = 3000
@@ -124,7 +125,13 @@ def unanswered_port() -> Iterator[int]:
 
 def test_a_connect_that_times_out_gives_a_reason(unanswered_port: int) -> None:
     async def go() -> tuple[str, str, str]:
-        node = RemoteNode(0, 1, fixed_address("127.0.0.1", unanswered_port), connect_timeout=0.3)
+        node = RemoteNode(
+            0,
+            1,
+            fixed_address("127.0.0.1", unanswered_port),
+            secret=SECRET,
+            connect_timeout=0.3,
+        )
         with pytest.raises(NodeUnavailableError) as first:
             await node.stat_chunk(0, "0" * 32)
         with pytest.raises(NodeUnavailableError) as later:  # marked down: refused at once
