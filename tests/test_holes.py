@@ -2,17 +2,23 @@
 
 A hole is committed in one metadata transaction and sends nothing to the nodes; reads of it
 return zeros without asking any node (here: with every node stopped). The Block layer, scrub,
-repair, garbage collection, deletion, ``status`` and ``layout`` see no block for it. The mount's
-side is in ``test_fuse_holes.py``.
+repair, garbage collection, deletion, ``status`` and ``layout`` see no block for it. Then the
+mount, for real: ``truncate -s 1T`` (a new file, an existing one, with and without an open
+handle, ``ftruncate`` through a handle, a staged file) finishes at once and leaves the nodes'
+disks as they were.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from fuse_mount.sparse import MIN_HOLE, staged_regions
 from tectonic_emu import Cluster
 from tectonic_emu.config import MAX_SIZE
 from tectonic_emu.errors import (
@@ -25,6 +31,7 @@ from tectonic_emu.metadata.records import HOLE_BLOCK_ID, BlockEntry, FileRecord
 from tectonic_emu.services import garbage_pass, repair, scrub
 
 from .conftest import SMALL_BLOCK, make_cluster, run_with
+from .test_fuse import _mounted, watchdog  # noqa: F401 (watchdog: autouse, for the mounts)
 
 TIB = 1 << 40
 
@@ -214,3 +221,196 @@ def test_records_keep_holes_and_read_records_without_them() -> None:
     # A record written before holes existed has no "h": it reads as holeless.
     old = FileRecord(7, "r3", 5, 1, True, None, 1, "f", 1.0, 2.0)
     assert b'"h"' not in old.encode() and FileRecord.decode(7, old.encode()).holes == 0
+
+
+def test_staged_regions_finds_a_sparse_files_holes(tmp_path: Path) -> None:
+    """On a real sparse local file: holes of at least MIN_HOLE are holes, shorter ones go with
+    the data around them, and the regions cover [0, size) exactly."""
+    mib = 1 << 20
+    c_at = 3 * mib + (64 << 10)
+    with open(tmp_path / "s", "wb") as f:
+        fd = f.fileno()
+        os.pwrite(fd, b"a" * 4096, 0)
+        os.pwrite(fd, b"b" * 4096, 3 * mib)  # after a 3 MiB hole
+        os.pwrite(fd, b"c" * 4096, c_at)  # after a short one
+        os.ftruncate(fd, 10 * mib)  # a hole at the end
+        regions = staged_regions(fd, 10 * mib)
+        assert regions == [
+            (0, 4096, True),
+            (4096, 3 * mib, False),
+            (3 * mib, c_at + 4096, True),
+            (c_at + 4096, 10 * mib, False),
+        ]
+        assert staged_regions(fd, 2 * mib) == [(0, 4096, True), (4096, 2 * mib, False)]
+        assert staged_regions(fd, 0) == []
+        # A hole shorter than the bound at the end is data too.
+        assert staged_regions(fd, 4096 + MIN_HOLE - 1) == [(0, 4096 + MIN_HOLE - 1, True)]
+
+
+# -- the mount -------------------------------------------------------------------------------
+
+needs_fuse = pytest.mark.skipif(
+    not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
+    reason="needs /dev/fuse and fusermount3",
+)
+
+
+@pytest.fixture(scope="module")
+def mounted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    with _mounted(tmp_path_factory, "holes") as both:
+        yield both
+
+
+@pytest.fixture
+def m(mounted: tuple[Path, Path], request: pytest.FixtureRequest) -> tuple[Path, Path]:
+    """(the cluster, a directory of this test's own on the mount)."""
+    cluster, mnt = mounted
+    d = mnt / request.node.name
+    d.mkdir()
+    return cluster, d
+
+
+def truncate(path: Path, size: str) -> None:
+    """coreutils ``truncate``: opens the file (creating it) and ``ftruncate``s the handle.
+    The timeout is a safety net: the bug this covers wrote zeros for minutes."""
+    subprocess.run(["truncate", "-s", size, str(path)], check=True, timeout=60)
+
+
+def read_at(path: Path, offset: int, n: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.pread(fd, n, offset)
+    finally:
+        os.close(fd)
+
+
+def assert_zeros_at(path: Path, *offsets: int) -> None:
+    for off in offsets:
+        assert read_at(path, off, 1 << 20) == bytes(1 << 20), off
+
+
+@needs_fuse
+def test_truncate_makes_a_1tib_file_that_stores_nothing(m: tuple[Path, Path]) -> None:
+    cluster, d = m
+    before = node_bytes(cluster)
+    truncate(d / "big", "1T")
+    st = os.stat(d / "big")
+    assert (st.st_size, st.st_blocks) == (TIB, 0)
+    assert_zeros_at(d / "big", 0, TIB // 2 + 12345, TIB - (1 << 20))
+    assert read_at(d / "big", TIB - 10, 100) == bytes(10)
+    assert node_bytes(cluster) == before  # nothing went to the nodes
+    # Shrinking works as before (a new version of the first bytes).
+    truncate(d / "big", "100K")
+    assert (d / "big").read_bytes() == bytes(100 << 10)
+
+
+@needs_fuse
+def test_truncate_extends_an_existing_file_with_a_hole(m: tuple[Path, Path]) -> None:
+    cluster, d = m
+    data = os.urandom(300_000)
+    for name in ("by-truncate", "by-path"):
+        (d / name).write_bytes(data)
+    before = node_bytes(cluster)
+    truncate(d / "by-truncate", "1T")  # through a handle that wrote nothing
+    os.truncate(d / "by-path", TIB)  # no handle at all
+    for name in ("by-truncate", "by-path"):
+        f = d / name
+        st = os.stat(f)
+        assert st.st_size == TIB
+        assert st.st_blocks * 512 < 2 * len(data)  # the data, not the hole
+        assert read_at(f, 0, len(data) + 5) == data + bytes(5)
+        assert_zeros_at(f, len(data), TIB - (1 << 20))
+    # The data was copied into new versions and the old ones deleted: no more than before,
+    # within a block's worth of chunks per file.
+    assert node_bytes(cluster) <= before + 2 * (2 << 20)
+    # Extending a holey file again keeps its hole a hole (nothing of it read or written).
+    os.truncate(d / "by-path", 2 * TIB)
+    assert os.stat(d / "by-path").st_size == 2 * TIB
+    assert read_at(d / "by-path", 0, len(data)) == data
+    assert node_bytes(cluster) <= before + 4 * (2 << 20)
+
+
+@needs_fuse
+def test_ftruncate_through_a_streaming_handle(m: tuple[Path, Path]) -> None:
+    cluster, d = m
+    head, tail = os.urandom(200_000), os.urandom(150_000)
+    before = node_bytes(cluster)
+    fd = os.open(d / "f", os.O_WRONLY | os.O_CREAT)
+    try:
+        os.write(fd, head)
+        os.ftruncate(fd, TIB)
+        assert os.fstat(fd).st_size == TIB
+        os.pwrite(fd, tail, TIB)  # at the new end: still streaming
+    finally:
+        os.close(fd)
+    f = d / "f"
+    st = os.stat(f)
+    assert st.st_size == TIB + len(tail)
+    assert st.st_blocks == (len(head) + len(tail) + 511) // 512  # stored bytes, no hole
+    assert read_at(f, 0, len(head) + 3) == head + bytes(3)
+    assert read_at(f, TIB - 3, len(tail) + 3) == bytes(3) + tail
+    assert_zeros_at(f, TIB // 3)
+    assert node_bytes(cluster) - before < 4 * (len(head) + len(tail))  # rs-6-3: 1.5x + slack
+
+
+@needs_fuse
+def test_a_staged_file_publishes_its_holes_as_holes(m: tuple[Path, Path]) -> None:
+    """A write inside the file stages it locally; the staging file's holes (SEEK_HOLE) are
+    published as holes, its data as bytes."""
+    cluster, d = m
+    data = os.urandom(400_000)
+    (d / "f").write_bytes(data)
+    before = node_bytes(cluster)
+    fd = os.open(d / "f", os.O_RDWR)
+    try:
+        os.pwrite(fd, b"PATCH", 1000)  # inside: the handle stages the file
+        os.ftruncate(fd, TIB)
+        os.pwrite(fd, b"end", TIB - 3)
+        assert os.pread(fd, 5, 1000) == b"PATCH"
+    finally:
+        os.close(fd)
+    f = d / "f"
+    want = data[:1000] + b"PATCH" + data[1005:]
+    assert read_at(f, 0, len(data) + 7) == want + bytes(7)
+    assert read_at(f, TIB - 10, 10) == bytes(7) + b"end"
+    assert_zeros_at(f, TIB // 2)
+    assert os.stat(f).st_blocks * 512 < 4 * len(data)
+    assert node_bytes(cluster) - before < 8 * len(data)
+
+
+@needs_fuse
+def test_truncate_to_the_largest_size(m: tuple[Path, Path]) -> None:
+    """Up to what an off_t holds (MAX_SIZE) is a hole like any other; the kernel refuses more
+    (EINVAL) before the mount hears of it, and the client refuses it with EFBIG (above)."""
+    _, d = m
+    fd = os.open(d / "f", os.O_WRONLY | os.O_CREAT)
+    try:
+        os.write(fd, b"x")
+        os.ftruncate(fd, MAX_SIZE)
+    finally:
+        os.close(fd)
+    assert os.stat(d / "f").st_size == MAX_SIZE
+    assert read_at(d / "f", MAX_SIZE - 100, 100) == bytes(100)  # (pos + count <= off_t)
+    assert read_at(d / "f", 0, 2) == b"x\0"
+
+
+@needs_fuse
+def test_patching_a_holey_file_stages_without_filling_its_hole(m: tuple[Path, Path]) -> None:
+    """Staging a stored file skips its holes (they stay holes of the local file), so a write
+    inside a 1 TiB hole costs its data, not a terabyte of copies."""
+    cluster, d = m
+    data = os.urandom(100_000)
+    (d / "f").write_bytes(data)
+    os.truncate(d / "f", TIB)
+    before = node_bytes(cluster)
+    fd = os.open(d / "f", os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"middle", TIB // 2)
+    finally:
+        os.close(fd)
+    f = d / "f"
+    assert os.stat(f).st_size == TIB
+    assert read_at(f, 0, len(data)) == data
+    assert read_at(f, TIB // 2 - 2, 10) == bytes(2) + b"middle" + bytes(2)
+    assert_zeros_at(f, TIB // 4, TIB - (1 << 20))
+    assert node_bytes(cluster) - before < 8 * (len(data) + (1 << 20))
