@@ -322,6 +322,8 @@ class WriteHandle:
         try:
             at = 0
             for start, end in reader.data_ranges():
+                if start >= size:  # the stored file grew since this handle looked
+                    break
                 end = min(end, size)
                 if start > at:
                     await writer.append_hole(start - at)

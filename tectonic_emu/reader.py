@@ -44,7 +44,7 @@ RECORD_BATCH = 32
 # Zeros handed out for a hole per piece (a read of a 1 TiB hole through ``sink`` is pieces of
 # this, never one 1 TiB buffer at once).
 ZERO_PIECE = 8 << 20
-_ZEROS = bytes(ZERO_PIECE)
+_ZEROS = memoryview(bytes(ZERO_PIECE))  # sliced without copies; never written
 # Most blocks one read has in flight, however small they are: each is a request queued on a
 # node, and thousands at once starve the event loops of the client and the nodes alike.
 MAX_BLOCKS_IN_FLIGHT = 64

@@ -28,6 +28,7 @@ from tectonic_emu.errors import (
     InvalidArgumentError,
 )
 from tectonic_emu.metadata.records import HOLE_BLOCK_ID, BlockEntry, FileRecord
+from tectonic_emu.reader import ZERO_PIECE
 from tectonic_emu.services import garbage_pass, repair, scrub
 
 from .conftest import SMALL_BLOCK, make_cluster, run_with
@@ -126,6 +127,9 @@ def test_holes_alone_and_holes_in_a_row(tmp_path: Path) -> None:
         st = await client.stat("/empty-but-holes")
         assert (st.size, st.holes, st.nblocks) == (TIB + 5, TIB + 5, 2)
         assert await client.read("/empty-but-holes", TIB, 100) == bytes(5)
+        # Longer than one piece of zeros (reader.ZERO_PIECE): several pieces, joined in order.
+        n = 2 * ZERO_PIECE + 12345
+        assert await client.read("/empty-but-holes", 1000, n) == bytes(n)
         assert await client.read("/empty-but-holes", TIB + 5, 100) == b""
         # A version writer (an overwrite) takes holes too.
         v = await client.new_version("/v")
