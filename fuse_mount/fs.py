@@ -13,6 +13,12 @@ meets them as follows (``docs/fuse.md`` has the full table):
   existing file without O_TRUNC) moves the handle to a *staging file*: a sparse local file
   holding the whole new content (filled from the store once), published as a new version at
   every ``flush``/``fsync``. Sequential writers never pay for it.
+- A **sparse truncate** (``truncate -s 1T``, ``ftruncate`` past the end) writes nothing: the
+  extension is a hole in metadata (``FileWriter.append_hole``), read back as zeros without
+  asking a node. A streaming handle appends the hole; an existing file without one is
+  re-streamed as a new version (its data copied, its holes kept as holes) ending in the hole;
+  a staging file is published region by region (``SEEK_DATA``/``SEEK_HOLE``), its holes as
+  holes. ``st_blocks`` counts stored bytes, not holes.
 - Reads go through a per-handle cache of chunk-sized segments with readahead, so 1 MiB
   kernel reads of an 8 MiB chunk fetch the chunk once.
 
@@ -39,6 +45,7 @@ from typing import Any
 from mfusepy import FuseOSError, Operations
 
 from fuse_mount import replybuf
+from fuse_mount.sparse import staged_regions
 from tectonic_emu.bridge import Bridge
 from tectonic_emu.bufpool import BufferPool, address_of
 from tectonic_emu.errors import NotFoundError, TectonicError
@@ -257,16 +264,17 @@ class WriteHandle:
     async def _copy_out(
         self, path: str, size: int, staging: Any, *, file_id: int | None = None
     ) -> None:
+        """The stored file's first ``size`` bytes into ``staging``: its data regions written,
+        its holes left as holes of the (sparse) staging file, never read or written."""
         client = self.fs.bridge.client
+        reader = await (client.reader(path) if file_id is None else client.reader_id(file_id))
         buf = bytearray(min(COPY_STEP, max(size, 1)))
-        for off in range(0, size, COPY_STEP):
-            n = min(COPY_STEP, size - off)
-            view = memoryview(buf)[:n]
-            if file_id is not None:
-                got = await client.read_id_into(file_id, off, view)
-            else:
-                got = await client.read_into(path, off, view)
-            os.pwrite(staging.fileno(), view[:got], off)
+        for start, end in reader.data_ranges():
+            for off in range(start, min(end, size), COPY_STEP):
+                view = memoryview(buf)[: min(COPY_STEP, min(end, size) - off)]
+                got = await reader.read_into(off, view)
+                os.pwrite(staging.fileno(), view[:got], off)
+        os.ftruncate(staging.fileno(), size)  # a hole at the end, too
 
     def write(self, data: bytes, offset: int) -> int:
         with self.lock:
@@ -283,13 +291,62 @@ class WriteHandle:
             return len(data)
 
     def truncate(self, length: int) -> None:
+        """Set the size to ``length``: growing appends a hole (nothing written), shrinking
+        stages the file. Raises FileTooLargeError (EFBIG) past the store's largest size."""
         with self.lock:
-            if self.staging is None and self.writer is not None and length == self.size:
-                return
+            if self.staging is None and self.writer is None and length > self.size:
+                # An existing file grown without a handle that wrote: a new version holding
+                # its content (holes as holes), then the hole, streamed like any other.
+                self.writer = self.fs.bridge.call(self._restream(self.size))
+                self.base_exists = False
+            if self.staging is None and self.writer is not None:
+                if length == self.size:
+                    return
+                if length > self.size:
+                    self._hand_over()
+                    self.fs.bridge.call(self.writer.append_hole(length - self.size))
+                    self.size = length
+                    return
             self._to_staging()
             os.ftruncate(self.staging.fileno(), length)
             self.size = length
             self.dirty = True
+
+    async def _restream(self, size: int) -> VersionWriter:
+        """A new version of the path holding the stored file's first ``size`` bytes: data
+        copied, holes appended as holes (nothing of them read or written). Runs on the event
+        loop."""
+        client = self.fs.bridge.client
+        reader = await client.reader(self.path)
+        writer = await client.new_version(self.path)
+        try:
+            at = 0
+            for start, end in reader.data_ranges():
+                if start >= size:  # the stored file grew since this handle looked
+                    break
+                end = min(end, size)
+                if start > at:
+                    await writer.append_hole(start - at)
+                for off in range(start, end, COPY_STEP):
+                    buf = bytearray(min(COPY_STEP, end - off))
+                    got = await reader.read_into(off, buf)
+                    await writer.append(memoryview(buf)[:got], owned=True)
+                at = max(at, end)
+            if size > at:
+                await writer.append_hole(size - at)
+        except BaseException:
+            await writer.abort()
+            raise
+        return writer
+
+    @property
+    def stored(self) -> int:
+        """Bytes of this handle's view of the file that take room (not holes)."""
+        if self.staging is not None:
+            return os.fstat(self.staging.fileno()).st_blocks * 512
+        if self.writer is not None:
+            return max(0, self.size - self.writer.holes)
+        return self.size
 
     def read(self, size: int, offset: int) -> bytes:
         with self.lock:
@@ -336,8 +393,12 @@ class WriteHandle:
         writer.keep_replaced = keep_replaced
         try:
             fd = self.staging.fileno()
-            for off in range(0, self.size, COPY_STEP):
-                await writer.append(os.pread(fd, min(COPY_STEP, self.size - off), off))
+            for start, end, data in staged_regions(fd, self.size):
+                if not data:
+                    await writer.append_hole(end - start)
+                    continue
+                for off in range(start, end, COPY_STEP):
+                    await writer.append(os.pread(fd, min(COPY_STEP, end - off), off))
             await writer.close()
         except BaseException:
             await writer.abort()
@@ -442,17 +503,17 @@ class TectonicFS(Operations):  # type: ignore[misc]
         }
         if st.kind == "dir":
             return {**base, "st_mode": stat_mod.S_IFDIR | 0o755, "st_nlink": 2, "st_size": 0}
-        size = st.size
+        size, stored = st.size, st.size - st.holes
         with self._lock:
             writing = self._writing.get(path)
         if writing is not None:  # its writer's view: streamed, new version or staged
-            size = writing.size
+            size, stored = writing.size, writing.stored
         return {
             **base,
             "st_mode": stat_mod.S_IFREG | 0o644,
             "st_nlink": 1,
             "st_size": size,
-            "st_blocks": (size + 511) // 512,
+            "st_blocks": (stored + 511) // 512,  # holes take no room
             "st_blksize": 1 << 20,
         }
 
@@ -607,6 +668,8 @@ class TectonicFS(Operations):  # type: ignore[misc]
             handle.truncate(length)
             handle.flush()
         finally:
+            if handle.writer is not None:  # flush failed: drop the new version
+                self._call(handle.writer.abort())
             if handle.staging is not None:
                 handle.staging.close()
         return 0

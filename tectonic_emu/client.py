@@ -20,10 +20,12 @@ from typing import Literal
 from tectonic_emu.argcheck import bool_arg, buffer_arg, bytes_arg, int_arg
 from tectonic_emu.buffers import BytesLike
 from tectonic_emu.coding import Encoding
+from tectonic_emu.config import MAX_SIZE
 from tectonic_emu.errors import (
     AlreadyExistsError,
     DirectoryNotEmptyError,
     FencedWriterError,
+    FileTooLargeError,
     InvalidArgumentError,
     InvalidPathError,
     IsADirectoryError_,
@@ -35,6 +37,7 @@ from tectonic_emu.errors import (
 from tectonic_emu.intents import WRITE_LEASE, ChunkIntent
 from tectonic_emu.metadata.layers import MetaTxn, new_id
 from tectonic_emu.metadata.records import (
+    HOLE_BLOCK_ID,
     ROOT_DIR_ID,
     BlockEntry,
     BlockRecord,
@@ -62,11 +65,13 @@ class Stat:
     nblocks: int
     ctime: float
     mtime: float
+    holes: int = 0  # files: bytes of ``size`` in holes (zeros, nothing stored)
 
 
 @dataclass(frozen=True, slots=True)
 class BlockLayout:
-    """One block of a file and where its chunks live (``stat --json``)."""
+    """One block of a file and where its chunks live (``stat --json``). A hole has block
+    id ``HOLE_BLOCK_ID`` (0) and no chunks."""
 
     block_no: int
     block_id: int
@@ -74,6 +79,10 @@ class BlockLayout:
     length: int
     chunks: tuple[ChunkPlacement, ...]
     chunk_paths: tuple[str | None, ...]
+
+    @property
+    def hole(self) -> bool:
+        return self.block_id == HOLE_BLOCK_ID
 
 
 class Client:
@@ -227,6 +236,7 @@ class Client:
                 f.nblocks,
                 f.ctime,
                 f.mtime,
+                f.holes,
             )
 
     async def exists(self, path: str) -> bool:
@@ -241,6 +251,9 @@ class Client:
         _, blocks, recs = await self._file_blocks(path)
         out = []
         for b, rec in zip(blocks, recs, strict=True):
+            if rec is None:  # a hole
+                out.append(BlockLayout(b.block_no, b.block_id, b.offset, b.length, (), ()))
+                continue
             paths = tuple(
                 self.datapath.nodes[c.node].chunk_path(c.disk, c.chunk_id) for c in rec.chunks
             )
@@ -407,6 +420,32 @@ class Client:
                 replace(f, size=f.size + rec.length, nblocks=f.nblocks + 1, mtime=time.time())
             )
 
+    async def commit_hole(self, file_id: int, token: str, length: int, path: str) -> None:
+        """Append a hole of ``length`` bytes (read as zeros, nothing stored) to the file as
+        one File-layer entry, in one durable transaction: no node is asked anything. Raises
+        FencedWriterError when the token is lost, FileTooLargeError past ``MAX_SIZE``,
+        InvalidArgumentError for a length below 1; nothing is committed then."""
+        if length < 1:
+            raise InvalidArgumentError(f"a hole of {length} bytes (it takes at least 1)", path)
+        async with self.meta.transaction() as m:
+            f = await self._check_token(m, file_id, token, path)
+            if length > MAX_SIZE - f.size:
+                raise FileTooLargeError(
+                    f"a hole of {length} bytes after {f.size} would pass the largest file "
+                    f"size, {MAX_SIZE} bytes",
+                    path,
+                )
+            await m.files.add_block(file_id, BlockEntry(f.nblocks, HOLE_BLOCK_ID, f.size, length))
+            await m.files.put(
+                replace(
+                    f,
+                    size=f.size + length,
+                    nblocks=f.nblocks + 1,
+                    holes=f.holes + length,
+                    mtime=time.time(),
+                )
+            )
+
     async def seal(self, file_id: int, token: str, path: str) -> None:
         async with self.meta.transaction() as m:
             f = await self._check_token(m, file_id, token, path)
@@ -415,8 +454,9 @@ class Client:
     # -- reads -------------------------------------------------------------------------------
     async def _file_blocks(
         self, path: str, start: int = 0, size: int = -1
-    ) -> tuple[FileRecord, list[BlockEntry], list[BlockRecord]]:
-        """The file at ``path``, and its blocks holding bytes [start, start + size)."""
+    ) -> tuple[FileRecord, list[BlockEntry], list[BlockRecord | None]]:
+        """The file at ``path``, and its blocks holding bytes [start, start + size) (with
+        their records, None for a hole)."""
         async with self.meta.transaction() as m:
             return await blocks_in(m, await self._file_id(m, path), start, size)
 
@@ -504,18 +544,19 @@ class Client:
     async def read_blocks(
         self,
         blocks: list[BlockEntry],
-        recs: list[BlockRecord],
+        recs: list[BlockRecord | None],
         start: int,
         end: int,
         sink: Callable[[int, BytesLike], None],
         *,
         into: memoryview | None = None,
     ) -> None:
-        """Read file bytes [start, end) of the given blocks (entries and their records),
-        handing ``sink(file offset, piece)`` each piece, or with ``into`` (the destination of
-        [start, end)) receiving them straight there. Raises DataUnavailableError rather than
-        hand over wrong bytes. At most ``read_depth`` blocks are in flight, or more small
-        ones up to ``read_ahead_bytes`` (never more than ``reader.MAX_BLOCKS_IN_FLIGHT``)."""
+        """Read file bytes [start, end) of the given blocks (entries and their records, None
+        for a hole: zeros, no node asked), handing ``sink(file offset, piece)`` each piece,
+        or with ``into`` (the destination of [start, end)) receiving them straight there.
+        Raises DataUnavailableError rather than hand over wrong bytes. At most ``read_depth``
+        blocks are in flight, or more small ones up to ``read_ahead_bytes`` (never more than
+        ``reader.MAX_BLOCKS_IN_FLIGHT``)."""
         await read_blocks(
             self.datapath,
             blocks,

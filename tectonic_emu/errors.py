@@ -88,6 +88,12 @@ class InvalidArgumentError(TectonicError, ValueError):
     default_errno = _errno.EINVAL
 
 
+class FileTooLargeError(TectonicError):
+    """A file would grow past ``config.MAX_SIZE`` (what an ``off_t`` holds), e.g. by a hole."""
+
+    default_errno = _errno.EFBIG
+
+
 class ClusterNotFoundError(TectonicError, FileNotFoundError):
     default_errno = _errno.ENOENT
 
@@ -192,12 +198,11 @@ __all__ = [
     "DataUnavailableError",
     "DirectoryNotEmptyError",
     "FencedWriterError",
+    "FileTooLargeError",
     "InvalidArgumentError",
     "InvalidPathError",
     "IsADirectoryError_",
     "MetadataMismatchError",
-
-
     "MetadataLostError",
     "NameTooLongError",
     "NoSpaceError",

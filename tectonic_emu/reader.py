@@ -13,6 +13,8 @@ the limit of its reads. Tectonic's clients cache a file's block map instead, and
 
 - A file's block list never changes once committed (files are append-only, and a replaced
   file is a new version with an id of its own), so the entries for [0, size) are read once.
+- A hole (a File-layer entry with no block behind it, ``BlockEntry.is_hole``) has no record:
+  its bytes are zeros, filled in here without asking any node.
 - A block's record, where its chunks live, can change under repair. Records are fetched in
   batches as reads reach them, and a read that fails is retried once with its records looked
   up afresh, so a record moved by repair costs one retry, never a wrong or failed read.
@@ -39,6 +41,10 @@ from tectonic_emu.metadata.records import BlockEntry, BlockRecord, FileRecord
 
 # Block records fetched in one transaction when a read needs one that is not held yet.
 RECORD_BATCH = 32
+# Zeros handed out for a hole per piece (a read of a 1 TiB hole through ``sink`` is pieces of
+# this, never one 1 TiB buffer at once).
+ZERO_PIECE = 8 << 20
+_ZEROS = memoryview(bytes(ZERO_PIECE))  # sliced without copies; never written
 # Most blocks one read has in flight, however small they are: each is a request queued on a
 # node, and thousands at once starve the event loops of the client and the nodes alike.
 MAX_BLOCKS_IN_FLIGHT = 64
@@ -46,27 +52,47 @@ MAX_BLOCKS_IN_FLIGHT = 64
 
 async def blocks_in(
     m: MetaTxn, file_id: int, start: int, size: int
-) -> tuple[FileRecord, list[BlockEntry], list[BlockRecord]]:
-    """File ``file_id``'s record, and the blocks (with their records) that hold bytes
-    [start, start + size), to the end when ``size`` < 0: a 1 MiB read of a large file
-    looks up one block record, not all of them."""
+) -> tuple[FileRecord, list[BlockEntry], list[BlockRecord | None]]:
+    """File ``file_id``'s record, and the blocks (with their records; None for a hole) that
+    hold bytes [start, start + size), to the end when ``size`` < 0: a 1 MiB read of a large
+    file looks up one block record, not all of them."""
     f = await m.files.get(file_id)
     if f is None:
         raise NotFoundError(f"no file {file_id:016x}")
     end = f.size if size < 0 else min(f.size, start + size)
     blocks = [b for b in await m.files.blocks(file_id) if b.end > start and b.offset < end]
-    recs = []
+    recs: list[BlockRecord | None] = []
     for b in blocks:
+        if b.is_hole:
+            recs.append(None)
+            continue
         rec = await m.blocks.get(b.block_id)
         assert rec is not None, "a committed block has a block record"
         recs.append(rec)
     return f, blocks, recs
 
 
+def fill_zeros(
+    b: BlockEntry,
+    lo: int,
+    hi: int,
+    sink: Callable[[int, BytesLike], None],
+    dest: memoryview | None,
+) -> None:
+    """Bytes [lo, hi) of hole ``b`` (offsets within it): zeros into ``dest`` (the
+    destination of exactly those bytes), or handed to ``sink`` in pieces of ZERO_PIECE."""
+    for at in range(lo, hi, ZERO_PIECE):
+        n = min(ZERO_PIECE, hi - at)
+        if dest is None:
+            sink(b.offset + at, _ZEROS[:n])
+        else:
+            dest[at - lo : at - lo + n] = _ZEROS[:n]
+
+
 async def read_blocks(
     datapath: DataPath,
     blocks: list[BlockEntry],
-    recs: list[BlockRecord],
+    recs: list[BlockRecord | None],
     start: int,
     end: int,
     sink: Callable[[int, BytesLike], None],
@@ -75,23 +101,27 @@ async def read_blocks(
     depth: int,
     ahead_bytes: int,
 ) -> None:
-    """Read file bytes [start, end) of the given blocks (entries and their records),
-    handing ``sink(file offset, piece)`` each piece, or with ``into`` (the destination of
-    [start, end)) receiving them straight there. ``depth`` blocks are read at once, or more
+    """Read file bytes [start, end) of the given blocks (entries and their records, None for
+    a hole, whose zeros are filled in without asking any node), handing ``sink(file
+    offset, piece)`` each piece, or with ``into`` (the destination of [start, end))
+    receiving them straight there. ``depth`` blocks are read at once, or more
     small ones up to ``ahead_bytes``. Raises DataUnavailableError rather than hand over
     wrong bytes."""
     wanted = [(b, r) for b, r in zip(blocks, recs, strict=True) if b.end > start and b.offset < end]
     # In flight: depth blocks, or more small ones up to the bytes of that many rs-6-3 blocks
     # (an r3 block is one 8 MiB chunk; one at a time per node leaves a served cluster's
     # nodes idle between round trips), never more than MAX_BLOCKS_IN_FLIGHT.
-    largest = max((b.length for b, _ in wanted), default=1)
+    largest = max((b.length for b, r in wanted if r is not None), default=1)
     width = min(max(depth, ahead_bytes // max(largest, 1)), MAX_BLOCKS_IN_FLIGHT)
 
-    async def one(b: BlockEntry, rec: BlockRecord) -> None:
+    async def one(b: BlockEntry, rec: BlockRecord | None) -> None:
         lo, hi = max(0, start - b.offset), min(b.length, end - b.offset)
         dest = None
         if into is not None:
             dest = into[b.offset + lo - start : b.offset + hi - start]
+        if rec is None:
+            fill_zeros(b, lo, hi, sink, dest)
+            return
         pieces = await datapath.read_range(rec, lo, hi, into=dest)
         for at, piece in pieces:
             sink(b.offset + at, piece)
@@ -126,7 +156,7 @@ class BlockSource(Protocol):
     async def read_blocks(
         self,
         blocks: list[BlockEntry],
-        recs: list[BlockRecord],
+        recs: list[BlockRecord | None],
         start: int,
         end: int,
         sink: Callable[[int, BytesLike], None],
@@ -163,17 +193,34 @@ class FileReader:
             last += 1
         return self._blocks[first:last]
 
-    async def _records_for(self, blocks: list[BlockEntry]) -> list[BlockRecord]:
-        if any(b.block_id not in self._records for b in blocks):
+    async def _records_for(self, blocks: list[BlockEntry]) -> list[BlockRecord | None]:
+        if any(self._missing(b) for b in blocks):
             async with self._fetching:  # one fetch for readers wanting the same batch
-                while missing := [b for b in blocks if b.block_id not in self._records]:
+                while missing := [b for b in blocks if self._missing(b)]:
                     await self._fetch_from(missing[0])
-        return [self._records[b.block_id] for b in blocks]
+        return [None if b.is_hole else self._records[b.block_id] for b in blocks]
+
+    def _missing(self, b: BlockEntry) -> bool:
+        return not b.is_hole and b.block_id not in self._records
+
+    def data_ranges(self) -> list[tuple[int, int]]:
+        """The [start, end) ranges of the file's bytes that are not holes, in order and
+        merged where they touch (a copy of the file can skip the rest: it reads as zeros)."""
+        out: list[tuple[int, int]] = []
+        for b in self._blocks:
+            if b.is_hole:
+                continue
+            end = min(b.end, self.size)
+            if out and out[-1][1] == b.offset:
+                out[-1] = (out[-1][0], end)
+            else:
+                out.append((b.offset, end))
+        return out
 
     async def _fetch_from(self, first: BlockEntry) -> None:
         """Records of up to RECORD_BATCH blocks from ``first`` on, in one transaction."""
         at = bisect.bisect_left(self._ends, first.end)
-        batch = [b for b in self._blocks[at : at + RECORD_BATCH] if b.block_id not in self._records]
+        batch = [b for b in self._blocks[at : at + RECORD_BATCH] if self._missing(b)]
         async with self.client.meta.transaction() as m:
             for b in batch:
                 rec = await m.blocks.get(b.block_id)
@@ -214,8 +261,10 @@ class FileReader:
 __all__ = [
     "MAX_BLOCKS_IN_FLIGHT",
     "RECORD_BATCH",
+    "ZERO_PIECE",
     "BlockSource",
     "FileReader",
     "blocks_in",
+    "fill_zeros",
     "read_blocks",
 ]

@@ -15,13 +15,18 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 from types import TracebackType
 from typing import Any, Protocol
 
-from tectonic_emu.argcheck import bytes_arg
+from tectonic_emu.argcheck import bytes_arg, int_arg
 from tectonic_emu.buffers import BytesLike
 from tectonic_emu.bufpool import copy_into, recycled, uninitialised
 from tectonic_emu.coding import Encoding
-from tectonic_emu.config import ClusterConfig
+from tectonic_emu.config import MAX_SIZE, ClusterConfig
 from tectonic_emu.datapath import DataPath
-from tectonic_emu.errors import TectonicError, WriterClosedError
+from tectonic_emu.errors import (
+    FileTooLargeError,
+    InvalidArgumentError,
+    TectonicError,
+    WriterClosedError,
+)
 from tectonic_emu.intents import ChunkIntent
 from tectonic_emu.metadata.layers import Metadata, new_id
 from tectonic_emu.metadata.records import BlockRecord
@@ -54,6 +59,8 @@ class Committer(Protocol):
         intent: ChunkIntent,
         durable: bool = True,
     ) -> None: ...
+
+    async def commit_hole(self, file_id: int, token: str, length: int, path: str) -> None: ...
 
     async def seal(self, file_id: int, token: str, path: str) -> None: ...
 
@@ -193,6 +200,7 @@ class FileWriter:
         self._streaming = False  # a whole block was filled: take whole blocks from now on
         self._closed = False
         self.offset = size  # bytes accepted so far (durable up to the last flush)
+        self.holes = 0  # bytes of them this writer appended as holes
 
     async def _guard(self, op: Awaitable[None]) -> None:
         try:
@@ -268,6 +276,35 @@ class FileWriter:
             assert self._buf is not None
             copy_into(grown, 0, self._buf[: self._fill])
         self._buf = grown
+
+    async def append_hole(self, length: int) -> None:
+        """Append ``length`` bytes of zeros as a hole: after flushing the bytes appended so
+        far, one File-layer entry with no block behind it, committed (durable) in one
+        metadata transaction; nothing goes to the nodes, and reads of it return zeros
+        without asking any. A sparse ``truncate`` is this.
+
+        Raises ArgumentTypeError (not an int), InvalidArgumentError (below 1),
+        FileTooLargeError (the file would pass ``config.MAX_SIZE``; the writer stays
+        usable), and what ``flush`` raises."""
+        int_arg("append_hole", "length", length)
+        if self._closed:
+            raise WriterClosedError("writer is closed", self.path)
+        if length < 1:
+            raise InvalidArgumentError(f"a hole of {length} bytes (it takes at least 1)", self.path)
+        if length > MAX_SIZE - self.offset:
+            # Refused before anything is flushed or committed: the writer goes on as it was.
+            raise FileTooLargeError(
+                f"a hole of {length} bytes after {self.offset} would pass the largest file "
+                f"size, {MAX_SIZE} bytes",
+                self.path,
+            )
+        await self._guard(self._append_hole(length))
+
+    async def _append_hole(self, length: int) -> None:
+        await self._flush()  # the hole comes after every byte appended before it
+        await self._client.commit_hole(self.file_id, self._token, length, self.path)
+        self.offset += length
+        self.holes += length
 
     async def flush(self) -> None:
         """Return once every byte appended so far is durable and visible to readers."""

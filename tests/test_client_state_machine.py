@@ -6,7 +6,8 @@ error's type is compared). Writers are the one place where the model allows a ra
 blocks an open writer handed to its pipeline commit in the background, so between flushes a
 reader sees the flushed bytes plus any whole number of those blocks (a block is ``BLOCK`` bytes
 for a replicated file, D x ``BLOCK`` for an RS file); each read narrows the model to what was
-seen (the committed prefix only grows). Sizes near block edges are drawn in blocks of the
+seen (the committed prefix only grows). A hole (``append_hole``) flushes, then its zeros
+are committed at once. Sizes near block edges are drawn in blocks of the
 encoding the file ends up with.
 
 Node faults stay within what the data survives, decided from the model alone (hypothesis needs
@@ -556,6 +557,19 @@ class ClientMachine(RuleBasedStateMachine):
             return
         self.run(w.writer.flush())
         self.flushed(w.file)
+
+    @precondition(lambda self: self.writers)
+    @rule(data=st.data(), length=st.integers(1, 3 * BLOCK))
+    def append_hole(self, data: st.DataObject, length: int) -> None:
+        """A hole: the bytes appended before it are flushed, then ``length`` zeros are
+        committed at once (nothing stored; a fenced writer commits nothing)."""
+        w = self.pick_writer(data)
+        self.call(w.writer.append_hole(length), FencedWriterError if w.fenced else None)
+        if w.fenced:
+            self.forget(w)
+            return
+        self.flushed(w.file)
+        w.file.durable += bytes(length)
 
     def flushed(self, f: FileModel) -> None:
         if f.unflushed:

@@ -340,6 +340,38 @@ class MountVsLocal(RuleBasedStateMachine):
             to = size * data.draw(st.integers(0, 1000), label="per mille") // 1000
         self.both("truncate", lambda root: os.truncate(root / path, to))
 
+    @rule(
+        data=st.data(),
+        by=st.sampled_from((1, BLOCK, 3 << 20)),
+        before=st.none() | small_payloads,
+        after=st.none() | small_payloads,
+    )
+    def ftruncate_grow(
+        self, data: st.DataObject, by: int, before: Payload | None, after: Payload | None
+    ) -> None:
+        """Grow a file through an open handle (a hole on the mount, 3 MiB of it past the
+        staging file's MIN_HOLE), perhaps after a write inside it (staged) and before one at
+        the new end."""
+        path = self.pick(data, "file")
+        size = self.size_of(path)
+        inside = size * data.draw(st.integers(0, 1000), label="per mille") // 1000
+        patch = None if before is None else before.make()
+        tail = None if after is None else after.make()
+
+        def go(root: Path) -> None:
+            fd = os.open(root / path, os.O_RDWR)
+            try:
+                if patch is not None:
+                    os.pwrite(fd, patch, inside)
+                end = os.fstat(fd).st_size + by
+                os.ftruncate(fd, end)
+                if tail is not None:
+                    os.pwrite(fd, tail, end)
+            finally:
+                os.close(fd)
+
+        self.both("ftruncate_grow", go)
+
     # -- reads ---------------------------------------------------------------------------------
     @rule(data=st.data())
     def read_range(self, data: st.DataObject) -> None:

@@ -8,7 +8,8 @@ spread evenly over the key space (and, on a sharded backend, over shards)::
     Name   N | h(dir)  | dir_id             -> DirRecord      (the directory itself)
     Name   N | h(dir)  | dir_id | name      -> Entry          (name -> file or directory)
     File   F | h(file) | file_id | 00       -> FileRecord
-    File   F | h(file) | file_id | 01 | no  -> BlockEntry     (block ``no`` of the file)
+    File   F | h(file) | file_id | 01 | no  -> BlockEntry     (block ``no`` of the file, or a
+                                                                hole: block id 0, no Block record)
     Block  B | h(blk)  | block_id           -> BlockRecord    (its chunks and checksums)
     Index  D | node | disk | block_id       -> ''             (reverse index walked by repair)
     Intent I | h(blk)  | block_id | owner   -> IntentRecord   (chunks being written, uncommitted)
@@ -26,6 +27,7 @@ from contextlib import asynccontextmanager
 
 from tectonic_emu.metadata.kv import KVStore, Transaction
 from tectonic_emu.metadata.records import (
+    HOLE_BLOCK_ID,
     ROOT_DIR_ID,
     BlockEntry,
     BlockRecord,
@@ -43,8 +45,8 @@ _FILE_BLOCK = b"\x01"
 
 
 def new_id() -> int:
-    """A random 63-bit id (never 0 or the root's id)."""
-    while (i := secrets.randbits(63)) <= ROOT_DIR_ID:
+    """A random 63-bit id (never 0, ``HOLE_BLOCK_ID``, or the root's id)."""
+    while (i := secrets.randbits(63)) <= max(ROOT_DIR_ID, HOLE_BLOCK_ID):
         pass
     return i
 
@@ -206,6 +208,8 @@ class MetaTxn:
         caller deletes from the nodes after this transaction commits."""
         garbage: list[ChunkPlacement] = []
         for b in await self.files.delete(file_id):
+            if b.is_hole:
+                continue  # no record, no chunks
             rec = await self.blocks.get(b.block_id)
             if rec is not None:
                 await self.blocks.delete(rec)

@@ -13,6 +13,10 @@ from typing import Any, Literal
 
 EntryKind = Literal["file", "dir"]
 ROOT_DIR_ID = 1
+# The block id of a hole: a File-layer entry with no block behind it, whose bytes read as
+# zeros (a sparse ``truncate``). ``layers.new_id`` never returns it, so no Block-layer record,
+# chunk or intent ever has it.
+HOLE_BLOCK_ID = 0
 
 
 def _dump(obj: Any) -> bytes:
@@ -72,33 +76,48 @@ class FileRecord:
     name: str | None
     ctime: float
     mtime: float
+    holes: int = 0  # bytes of ``size`` in holes (no block, read as zeros; not stored)
 
     def encode(self) -> bytes:
-        return _dump(
-            {
-                "e": self.encoding,
-                "s": self.size,
-                "b": self.nblocks,
-                "sealed": self.sealed,
-                "t": self.token,
-                "p": self.parent,
-                "n": self.name,
-                "c": self.ctime,
-                "m": self.mtime,
-            }
-        )
+        d: dict[str, Any] = {
+            "e": self.encoding,
+            "s": self.size,
+            "b": self.nblocks,
+            "sealed": self.sealed,
+            "t": self.token,
+            "p": self.parent,
+            "n": self.name,
+            "c": self.ctime,
+            "m": self.mtime,
+        }
+        if self.holes:  # absent when 0: records written before holes existed decode alike
+            d["h"] = self.holes
+        return _dump(d)
 
     @classmethod
     def decode(cls, file_id: int, raw: bytes) -> FileRecord:
         d = json.loads(raw)
         return cls(
-            file_id, d["e"], d["s"], d["b"], d["sealed"], d["t"], d["p"], d["n"], d["c"], d["m"]
+            file_id,
+            d["e"],
+            d["s"],
+            d["b"],
+            d["sealed"],
+            d["t"],
+            d["p"],
+            d["n"],
+            d["c"],
+            d["m"],
+            d.get("h", 0),
         )
 
 
 @dataclass(frozen=True, slots=True)
 class BlockEntry:
-    """File layer: block ``block_no`` of a file holds bytes [offset, offset + length)."""
+    """File layer: block ``block_no`` of a file holds bytes [offset, offset + length).
+
+    A hole (``block_id == HOLE_BLOCK_ID``) has no Block-layer record and no chunks: its
+    bytes are zeros, read without asking any node."""
 
     block_no: int
     block_id: int
@@ -108,6 +127,10 @@ class BlockEntry:
     @property
     def end(self) -> int:
         return self.offset + self.length
+
+    @property
+    def is_hole(self) -> bool:
+        return self.block_id == HOLE_BLOCK_ID
 
     def encode(self) -> bytes:
         return _dump([self.block_id, self.offset, self.length])
@@ -206,6 +229,7 @@ REPAIR_OWNER = "repair-"  # the prefix of repair's intents' owners (writer token
 
 
 __all__ = [
+    "HOLE_BLOCK_ID",
     "REPAIR_OWNER",
     "ROOT_DIR_ID",
     "BlockEntry",
