@@ -25,18 +25,19 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
 from tectonic_emu._malloc import keep_freed_memory
 from tectonic_emu.argcheck import bool_arg, int_arg, number_arg, path_arg, str_arg
 from tectonic_emu.chunkstore import LocalNode, StorageNode
+from tectonic_emu.chunkstore.health import HealthMonitor
 from tectonic_emu.chunkstore.netem import Pacer
-from tectonic_emu.chunkstore.remote import HealthMonitor, RemoteNode
+from tectonic_emu.chunkstore.remote import RemoteNode
 from tectonic_emu.client import Client
 from tectonic_emu.coding import Encoding
 from tectonic_emu.config import (
@@ -58,7 +59,6 @@ from tectonic_emu.errors import (
 from tectonic_emu.identity import adopt_if_empty, check_metadata, check_missing_file, init_metadata
 from tectonic_emu.metadata import KVStore, PostgresKV, SQLiteKV
 from tectonic_emu.metadata.layers import Metadata
-from tectonic_emu.metadata.records import BlockRecord
 from tectonic_emu.nodectl import (
     STOP_MARKER,
     control,
@@ -67,9 +67,13 @@ from tectonic_emu.nodectl import (
     signal_node,
 )
 from tectonic_emu.owner import take_ownership
-from tectonic_emu.placement import spread_is_short
 from tectonic_emu.secret import create_secret, load_secret, secret_path
 from tectonic_emu.services.backup import backup_due, prune, take_backup
+from tectonic_emu.status import (
+    ClusterStatus,
+    NodeStatus,
+    cluster_status,
+)
 from tectonic_emu.tls import client_context, make_certificates
 
 log = logging.getLogger(__name__)
@@ -81,22 +85,6 @@ IO_THREADS = 32
 # counts as down.
 HEARTBEAT_INTERVAL = 0.5
 HEARTBEAT_TIMEOUT = 2.0
-
-
-@dataclass(frozen=True, slots=True)
-class NodeStatus:
-    node: int
-    up: bool
-    # None while the node is down: a stopped node answers nothing, not even its usage.
-    chunks: int | None
-    bytes_used: int | None
-    bytes_free: int | None
-    state: str = "up"  # up, down (not answering), stopped (taken out of service)
-    # Served mode only: where the node listens, its process, and the last heartbeat.
-    address: str | None = None
-    pid: int | None = None
-    heartbeat_ms: float | None = None
-    down_reason: str | None = None
 
 
 def _same_cluster(found: ClusterConfig, asked: ClusterConfig, root: Path) -> ClusterConfig:
@@ -172,24 +160,6 @@ def _check_metadata_free(config: ClusterConfig) -> None:
             "cluster's?): name another with metadata_table",
             redact(config.metadata),
         )
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterStatus:
-    path: str
-    nodes: list[NodeStatus]
-    files: int
-    blocks: int
-    logical_bytes: int  # sum of file sizes
-    physical_bytes: int  # sum of stored chunk bytes the Block layer references
-    blocks_below_redundancy: int
-    encoding: str
-    block_size: int
-    sync: bool
-    served: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class Cluster:
@@ -538,89 +508,14 @@ class Cluster:
     async def status(self) -> ClusterStatus:
         """Nodes, logical and physical bytes, and how many blocks lack full redundancy:
         a chunk missing, on a node that is down, or sharing a node with another chunk."""
-        present: dict[tuple[int, int], set[str]] = {}
-        node_status = []
-        for node in self.nodes:
-            served: dict[str, Any] = {}
-            if isinstance(node, RemoteNode):
-                addr = read_address(self.path, node.node_id)
-                fixed = self.config.address_of(node.node_id)
-                ping = node.last_ping
-                served = {
-                    "address": self.config.node_addresses[node.node_id]
-                    if fixed
-                    else (f"{addr.host}:{addr.port}" if addr else None),
-                    "pid": addr.pid if addr else None,
-                    "heartbeat_ms": round(ping.rtt * 1000, 3) if ping and node.available else None,
-                    "down_reason": node.down_reason or None,
-                }
-            usage = None
-            if node.available:
-                with contextlib.suppress(NodeUnavailableError):
-                    usage = await node.usage()
-            if usage is None:
-                stopped = (node_dir(self.path, node.node_id) / STOP_MARKER).exists()
-                state = "stopped" if stopped else "down"
-                node_status.append(
-                    NodeStatus(node.node_id, False, None, None, None, state, **served)
-                )
-                continue
-            node_status.append(
-                NodeStatus(
-                    node.node_id,
-                    True,
-                    sum(u.chunks for u in usage),
-                    sum(u.bytes_used for u in usage),
-                    sum(u.bytes_free for u in usage),
-                    "up",
-                    **served,
-                )
-            )
-            for d in range(node.disks):
-                with contextlib.suppress(NodeUnavailableError):
-                    present[(node.node_id, d)] = {c.chunk_id for c in await node.list_chunks(d)}
-        blocks = below = physical = 0
-        async for rec in self.meta.iter_blocks():
-            blocks += 1
-            physical += sum(c.stored_len for c in rec.chunks)
-            if not block_fully_redundant(rec, present, self.datapath.domains):
-                below += 1
-        files = logical = 0
-        async for f in self.meta.iter_files():
-            if f.parent is not None:
-                files += 1
-                logical += f.size
-        return ClusterStatus(
-            str(self.path),
-            node_status,
-            files,
-            blocks,
-            logical,
-            physical,
-            below,
-            self.config.encoding,
-            self.config.block_size,
-            self.config.sync,
-            self.served,
+        return await cluster_status(
+            self.path,
+            self.config,
+            self.nodes,
+            self.meta,
+            domains=self.datapath.domains,
+            served=self.served,
         )
-
-
-def block_fully_redundant(
-    rec: BlockRecord,
-    present: dict[tuple[int, int], set[str]],
-    domains: Sequence[str] | None = None,
-) -> bool:
-    """All ``width`` chunks present, on distinct nodes that are up, spread over the failure
-    ``domains`` (hosts) as evenly as their nodes allow (``placement.spread_is_short``)."""
-    width = Encoding.parse(rec.encoding).width
-    if rec.length > 0 and len(rec.chunks) < width:
-        return False
-    nodes = [c.node for c in rec.chunks]
-    if len(set(nodes)) != len(nodes):
-        return False
-    if spread_is_short(nodes, domains):
-        return False
-    return all(c.chunk_id in present.get((c.node, c.disk), ()) for c in rec.chunks)
 
 
 def _resolver(root: Path, config: ClusterConfig, n: int) -> Callable[[], tuple[str, int] | None]:
