@@ -17,13 +17,11 @@ processes on one host share safely.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
 import secrets
 import signal
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -66,6 +64,7 @@ from tectonic_emu.nodectl import (
     read_address,
     signal_node,
 )
+from tectonic_emu.offload import run_apart
 from tectonic_emu.owner import take_ownership
 from tectonic_emu.secret import create_secret, load_secret, secret_path
 from tectonic_emu.services.backup import backup_due, prune, take_backup
@@ -140,23 +139,10 @@ def _check_metadata_free(config: ClusterConfig) -> None:
         finally:
             await kv.close()
 
-    found: list[int] = []
-    failed: list[BaseException] = []
-
-    def probe() -> None:
-        try:
-            found.append(asyncio.run(count()))
-        except BaseException as exc:
-            failed.append(exc)
-
-    thread = threading.Thread(target=probe, name="tectonic-metadata-probe")
-    thread.start()
-    thread.join()
-    if failed:
-        raise failed[0]
-    if found[0]:
+    found = run_apart(count, name="tectonic-metadata-probe")
+    if found:
         raise AlreadyExistsError(
-            f"table {config.metadata_table} already holds {found[0]} metadata keys (another "
+            f"table {config.metadata_table} already holds {found} metadata keys (another "
             "cluster's?): name another with metadata_table",
             redact(config.metadata),
         )

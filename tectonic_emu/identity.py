@@ -10,10 +10,8 @@ metadata file read as an empty namespace, and ``repair`` then collected every ch
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +22,7 @@ from tectonic_emu.metadata import SQLiteKV
 from tectonic_emu.metadata.kv import KVStore
 from tectonic_emu.metadata.layers import Metadata
 from tectonic_emu.metadata.snapshot import CLUSTER_KEY, cluster_value, read_cluster_id
+from tectonic_emu.offload import run_apart
 
 RESTORE_HINT = (
     "restore it with `tectonic-emu meta restore --latest` (from the backups on the nodes) "
@@ -45,19 +44,7 @@ def init_metadata(open_store: Callable[[], KVStore], config: ClusterConfig) -> N
         finally:
             await kv.close()
 
-    failed: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            asyncio.run(init())
-        except BaseException as exc:
-            failed.append(exc)
-
-    thread = threading.Thread(target=work, name="tectonic-metadata-init")
-    thread.start()
-    thread.join()
-    if failed:
-        raise failed[0]
+    run_apart(init, name="tectonic-metadata-init")
 
 
 def where(root: Path, config: ClusterConfig) -> str:

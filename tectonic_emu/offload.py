@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -21,4 +22,25 @@ async def offload(cpu: Executor, size: int, fn: Callable[..., T], *args: object)
     return await asyncio.get_running_loop().run_in_executor(cpu, fn, *args)
 
 
-__all__ = ["INLINE_CPU_BYTES", "offload"]
+def run_apart(make: Callable[[], Coroutine[Any, Any, T]], *, name: str) -> T:
+    """Run ``make()`` to the end on a thread and event loop of its own, and return its
+    result or raise its error: blocking, but usable from inside a running loop too (for
+    set-up work such as initialising a new metadata store from ``Cluster.create``)."""
+    result: list[T] = []
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            result.append(asyncio.run(make()))
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=work, name=name)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return result[0]
+
+
+__all__ = ["INLINE_CPU_BYTES", "offload", "run_apart"]
