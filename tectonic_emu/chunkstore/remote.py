@@ -318,7 +318,7 @@ class RemoteNode(StorageNode):
         self.down_reason = ""
         self.down_since = 0.0  # time.time() when last marked down
         self._conns: dict[str, _ClientConnection] = {}
-        self._connecting: dict[str, asyncio.Future[_ClientConnection]] = {}
+        self._connecting: dict[str, asyncio.Task[_ClientConnection]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ids = itertools.count(1)
         self._closed = False
@@ -350,18 +350,27 @@ class RemoteNode(StorageNode):
             return current
         pending = self._connecting.get(kind)
         if pending is None:
-            pending = loop.create_future()
+            # A task of its own, not the caller's: a caller cancelled mid-handshake (a hedged
+            # request that lost its race) must not cancel the open under the others waiting
+            # for the same connection, who would then get its CancelledError.
+            pending = loop.create_task(self._open_kept(kind))
             self._connecting[kind] = pending
-            try:
-                pending.set_result(await self._open(kind))
-            except BaseException as e:
-                pending.set_exception(e)
-                pending.exception()  # retrieved: waiters re-raise it
-            finally:
-                self._connecting.pop(kind, None)
-        conn = await asyncio.shield(pending)
+            pending.add_done_callback(lambda t: self._opened(kind, t))
+        return await asyncio.shield(pending)
+
+    async def _open_kept(self, kind: str) -> _ClientConnection:
+        conn = await self._open(kind)
+        if self._closed:  # closed while it opened: nobody would close this one
+            _drop(conn)
+            raise NodeUnavailableError(f"node {self.node_id} is closed")
         self._conns[kind] = conn
         return conn
+
+    def _opened(self, kind: str, task: asyncio.Task[_ClientConnection]) -> None:
+        if self._connecting.get(kind) is task:
+            del self._connecting[kind]
+        if not task.cancelled():
+            task.exception()  # retrieved: its waiters (if any are left) re-raise it
 
     async def _open(self, kind: str) -> _ClientConnection:
         address = self.resolve()
@@ -579,6 +588,8 @@ class RemoteNode(StorageNode):
 
     async def close(self) -> None:
         self._closed = True
+        for opening in self._connecting.values():
+            opening.cancel()
         for conn in self._conns.values():
             _drop(conn)
         self._conns.clear()
