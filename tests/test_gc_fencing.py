@@ -40,24 +40,8 @@ from tectonic_emu.services import collect_garbage, garbage_pass, repair, scrub
 from .conftest import SMALL_BLOCK, make_cluster, run_with
 from .served_writer import acknowledged, stream
 from .test_cli import fails, ok_json, tecto
+from .test_faults import chunks_on_disk, referenced
 from .test_served import REPO, make, stream_prefix, until
-
-
-async def chunks_on_disk(c: Cluster) -> set[tuple[int, int, str]]:
-    """(node, disk, chunk id) of every chunk on the live nodes."""
-    return {
-        (node.node_id, disk, info.chunk_id)
-        for node in c.nodes
-        if node.available
-        for disk in range(node.disks)
-        for info in await node.list_chunks(disk)
-    }
-
-
-async def referenced(c: Cluster) -> set[tuple[int, int, str]]:
-    return {
-        (ch.node, ch.disk, ch.chunk_id) async for rec in c.meta.iter_blocks() for ch in rec.chunks
-    }
 
 
 # -- the guards ------------------------------------------------------------------------------
