@@ -13,7 +13,7 @@ import random
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -224,6 +224,49 @@ def test_chunks_crowding_one_host_count_below_redundancy_and_repair_spreads_them
         assert await client.read_file("/f") == data
         assert (await scrub(c)).clean
         assert (await c.status()).blocks_below_redundancy == 0
+
+    run_with(root, go)
+
+
+@pytest.mark.parametrize("encoding", ["rs-3-3", "rs-6-3"])
+def test_repair_copies_a_chunk_sharing_a_node_when_only_enough_chunks_are_left(
+    tmp_path: Path, encoding: str
+) -> None:
+    """A block left with exactly its data chunks, two of them on one node, is rebuilt: the
+    chunk to move is good and is a source for the lost ones (CI of 9a6190b: after every node
+    of a served rs-3-3 cluster was killed mid-stream, repair excluded it and found 2 of 3)."""
+    root = one_disk(tmp_path / "c", nodes=10, encoding=encoding)
+    data = os.urandom(SMALL_BLOCK - 5)
+    enc = Encoding.parse(encoding)
+
+    async def go(c: Cluster) -> None:
+        client = c.client()
+        await client.write_file("/f", data)
+        (layout,) = await client.layout("/f")
+        async with c.meta.transaction() as m:
+            rec = await m.blocks.get(layout.block_id)
+        assert rec is not None
+        last, first = rec.chunks[-1], rec.chunks[0]  # move the last chunk onto the first's node
+        payload, info = await c.nodes[last.node].read_chunk(last.disk, last.chunk_id)
+        await c.nodes[first.node].write_chunk(
+            first.disk, last.chunk_id, payload, crc32c=info.crc32c, flags=info.flags
+        )
+        await c.nodes[last.node].delete_chunk(last.disk, last.chunk_id)
+        crowded = replace(last, node=first.node, disk=first.disk)
+        keep = {first.index, last.index} | set(range(1, enc.min_chunks - 1))
+        for ch in rec.chunks:  # leave min_chunks distinct chunks, two on one node
+            if ch.index not in keep:
+                await c.nodes[ch.node].delete_chunk(ch.disk, ch.chunk_id)
+        assert len(keep) == enc.min_chunks
+        chunks = tuple(crowded if ch is last else ch for ch in rec.chunks)
+        async with c.meta.transaction() as m:
+            await m.blocks.put(replace(rec, chunks=chunks), old=rec)
+        fixed = await repair(c, gc_grace=0)
+        assert (fixed.blocks_repaired, fixed.unrecoverable) == (1, [])
+        (after,) = await client.layout("/f")
+        assert len({ch.node for ch in after.chunks}) == enc.width
+        assert await client.read_file("/f") == data
+        assert (await scrub(c)).clean
 
     run_with(root, go)
 

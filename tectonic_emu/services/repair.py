@@ -80,13 +80,14 @@ async def repair_block(cluster: StoreView, rec: BlockRecord, report: RepairRepor
     if len(good) < enc.min_chunks:
         report.unrecoverable.append(f"{rec.block_id:016x}")
         return
-    rebuilt: dict[int, BytesLike]
-    if enc.kind == "replication":
-        payload = next(iter(good.values()))[1]
-        rebuilt = dict.fromkeys(missing, payload)
-    else:
-        codec = codec_for(enc)
-        rebuilt = codec.reconstruct({i: d for i, (_, d) in good.items()}, missing, rec.length)
+    # A chunk that is only moved is good: it is copied, and is a source for the lost ones.
+    rebuilt: dict[int, BytesLike] = {i: good[i][1] for i in missing if i in good}
+    lost = [i for i in missing if i not in good]
+    if lost and enc.kind == "replication":
+        rebuilt.update(dict.fromkeys(lost, next(iter(good.values()))[1]))
+    elif lost:
+        sources = {i: d for i, (_, d) in good.items()}
+        rebuilt.update(codec_for(enc).reconstruct(sources, lost, rec.length))
     async with ChunkIntent(cluster.meta, rec.block_id, rec.file_id, repair_owner()) as claim:
         try:
             new = await cluster.datapath.write_chunks(enc, rec.block_id, rebuilt, avoid=avoid)
