@@ -272,13 +272,15 @@ def test_gc_and_repair_at_grace_0_racing_writers_lose_nothing(
 
 # -- served, for real: SIGSTOP -----------------------------------------------------------------
 def metadata_is_free(root: Path) -> bool:
-    """Whether nobody holds the SQLite write lock (a process stopped inside a transaction
-    would hold it: this test is about the collector, not about that; see issue 19's leases)."""
+    """Whether nobody holds the metadata file's lease or write lock: a process stopped
+    inside a transaction would hold the lease, and lose it (``test_sqlite_lease.py``); this
+    test is about the collector, not about that."""
     con = sqlite3.connect(root / METADATA_FILE, timeout=0.2)
     try:
         con.execute("BEGIN IMMEDIATE")
+        (holder,) = con.execute("SELECT holder FROM lease").fetchone()
         con.rollback()
-        return True
+        return holder is None
     except sqlite3.OperationalError:
         return False
     finally:

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from tectonic_emu.metadata import KVStore, MemoryKV, PostgresKV, SQLiteKV, prefix_end
+from tectonic_emu.metadata._common import overlay, pending_in_range
 from tests.conftest import fresh_table
 
 T = TypeVar("T")
@@ -637,6 +638,35 @@ def model_scan(
     return rows if limit is None else rows[:limit]
 
 
+@given(
+    stored=st.dictionaries(keys, values),
+    writes=st.dictionaries(keys, st.none() | values),
+    prefix=keys,
+    start=st.none() | keys,
+    limit=st.none() | st.integers(0, 5),
+)
+def test_kept_writes_laid_over_a_cut_scan_are_the_scan_of_the_result(
+    stored: dict[bytes, bytes],
+    writes: dict[bytes, bytes | None],
+    prefix: bytes,
+    start: bytes | None,
+    limit: int | None,
+) -> None:
+    """``overlay``: what a transaction that keeps its writes (SQLite's) answers to a scan,
+    asking the file for ``limit`` rows plus one per kept delete in range."""
+    pending = pending_in_range(writes, prefix, start)
+    ask = None if limit is None else limit + sum(v is None for _, v in pending)
+    rows = model_scan(stored, prefix, start, ask)
+    after = dict(stored)
+    for k, v in writes.items():
+        if v is None:
+            after.pop(k, None)
+        else:
+            after[k] = v
+    cut = ask is not None and len(rows) == ask
+    assert overlay(rows, pending, limit, cut) == model_scan(after, prefix, start, limit)
+
+
 class KVMachine(RuleBasedStateMachine):
     """Random operations on a store, checked against a plain dict."""
 
@@ -688,8 +718,23 @@ class KVMachine(RuleBasedStateMachine):
         got = self.run(self.store.scan(prefix, start=start, limit=limit))
         assert got == model_scan(self.model, prefix, start, limit)
 
-    @rule(ops=ops, prefix=keys, fail=st.booleans())
-    def transaction(self, ops: list[tuple[bytes, bytes | None]], prefix: bytes, fail: bool) -> None:
+    @rule(
+        ops=ops,
+        prefix=keys,
+        start=st.none() | keys,
+        limit=st.none() | st.integers(0, 5),
+        fail=st.booleans(),
+    )
+    def transaction(
+        self,
+        ops: list[tuple[bytes, bytes | None]],
+        prefix: bytes,
+        start: bytes | None,
+        limit: int | None,
+        fail: bool,
+    ) -> None:
+        """Reads inside see the transaction's own writes, scans with a start and a limit
+        too (SQLite lays writes it keeps over what the file holds)."""
         shadow = dict(self.model)
 
         async def body() -> None:
@@ -702,6 +747,8 @@ class KVMachine(RuleBasedStateMachine):
                         await txn.put(key, value)
                         shadow[key] = value
                     assert await txn.get(key) == shadow.get(key)
+                    got = await txn.scan(prefix, start=start, limit=limit)
+                    assert got == model_scan(shadow, prefix, start, limit)
                 assert await txn.scan(prefix) == model_scan(shadow, prefix, None, None)
                 if fail:
                     raise Boom

@@ -22,10 +22,12 @@ import asyncio
 import errno
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from tectonic_emu.errors import InvalidArgumentError
 from tectonic_emu.metadata.kv import KVStore, Transaction
+
+_T = TypeVar("_T")
 
 Writes = dict[bytes, bytes | None]  # key -> new value, None for a delete
 
@@ -228,17 +230,50 @@ class GroupCommit:
         self._flight = None
 
 
-async def settled(work: Awaitable[None]) -> None:
+async def settled(work: Awaitable[_T]) -> _T:
     """Await ``work`` (a commit or a rollback) to its end even if the caller is cancelled
     meanwhile: the cancellation goes on once the outcome is settled."""
     fut = asyncio.ensure_future(work)
     try:
-        await asyncio.shield(fut)
+        return await asyncio.shield(fut)
     except asyncio.CancelledError:
         await asyncio.wait([fut])
         if not fut.cancelled():
             fut.exception()  # reported by the failed transaction's caller, not the loop
         raise
+
+
+def pending_in_range(
+    writes: Writes, prefix: bytes, start: bytes | None
+) -> list[tuple[bytes, bytes | None]]:
+    """The kept writes a scan of ``prefix`` from ``start`` covers, in key order."""
+    low = prefix if start is None or start < prefix else start
+    return sorted((k, v) for k, v in writes.items() if k.startswith(prefix) and k >= low)
+
+
+def overlay(
+    rows: list[tuple[bytes, bytes]],
+    pending: list[tuple[bytes, bytes | None]],
+    limit: int | None,
+    cut: bool,
+) -> list[tuple[bytes, bytes]]:
+    """A scan's answer with a transaction's kept writes laid over the backend's ``rows``.
+    ``pending`` is ``pending_in_range`` of the same scan. The backend was asked for ``limit``
+    plus as many rows as ``pending`` deletes; ``cut`` says it returned that many, so keys past
+    its last row are unknown and kept puts beyond it are left out (at least ``limit`` rows
+    remain before it)."""
+    if not pending:
+        return rows if limit is None else rows[:limit]
+    merged = dict(rows)
+    for k, v in pending:
+        if cut and rows and k > rows[-1][0]:
+            break
+        if v is None:
+            merged.pop(k, None)
+        else:
+            merged[k] = v
+    out = sorted(merged.items())
+    return out if limit is None else out[:limit]
 
 
 def check_limit(limit: int | None) -> None:
@@ -254,5 +289,7 @@ __all__ = [
     "SerialStore",
     "Writes",
     "check_limit",
+    "overlay",
+    "pending_in_range",
     "settled",
 ]

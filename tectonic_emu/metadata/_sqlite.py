@@ -1,9 +1,15 @@
 """``SQLiteKV``: the durable one-host backend of the metadata seam, a single SQLite file.
 
 Every sqlite3 call runs on a worker thread, so the event loop never waits on the disk or on
-another process's lock. Transactions run one at a time on one connection and thread. Writes
-inside a transaction are buffered and sent with the next read or with the commit: a
-transaction costs one thread hop per read that misses its own writes, plus one to commit.
+another process's lock. Transactions run one at a time on one connection and thread.
+
+A transaction does not hold SQLite's write lock while its caller works: it takes a lease, a
+row of the file's ``lease`` table, with its first read, renews it while open, and sends its
+writes with the commit, which checks that the lease is still its own
+(``_sqlite_lease``). So a process stopped inside a transaction holds the others up for at
+most the lease (5 s by default), and, resumed after another took the lease, commits nothing.
+Reads inside a transaction lay its kept writes over what they find. A transaction costs one
+thread hop per read that misses its own writes, plus one to commit.
 
 Reads outside a transaction (``get``, ``scan``, ``iter_prefix``) run on a second connection
 and thread, and see the last committed state: WAL mode lets them read while a transaction
@@ -34,19 +40,26 @@ from typing import Literal, TypeVar, cast
 
 from tectonic_emu.errors import InvalidArgumentError
 from tectonic_emu.localfile import make_private
+from tectonic_emu.metadata import _sqlite_lease as lease
 from tectonic_emu.metadata._common import (
     BufferedTransaction,
     DurableStore,
     GroupCommit,
     Writes,
     check_limit,
+    overlay,
+    pending_in_range,
     settled,
 )
+from tectonic_emu.metadata._sqlite_lease import MAX_LEASE, Holder
 from tectonic_emu.metadata.kv import prefix_end
 
 Synchronous = Literal["full", "normal", "off"]
 
 _T = TypeVar("_T")
+
+#: Seconds a transaction's lease on the file runs without renewal (``_sqlite_lease``).
+DEFAULT_LEASE = 5.0
 
 _SCHEMA = "CREATE TABLE IF NOT EXISTS kv(k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID"
 
@@ -78,11 +91,13 @@ def _make_private(path: str) -> None:
 class SQLiteKV(DurableStore):
     """An ordered key-value store in one SQLite file (WAL mode), shareable between processes.
 
-    Transactions start with ``BEGIN IMMEDIATE``: they hold the file's write lock from their
-    first read or write to their end, so read-modify-write is serializable across processes too.
-    A process that finds the lock taken waits up to ``busy_timeout`` seconds, then fails with
-    ``OSError(EBUSY)``. Reads outside a transaction (``get``, ``scan``, ``iter_prefix``) take no
-    write lock.
+    Transactions hold the file's lease (module docstring) from their first read to their
+    end, so read-modify-write is serializable across processes too. A process that finds it
+    taken waits up to ``busy_timeout`` seconds, then fails with ``OSError(EBUSY)`` naming the
+    holder's pid. A transaction stopped or stalled for over ``lease`` seconds (renewed every
+    third of it while its event loop runs) loses it to the next process that asks, and then
+    fails with ``OSError(ETIMEDOUT)``, nothing of it committed. Reads outside a transaction
+    (``get``, ``scan``, ``iter_prefix``) take no lease.
 
     ``synchronous``: ``"full"`` makes every commit durable before it returns (by group commit,
     see the module docstring); ``"normal"`` may lose the last commits on power loss (never on a
@@ -101,14 +116,20 @@ class SQLiteKV(DurableStore):
         *,
         synchronous: Synchronous = "full",
         busy_timeout: float = 30.0,
+        lease: float = DEFAULT_LEASE,
     ) -> None:
         if synchronous not in ("full", "normal", "off"):
             raise InvalidArgumentError("synchronous must be 'full', 'normal' or 'off'", synchronous)
+        if not 0 < lease <= MAX_LEASE:
+            raise InvalidArgumentError(
+                f"lease must be over 0 and at most {MAX_LEASE:g} s", str(lease)
+            )
         super().__init__()
         self.path = os.fspath(path)
         self._where = self.path
         self.synchronous: Synchronous = synchronous
         self.busy_timeout = busy_timeout
+        self.lease = lease
         # Transactions' sqlite3 calls happen on this one thread; _db is touched only there.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlitekv")
         self._db: sqlite3.Connection | None = None
@@ -130,9 +151,10 @@ class SQLiteKV(DurableStore):
         *,
         synchronous: Synchronous = "full",
         busy_timeout: float = 30.0,
+        lease: float = DEFAULT_LEASE,
     ) -> SQLiteKV:
         """A store whose file is already open (created if missing)."""
-        store = cls(path, synchronous=synchronous, busy_timeout=busy_timeout)
+        store = cls(path, synchronous=synchronous, busy_timeout=busy_timeout, lease=lease)
         try:
             await store._run(lambda db: None)
         except BaseException:
@@ -187,10 +209,25 @@ class SQLiteKV(DurableStore):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._in_worker, job)
 
-    async def _finish(self, job: Callable[[], None]) -> None:
-        """Run a commit or rollback on the worker thread to its end, even if cancelled
-        (whatever this store runs next is queued behind it anyway)."""
-        await settled(asyncio.get_running_loop().run_in_executor(self._executor, job))
+    async def _settle(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
+        """``_run`` to the job's end, even if the caller is cancelled: for what changes the
+        file (a commit, the lease), whose outcome this store must know."""
+        return await settled(self._run(job))
+
+    async def _until_free(self, job: Callable[[sqlite3.Connection], Holder | None]) -> None:
+        """Run ``job`` (it takes the lease, or commits what needs no lease) until it finds
+        the lease free, polling with backoff; ``OSError(EBUSY)`` after ``busy_timeout``."""
+        deadline = time.monotonic() + self.busy_timeout
+        pause = 0.0005
+        while (holder := await self._settle(job)) is not None:
+            if time.monotonic() + pause > deadline:
+                raise OSError(
+                    errno.EBUSY,
+                    f"metadata store: {holder.describe()}; waited {self.busy_timeout:g} s",
+                    self.path,
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.01)
 
     # -- worker-thread side ------------------------------------------------------------------
     def _sync_wal(self) -> None:
@@ -245,14 +282,17 @@ class SQLiteKV(DurableStore):
                 raise OSError(errno.EIO, f"could not switch to WAL mode (got {mode})", self.path)
         # "full" is group commit: SQLite commits without an fsync, _durable adds a shared one.
         db.execute(f"PRAGMA synchronous={'NORMAL' if self._group else self.synchronous.upper()}")
-        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'kv'").fetchone() is None:
+        tables = db.execute("SELECT count(*) FROM sqlite_master WHERE name IN ('kv', 'lease')")
+        if tables.fetchone()[0] < 2:  # new, or made before the lease (issue 19)
             db.execute("BEGIN IMMEDIATE")
             db.execute(_SCHEMA)
+            lease.set_up(db)
             db.execute("COMMIT")
 
     def _in_worker(self, job: Callable[[sqlite3.Connection], _T], reader: bool = False) -> _T:
         """``job`` on the transactions' connection, or with ``reader`` the reads' one (each
-        opened on first use, on its own thread)."""
+        opened on first use, on its own thread). A write transaction the job left open, by
+        failing, is rolled back."""
         try:
             if reader:
                 if self._read_db is None:
@@ -260,25 +300,22 @@ class SQLiteKV(DurableStore):
                 return job(self._read_db)
             if self._db is None:
                 self._db = self._connect()
-            return job(self._db)
+            try:
+                return job(self._db)
+            except BaseException:
+                self._rollback_in_worker()
+                raise
         except sqlite3.Error as exc:
             raise self._os_error(exc) from exc
 
-    def _commit_in_worker(self, writes: Writes) -> None:
-        try:
-            db = self._db
-            if writes:
-                if db is None:
-                    db = self._db = self._connect()
-                _begin(db)
-                _apply(db, writes)
-            if db is not None and db.in_transaction:
-                db.execute("COMMIT")
-        except BaseException as exc:
-            self._rollback_in_worker()
-            if isinstance(exc, sqlite3.Error):
-                raise self._os_error(exc) from exc
-            raise
+    def _commit_in_worker(
+        self, db: sqlite3.Connection, token: bytes | None, writes: Writes
+    ) -> Holder | None:
+        """Apply ``writes`` and commit, releasing the lease ``token`` holds; see
+        ``_sqlite_lease.commit`` (a transaction that only writes may find the lease held)."""
+        return lease.commit(
+            db, token, lambda: _apply(db, writes), lease=self.lease, where=self.path
+        )
 
     def _rollback_in_worker(self) -> None:
         db = self._db
@@ -313,39 +350,78 @@ class SQLiteKV(DurableStore):
 
 
 class _SQLiteTransaction(BufferedTransaction):
+    """Takes the lease before its first read, renews it while open, and sends every write
+    with the commit (``_sqlite_lease``); reads lay the kept writes over what they find."""
+
     _store: SQLiteKV
 
     def __init__(self, store: SQLiteKV, durable: bool = True) -> None:
         super().__init__(store, durable)
-        self._sent = False  # a job of this transaction reached the worker's queue
+        self._token: bytes | None = None  # this transaction's lease, once a take was sent
+        self._renewer: asyncio.Task[None] | None = None
+        self._lost = False  # a renewal found the lease taken
 
     @property
     def _started(self) -> bool:
-        return self._sent
-
-    async def _commit(self, writes: Writes) -> None:
-        store = self._store
-        await store._finish(lambda: store._commit_in_worker(writes))
-
-    async def _abandon(self) -> None:
-        await self._store._finish(self._store._rollback_in_worker)
+        return self._token is not None
 
     async def _read(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
-        writes = self._take_writes()
-
-        def work(db: sqlite3.Connection) -> _T:
-            _begin(db)
-            if writes:
-                _apply(db, writes)
-            return job(db)
-
-        self._sent = True
+        """``job`` on the worker, after taking the lease with the first read (in the same
+        thread hop), and renewing it from then on."""
+        store = self._store
         try:
-            return await self._store._run(work)
+            if self._token is None:
+                token = self._token = os.urandom(16)
+                return await self._take_then(token, job)
+            if self._lost:
+                raise lease.LeaseLostError(store.lease, store.path)
+            return await store._run(job)
         except BaseException:
-            # Its writes may be half applied: nothing more of this transaction may commit.
-            self._state = "broken"
+            self._state = "broken"  # nothing more of this transaction may commit
             raise
+
+    async def _take_then(self, token: bytes, job: Callable[[sqlite3.Connection], _T]) -> _T:
+        store, pid = self._store, os.getpid()
+        answer: list[_T] = []
+
+        def take_then_read(db: sqlite3.Connection) -> Holder | None:
+            busy = lease.take(db, token, pid, store.lease)
+            if busy is None:
+                answer.append(job(db))
+            return busy
+
+        await store._until_free(take_then_read)
+        self._renewer = asyncio.create_task(self._renew(token), name="sqlitekv-lease")
+        return answer[0]
+
+    async def _renew(self, token: bytes) -> None:
+        store = self._store
+        while True:
+            await asyncio.sleep(store.lease / 3)
+            try:
+                held = await store._run(lambda db: lease.renew(db, token, store.lease))
+            except OSError:
+                continue  # the file is busy or failing: the commit's check decides
+            if not held:
+                self._lost = True
+                return
+
+    def _stop_renewing(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            self._renewer = None
+
+    async def _commit(self, writes: Writes) -> None:
+        self._stop_renewing()
+        store, token = self._store, self._token
+        await store._until_free(lambda db: store._commit_in_worker(db, token, writes))
+
+    async def _abandon(self) -> None:
+        self._stop_renewing()
+        token = self._token
+        if token is not None:
+            with contextlib.suppress(OSError):  # else it runs out by itself
+                await self._store._settle(lambda db: lease.release(db, token))
 
     async def _fetch(self, key: bytes) -> bytes | None:
         return await self._read(lambda db: _select(db, key))
@@ -355,15 +431,15 @@ class _SQLiteTransaction(BufferedTransaction):
     ) -> list[tuple[bytes, bytes]]:
         self._check_open()
         check_limit(limit)
-        return await self._read(lambda db: _scan(db, prefix, start, limit))
+        if limit == 0:
+            return []
+        pending = pending_in_range(self._writes, prefix, start)
+        ask = None if limit is None else limit + sum(v is None for _, v in pending)
+        rows = await self._read(lambda db: _scan(db, prefix, start, ask))
+        return overlay(rows, pending, limit, cut=ask is not None and len(rows) == ask)
 
 
 # -- statements (worker thread) --------------------------------------------------------------
-def _begin(db: sqlite3.Connection) -> None:
-    if not db.in_transaction:
-        db.execute("BEGIN IMMEDIATE")
-
-
 def _apply(db: sqlite3.Connection, writes: Writes) -> None:
     puts = [(k, v) for k, v in writes.items() if v is not None]
     if puts:
