@@ -278,13 +278,13 @@ def metadata_is_free(root: Path) -> bool:
     con = sqlite3.connect(root / METADATA_FILE, timeout=0.2)
     try:
         con.execute("BEGIN IMMEDIATE")
-        (holder,) = con.execute("SELECT holder FROM lease").fetchone()
         con.rollback()
-        return holder is None
     except sqlite3.OperationalError:
         return False
     finally:
         con.close()
+    record = root / f"{METADATA_FILE}-lease"  # 16-byte token first, zeros when free
+    return not record.exists() or not any(record.read_bytes()[:16])
 
 
 def claim_in_flight(root: Path, path: str) -> tuple[IntentRecord, set[tuple[int, int, str]]] | None:

@@ -10,7 +10,7 @@ import asyncio
 import errno
 import os
 import signal
-import sqlite3
+import struct
 import subprocess
 import sys
 import textwrap
@@ -174,27 +174,24 @@ def test_a_holder_whose_lease_ran_out_unasked_still_commits(tmp_path: Path) -> N
 
 
 def test_a_lease_ending_beyond_the_longest_one_counts_as_ended(tmp_path: Path) -> None:
-    """A lease row that ends further ahead than any lease may run (the clock was stepped
+    """A lease record that ends further ahead than any lease may run (the clock was stepped
     back since it was taken) does not hold the file up."""
     path = tmp_path / "m.db"
 
-    async def body() -> None:
+    async def put(value: bytes, *, seen: bytes | None) -> None:
         kv = SQLiteKV(path, busy_timeout=0.5)
         try:
             async with kv.transaction() as t:
-                await t.put(b"k", b"v")
-            db = sqlite3.connect(path, isolation_level=None)
-            far = time.time() + 2 * MAX_LEASE
-            db.execute("UPDATE lease SET holder = x'00', pid = 1, expires = ?", (far,))
-            db.close()
-            async with kv.transaction() as t:
-                assert await t.get(b"k") == b"v"
-                await t.put(b"k", b"w")
-            assert await kv.get(b"k") == b"w"
+                assert await t.get(b"k") == seen
+                await t.put(b"k", value)
+            assert await kv.get(b"k") == value
         finally:
             await kv.close()
 
-    asyncio.run(body())
+    asyncio.run(put(b"v", seen=None))
+    far = time.time() + 2 * MAX_LEASE
+    Path(f"{path}-lease").write_bytes(struct.pack("<16sQd", b"x" * 16, 1, far))
+    asyncio.run(put(b"w", seen=b"v"))
 
 
 def test_a_busy_lease_names_its_holder(tmp_path: Path) -> None:

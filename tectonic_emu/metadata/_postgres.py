@@ -6,7 +6,7 @@ range scan. Every client host reaches the same database through asyncpg.
 
 Isolation: serializable, by running transactions one at a time, as SQLite does. A
 transaction takes one transaction-scoped advisory lock (``pg_advisory_xact_lock``, keyed by
-the table) with its first read or write, the counterpart of SQLite's ``BEGIN IMMEDIATE``, and
+the table) with its first read or write, the counterpart of SQLite's lease (``_sqlite_lease``), and
 holds it until it commits or rolls back; its statements run at READ COMMITTED, which under
 that lock sees every transaction committed before it. PostgreSQL's own SERIALIZABLE level
 would let transactions overlap, but it ends a conflicting one with a serialization failure

@@ -3,10 +3,9 @@
 Every sqlite3 call runs on a worker thread, so the event loop never waits on the disk or on
 another process's lock. Transactions run one at a time on one connection and thread.
 
-A transaction does not hold SQLite's write lock while its caller works: it takes a lease, a
-row of the file's ``lease`` table, with its first read, renews it while open, and sends its
-writes with the commit, which checks that the lease is still its own
-(``_sqlite_lease``). So a process stopped inside a transaction holds the others up for at
+A transaction does not hold SQLite's write lock while its caller works: it takes a lease (a
+record in ``PATH-lease``) with its first read, renews it while open, and sends its writes
+with the commit, which checks that the lease is still its own (``_sqlite_lease``). So a process stopped inside a transaction holds the others up for at
 most the lease (5 s by default), and, resumed after another took the lease, commits nothing.
 Reads inside a transaction lay its kept writes over what they find. A transaction costs one
 thread hop per read that misses its own writes, plus one to commit.
@@ -40,7 +39,6 @@ from typing import Literal, TypeVar, cast
 
 from tectonic_emu.errors import InvalidArgumentError
 from tectonic_emu.localfile import make_private
-from tectonic_emu.metadata import _sqlite_lease as lease
 from tectonic_emu.metadata._common import (
     BufferedTransaction,
     DurableStore,
@@ -51,7 +49,7 @@ from tectonic_emu.metadata._common import (
     pending_in_range,
     settled,
 )
-from tectonic_emu.metadata._sqlite_lease import MAX_LEASE, Holder
+from tectonic_emu.metadata._sqlite_lease import MAX_LEASE, Holder, LeaseFile, LeaseLostError
 from tectonic_emu.metadata.kv import prefix_end
 
 Synchronous = Literal["full", "normal", "off"]
@@ -130,6 +128,11 @@ class SQLiteKV(DurableStore):
         self.synchronous: Synchronous = synchronous
         self.busy_timeout = busy_timeout
         self.lease = lease
+        # Touched only on the transactions' worker thread, as _db.
+        named = self.path != ":memory:" and not self.path.startswith("file:")
+        self._lease = LeaseFile(self.path if named else None, busy_timeout)
+        self._holder: _SQLiteTransaction | None = None  # the open transaction, leased
+        self._ticker: asyncio.TimerHandle | None = None  # renews the holder's lease
         # Transactions' sqlite3 calls happen on this one thread; _db is touched only there.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlitekv")
         self._db: sqlite3.Connection | None = None
@@ -192,6 +195,9 @@ class SQLiteKV(DurableStore):
             if self._closed:
                 return
             self._closed = True
+            if self._ticker is not None:
+                self._ticker.cancel()
+                self._ticker = None
             loop = asyncio.get_running_loop()
             try:
                 await self._log.settle()
@@ -212,14 +218,37 @@ class SQLiteKV(DurableStore):
     async def _settle(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
         """``_run`` to the job's end, even if the caller is cancelled: for what changes the
         file (a commit, the lease), whose outcome this store must know."""
-        return await settled(self._run(job))
+        loop = asyncio.get_running_loop()  # the executor's future itself: no task
+        return await settled(loop.run_in_executor(self._executor, self._in_worker, job))
 
-    async def _until_free(self, job: Callable[[sqlite3.Connection], Holder | None]) -> None:
-        """Run ``job`` (it takes the lease, or commits what needs no lease) until it finds
-        the lease free, polling with backoff; ``OSError(EBUSY)`` after ``busy_timeout``."""
+    def _holding(self, txn: _SQLiteTransaction | None) -> None:
+        """``txn`` holds the lease now (None: no transaction does). One timer per store,
+        not per transaction, renews the open one's lease when due; it stops once it finds
+        no transaction open, and the next lease taken starts it again."""
+        self._holder = txn
+        if txn is not None and self._ticker is None:
+            self._ticker = asyncio.get_running_loop().call_later(self.lease / 3, self._tick)
+
+    def _tick(self) -> None:
+        self._ticker = None
+        txn = self._holder
+        if txn is None or self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if now >= txn._renew_due:
+            txn._renew(now)
+        self._ticker = loop.call_later(max(txn._renew_due - now, 0.001), self._tick)
+
+    async def _until_free(
+        self, job: Callable[[sqlite3.Connection], Holder | None], *, settle: bool
+    ) -> None:
+        """Run ``job`` (it takes the lease, or commits) until it finds the lease free,
+        polling with backoff; ``OSError(EBUSY)`` after ``busy_timeout``. ``settle``: run it to
+        its end even if the caller is cancelled (``_settle``)."""
         deadline = time.monotonic() + self.busy_timeout
         pause = 0.0005
-        while (holder := await self._settle(job)) is not None:
+        while (holder := await (self._settle(job) if settle else self._run(job))) is not None:
             if time.monotonic() + pause > deadline:
                 raise OSError(
                     errno.EBUSY,
@@ -282,11 +311,9 @@ class SQLiteKV(DurableStore):
                 raise OSError(errno.EIO, f"could not switch to WAL mode (got {mode})", self.path)
         # "full" is group commit: SQLite commits without an fsync, _durable adds a shared one.
         db.execute(f"PRAGMA synchronous={'NORMAL' if self._group else self.synchronous.upper()}")
-        tables = db.execute("SELECT count(*) FROM sqlite_master WHERE name IN ('kv', 'lease')")
-        if tables.fetchone()[0] < 2:  # new, or made before the lease (issue 19)
+        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'kv'").fetchone() is None:
             db.execute("BEGIN IMMEDIATE")
             db.execute(_SCHEMA)
-            lease.set_up(db)
             db.execute("COMMIT")
 
     def _in_worker(self, job: Callable[[sqlite3.Connection], _T], reader: bool = False) -> _T:
@@ -312,10 +339,15 @@ class SQLiteKV(DurableStore):
         self, db: sqlite3.Connection, token: bytes | None, writes: Writes
     ) -> Holder | None:
         """Apply ``writes`` and commit, releasing the lease ``token`` holds; see
-        ``_sqlite_lease.commit`` (a transaction that only writes may find the lease held)."""
-        return lease.commit(
-            db, token, lambda: _apply(db, writes), lease=self.lease, where=self.path
-        )
+        ``LeaseFile.commit`` (a transaction that only writes may find the lease held)."""
+
+        def apply() -> None:
+            if writes:
+                db.execute("BEGIN IMMEDIATE")
+                _apply(db, writes)
+                db.execute("COMMIT")
+
+        return self._lease.commit(token, apply, lease=self.lease, where=self.path)
 
     def _rollback_in_worker(self) -> None:
         db = self._db
@@ -334,6 +366,7 @@ class SQLiteKV(DurableStore):
             db, self._read_db = self._read_db, None
         else:
             db, self._db = self._db, None
+            self._lease.close()
         if db is not None:
             try:
                 db.close()
@@ -358,7 +391,8 @@ class _SQLiteTransaction(BufferedTransaction):
     def __init__(self, store: SQLiteKV, durable: bool = True) -> None:
         super().__init__(store, durable)
         self._token: bytes | None = None  # this transaction's lease, once a take was sent
-        self._renewer: asyncio.Task[None] | None = None
+        self._renew_due = 0.0  # loop time the lease is next renewed at
+        self._renewer: asyncio.Future[None] | None = None  # a renewal under way
         self._lost = False  # a renewal found the lease taken
 
     @property
@@ -374,7 +408,7 @@ class _SQLiteTransaction(BufferedTransaction):
                 token = self._token = os.urandom(16)
                 return await self._take_then(token, job)
             if self._lost:
-                raise lease.LeaseLostError(store.lease, store.path)
+                raise LeaseLostError(store.lease, store.path)
             return await store._run(job)
         except BaseException:
             self._state = "broken"  # nothing more of this transaction may commit
@@ -385,28 +419,36 @@ class _SQLiteTransaction(BufferedTransaction):
         answer: list[_T] = []
 
         def take_then_read(db: sqlite3.Connection) -> Holder | None:
-            busy = lease.take(db, token, pid, store.lease)
+            busy = store._lease.take(token, pid, store.lease)
             if busy is None:
                 answer.append(job(db))
             return busy
 
-        await store._until_free(take_then_read)
-        self._renewer = asyncio.create_task(self._renew(token), name="sqlitekv-lease")
+        # Not settled: cancelled, the transaction releases the lease if the take got it.
+        await store._until_free(take_then_read, settle=False)
+        self._renew_due = asyncio.get_running_loop().time() + store.lease / 3
+        store._holding(self)
         return answer[0]
 
-    async def _renew(self, token: bytes) -> None:
-        store = self._store
-        while True:
-            await asyncio.sleep(store.lease / 3)
+    def _renew(self, now: float) -> None:
+        """Renew the lease (the store's timer found it due): a task, about every third of
+        the lease, which marks the transaction lost if another process took it."""
+        store, token = self._store, self._token
+        assert token is not None
+        self._renew_due = now + store.lease / 3
+
+        async def renewal() -> None:
             try:
-                held = await store._run(lambda db: lease.renew(db, token, store.lease))
+                held = await store._run(lambda db: store._lease.renew(token, store.lease))
             except OSError:
-                continue  # the file is busy or failing: the commit's check decides
+                held = True  # the file is busy or failing: the commit's check decides
             if not held:
                 self._lost = True
-                return
+
+        self._renewer = asyncio.ensure_future(renewal())
 
     def _stop_renewing(self) -> None:
+        self._store._holding(None)
         if self._renewer is not None:
             self._renewer.cancel()
             self._renewer = None
@@ -414,14 +456,16 @@ class _SQLiteTransaction(BufferedTransaction):
     async def _commit(self, writes: Writes) -> None:
         self._stop_renewing()
         store, token = self._store, self._token
-        await store._until_free(lambda db: store._commit_in_worker(db, token, writes))
+        await store._until_free(
+            lambda db: store._commit_in_worker(db, token, writes), settle=True
+        )
 
     async def _abandon(self) -> None:
         self._stop_renewing()
         token = self._token
         if token is not None:
             with contextlib.suppress(OSError):  # else it runs out by itself
-                await self._store._settle(lambda db: lease.release(db, token))
+                await self._store._settle(lambda db: self._store._lease.release(token))
 
     async def _fetch(self, key: bytes) -> bytes | None:
         return await self._read(lambda db: _select(db, key))

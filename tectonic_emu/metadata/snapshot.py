@@ -15,7 +15,7 @@ The format (all integers big-endian)::
     repeated: b"K" u32 klen u32 vlen key value
     b"E" u64 count, 32 bytes SHA-256    of every byte before the digest
 
-A dump of SQLite holds the store's write lock while it reads (the seam's transactions are
+A dump of SQLite holds the store's lease while it reads (the seam's transactions are
 serializable): about a second per few hundred thousand keys. It writes to a local stream only;
 callers that ship a dump elsewhere (``services/backup.py``) do it after the transaction.
 """
