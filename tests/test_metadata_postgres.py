@@ -22,6 +22,8 @@ from tectonic_emu.errors import AlreadyExistsError
 from tectonic_emu.metadata import PostgresKV
 from tests.conftest import SMALL_BLOCK, fresh_table
 
+REPO = Path(__file__).resolve().parent.parent
+
 
 def cli(*args: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
@@ -114,27 +116,6 @@ def test_create_refuses_a_table_in_use_and_an_unreachable_database(
     assert bad.returncode != 0 and b"postgresql://" in bad.stderr
 
 
-_HOLDER = """
-import asyncio, sys
-from tectonic_emu.metadata import PostgresKV
-
-async def main() -> None:
-    kv = PostgresKV(sys.argv[1], table=sys.argv[2], lease=float(sys.argv[3]))
-    try:
-        async with kv.transaction() as t:
-            await t.get(b"k")  # takes the lock
-            await t.put(b"k", b"from the stopped holder")
-            print("holding", flush=True)
-            await asyncio.to_thread(sys.stdin.readline)  # SIGSTOPped in here
-    except OSError as exc:
-        print("refused:", exc, flush=True)
-        raise SystemExit(3)
-    print("committed", flush=True)
-
-asyncio.run(main())
-"""
-
-
 def test_a_stopped_client_holding_a_transaction_blocks_others_only_for_its_lease(
     postgres_url: str,
 ) -> None:
@@ -146,7 +127,8 @@ def test_a_stopped_client_holding_a_transaction_blocks_others_only_for_its_lease
     table = fresh_table()
     lease = 2.0
     holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER, postgres_url, table, str(lease)],
+        [sys.executable, "-m", "tests.kv_holder", "postgres", postgres_url, str(lease), table],
+        cwd=REPO,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

@@ -13,7 +13,6 @@ import signal
 import struct
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -24,35 +23,13 @@ from tectonic_emu.metadata import SQLiteKV
 from tectonic_emu.metadata._sqlite_lease import MAX_LEASE
 
 LEASE = 1.0
-
-_HOLDER = textwrap.dedent(
-    """
-    import asyncio, sys
-    from tectonic_emu.metadata import SQLiteKV
-
-    async def main() -> None:
-        kv = SQLiteKV(sys.argv[1], lease=float(sys.argv[2]))
-        try:
-            async with kv.transaction() as t:
-                await t.get(b"k")  # takes the lease
-                await t.put(b"k", b"from the stopped holder")
-                print("holding", flush=True)
-                await asyncio.to_thread(sys.stdin.readline)  # SIGSTOPped in here
-        except OSError as exc:
-            print("refused:", exc.errno, exc, flush=True)
-            raise SystemExit(3)
-        finally:
-            await kv.close()
-        print("committed", flush=True)
-
-    asyncio.run(main())
-    """
-)
+REPO = Path(__file__).resolve().parent.parent
 
 
 def start_holder(path: Path) -> subprocess.Popen[str]:
     holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER, str(path), str(LEASE)],
+        [sys.executable, "-m", "tests.kv_holder", "sqlite", str(path), str(LEASE)],
+        cwd=REPO,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
