@@ -10,9 +10,51 @@ there). Then it commits and prints ``committed``, or prints ``refused: ERRNO LIN
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
+import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 from tectonic_emu.metadata import KVStore, PostgresKV, SQLiteKV
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@contextlib.contextmanager
+def stopped_holder(*args: str, stop: bool = True) -> Iterator[subprocess.Popen[str]]:
+    """A holder process (``args`` as on its command line), SIGSTOPped (with ``stop``) once it
+    holds its transaction; killed at the end if it still runs."""
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "tests.kv_holder", *args],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "holding"
+        if stop:
+            os.kill(holder.pid, signal.SIGSTOP)
+        yield holder
+    finally:
+        if holder.poll() is None:
+            os.kill(holder.pid, signal.SIGCONT)
+            holder.kill()
+            holder.wait()
+
+
+def resume_refused(holder: subprocess.Popen[str]) -> str:
+    """SIGCONT the holder and check that its commit was refused for its lease, nothing of it
+    committed; its output."""
+    os.kill(holder.pid, signal.SIGCONT)
+    out, _ = holder.communicate("go on\n", timeout=60)
+    assert holder.returncode == 3, out
+    assert "lease" in out and "nothing of it committed" in out, out
+    return out
 
 
 async def hold(store: KVStore) -> None:

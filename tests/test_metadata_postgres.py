@@ -21,8 +21,7 @@ from tectonic_emu import Cluster
 from tectonic_emu.errors import AlreadyExistsError
 from tectonic_emu.metadata import PostgresKV
 from tests.conftest import SMALL_BLOCK, fresh_table
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.kv_holder import resume_refused, stopped_holder
 
 
 def cli(*args: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
@@ -122,21 +121,9 @@ def test_a_stopped_client_holding_a_transaction_blocks_others_only_for_its_lease
     """A client SIGSTOPped while it holds the lock (inside a transaction) is ended by the
     server after its lease: another client gets the lock instead of waiting for it forever,
     and the stopped one, resumed, finds its transaction gone, none of it committed."""
-    import signal
-
     table = fresh_table()
     lease = 2.0
-    holder = subprocess.Popen(
-        [sys.executable, "-m", "tests.kv_holder", "postgres", postgres_url, str(lease), table],
-        cwd=REPO,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None
-        assert holder.stdout.readline().strip() == "holding"
-        os.kill(holder.pid, signal.SIGSTOP)
+    with stopped_holder("postgres", postgres_url, str(lease), table) as holder:
 
         async def other() -> bytes | None:
             # Without the lease this waits for the lock until busy_timeout and fails EBUSY.
@@ -149,15 +136,7 @@ def test_a_stopped_client_holding_a_transaction_blocks_others_only_for_its_lease
                 await kv.close()
 
         assert asyncio.run(other()) == b"from the other client"
-        os.kill(holder.pid, signal.SIGCONT)
-        out, _ = holder.communicate("go on\n", timeout=60)
-        assert holder.returncode == 3, out
-        assert "lease" in out and "nothing of it committed" in out, out
-    finally:
-        if holder.poll() is None:
-            os.kill(holder.pid, signal.SIGCONT)
-            holder.kill()
-            holder.wait()
+        resume_refused(holder)
 
     async def value() -> bytes | None:
         kv = PostgresKV(postgres_url, table=table)

@@ -9,10 +9,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-import signal
 import struct
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,22 +18,9 @@ import pytest
 from tectonic_emu.errors import InvalidArgumentError
 from tectonic_emu.metadata import SQLiteKV
 from tectonic_emu.metadata._sqlite_lease import MAX_LEASE
+from tests.kv_holder import resume_refused, stopped_holder
 
 LEASE = 1.0
-REPO = Path(__file__).resolve().parent.parent
-
-
-def start_holder(path: Path) -> subprocess.Popen[str]:
-    holder = subprocess.Popen(
-        [sys.executable, "-m", "tests.kv_holder", "sqlite", str(path), str(LEASE)],
-        cwd=REPO,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert holder.stdout is not None
-    assert holder.stdout.readline().strip() == "holding"
-    return holder
 
 
 async def other_client(path: Path, *, blind: bool) -> bytes | None:
@@ -60,22 +44,11 @@ def test_a_stopped_holder_blocks_others_for_its_lease_and_commits_nothing_resume
     it goes on once the stopped holder's lease ran out. The holder, resumed, finds the lease
     taken and commits nothing, with a line that says so."""
     path = tmp_path / "m.db"
-    holder = start_holder(path)
-    try:
-        os.kill(holder.pid, signal.SIGSTOP)
+    with stopped_holder("sqlite", str(path), str(LEASE)) as holder:
         began = time.monotonic()
         assert asyncio.run(other_client(path, blind=blind)) == b"from the other client"
         waited = time.monotonic() - began
-        os.kill(holder.pid, signal.SIGCONT)
-        out, _ = holder.communicate("go on\n", timeout=60)
-        assert holder.returncode == 3, out
-        assert f"refused: {errno.ETIMEDOUT}" in out, out
-        assert "lease" in out and "nothing of it committed" in out, out
-    finally:
-        if holder.poll() is None:
-            os.kill(holder.pid, signal.SIGCONT)
-            holder.kill()
-            holder.wait()
+        assert f"refused: {errno.ETIMEDOUT}" in resume_refused(holder)
     assert waited < LEASE * 20  # it did not wait for busy_timeout (the lease is the bound)
 
     async def value() -> bytes | None:
@@ -90,9 +63,9 @@ def test_a_stopped_holder_blocks_others_for_its_lease_and_commits_nothing_resume
 
 def test_a_killed_holder_frees_the_lease_when_it_runs_out(tmp_path: Path) -> None:
     path = tmp_path / "m.db"
-    holder = start_holder(path)
-    holder.kill()
-    holder.wait()
+    with stopped_holder("sqlite", str(path), str(LEASE), stop=False) as holder:
+        holder.kill()
+        holder.wait()
     assert asyncio.run(other_client(path, blind=False)) == b"from the other client"
 
 

@@ -5,8 +5,9 @@ another process's lock. Transactions run one at a time on one connection and thr
 
 A transaction does not hold SQLite's write lock while its caller works: it takes a lease (a
 record in ``PATH-lease``) with its first read, renews it while open, and sends its writes
-with the commit, which checks that the lease is still its own (``_sqlite_lease``). So a process stopped inside a transaction holds the others up for at
-most the lease (5 s by default), and, resumed after another took the lease, commits nothing.
+with the commit, which checks that the lease is still its own (``_sqlite_lease``). So a
+process stopped inside a transaction holds the others up for at most the lease (5 s by
+default), and, resumed after another took the lease, commits nothing.
 Reads inside a transaction lay its kept writes over what they find. A transaction costs one
 thread hop per read that misses its own writes, plus one to commit.
 
