@@ -224,8 +224,8 @@ class SQLiteKV(DurableStore):
 
     def _holding(self, txn: _SQLiteTransaction | None) -> None:
         """``txn`` holds the lease now (None: no transaction does). One timer per store,
-        not per transaction, renews the open one's lease when due; it stops once it finds
-        no transaction open, and the next lease taken starts it again."""
+        not per transaction, renews the open one's lease every third of the lease; it stops
+        once it finds no transaction open, and the next lease taken starts it again."""
         self._holder = txn
         if txn is not None and self._ticker is None:
             self._ticker = asyncio.get_running_loop().call_later(self.lease / 3, self._tick)
@@ -235,11 +235,8 @@ class SQLiteKV(DurableStore):
         txn = self._holder
         if txn is None or self._closed:
             return
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        if now >= txn._renew_due:
-            txn._renew(now)
-        self._ticker = loop.call_later(max(txn._renew_due - now, 0.001), self._tick)
+        txn._renew()  # at most a third of the lease after it was taken or last renewed
+        self._ticker = asyncio.get_running_loop().call_later(self.lease / 3, self._tick)
 
     async def _until_free(
         self, job: Callable[[sqlite3.Connection], Holder | None], *, settle: bool
@@ -392,7 +389,6 @@ class _SQLiteTransaction(BufferedTransaction):
     def __init__(self, store: SQLiteKV, durable: bool = True) -> None:
         super().__init__(store, durable)
         self._token: bytes | None = None  # this transaction's lease, once a take was sent
-        self._renew_due = 0.0  # loop time the lease is next renewed at
         self._renewer: asyncio.Future[None] | None = None  # a renewal under way
         self._lost = False  # a renewal found the lease taken
 
@@ -427,16 +423,14 @@ class _SQLiteTransaction(BufferedTransaction):
 
         # Not settled: cancelled, the transaction releases the lease if the take got it.
         await store._until_free(take_then_read, settle=False)
-        self._renew_due = asyncio.get_running_loop().time() + store.lease / 3
         store._holding(self)
         return answer[0]
 
-    def _renew(self, now: float) -> None:
-        """Renew the lease (the store's timer found it due): a task, about every third of
-        the lease, which marks the transaction lost if another process took it."""
+    def _renew(self) -> None:
+        """Renew the lease (the store's timer, every third of the lease): a task, which
+        marks the transaction lost if another process took it."""
         store, token = self._store, self._token
         assert token is not None
-        self._renew_due = now + store.lease / 3
 
         async def renewal() -> None:
             try:
@@ -457,16 +451,18 @@ class _SQLiteTransaction(BufferedTransaction):
     async def _commit(self, writes: Writes) -> None:
         self._stop_renewing()
         store, token = self._store, self._token
-        await store._until_free(
-            lambda db: store._commit_in_worker(db, token, writes), settle=True
-        )
+        await store._until_free(lambda db: store._commit_in_worker(db, token, writes), settle=True)
 
     async def _abandon(self) -> None:
         self._stop_renewing()
-        token = self._token
-        if token is not None:
-            with contextlib.suppress(OSError):  # else it runs out by itself
-                await self._store._settle(lambda db: self._store._lease.release(token))
+        store, token = self._store, self._token
+        if token is not None:  # free the lease if still ours, committing nothing
+            with contextlib.suppress(OSError):  # lost, or failing: it runs out by itself
+                await store._settle(
+                    lambda db: store._lease.commit(
+                        token, lambda: None, lease=store.lease, where=store.path
+                    )
+                )
 
     async def _fetch(self, key: bytes) -> bytes | None:
         return await self._read(lambda db: _select(db, key))

@@ -148,16 +148,6 @@ class LeaseFile:
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
 
-    def release(self, token: bytes) -> None:
-        """Give the lease up, if ``token`` still holds it."""
-        fd = self._lock()
-        try:
-            row = _read(fd)
-            if row is not None and row[0] == token:
-                os.pwrite(fd, _FREE, 0)
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-
     def close(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None and self._pid == os.getpid():
@@ -166,27 +156,24 @@ class LeaseFile:
     def _lock(self) -> int:
         """The record's descriptor, flocked: the caller unlocks it."""
         fd = self._open()
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            pass
-        deadline = time.monotonic() + self.busy_timeout
-        pause = 0.00005
+        deadline, pause = None, 0.00005
         while True:
-            time.sleep(pause)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return fd
             except BlockingIOError:
-                if time.monotonic() + pause > deadline:
-                    raise OSError(
-                        errno.EBUSY,
-                        f"metadata store: the lease file stayed locked for "
-                        f"{self.busy_timeout:g} s (a process stopped inside a commit?)",
-                        self.path,
-                    ) from None
-                pause = min(pause * 2, 0.005)
+                pass
+            if deadline is None:
+                deadline = time.monotonic() + self.busy_timeout
+            elif time.monotonic() + pause > deadline:
+                raise OSError(
+                    errno.EBUSY,
+                    f"metadata store: the lease file stayed locked for "
+                    f"{self.busy_timeout:g} s (a process stopped inside a commit?)",
+                    self.path,
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
 
     def _open(self) -> int:
         if self._fd is not None and self._pid == os.getpid():
