@@ -7,6 +7,10 @@ back, and reads utime + stime of this process (``getrusage``) and of the node pr
 data connection ask for payload tags, as a link between hosts has them (``auth.py``)::
 
     python -m bench.served_cpu 536870912 rs-6-3 [payload-tags]
+
+With ``bench/authtime`` first on PYTHONPATH and AUTHTIME_DIR set (its ``sitecustomize.py``),
+each phase also gets ``auth_cpu``: the CPU seconds all processes spent in frame tags and
+handshakes during it.
 """
 
 from __future__ import annotations
@@ -40,6 +44,14 @@ def _node_cpu(root: Path) -> float:
     return total
 
 
+def _auth_cpu() -> float:
+    """CPU seconds in authentication so far, summed over the processes (bench/authtime)."""
+    where = os.environ.get("AUTHTIME_DIR")
+    if not where:
+        return 0.0
+    return sum(float((Path(where) / f).read_text().split()[1]) for f in os.listdir(where))
+
+
 def _own_cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -61,6 +73,7 @@ async def measure(size: int, encoding: str, payload_tags: bool) -> dict[str, dic
                 await client.write_file("/warm", data[: 64 << 20])
                 await client.read_file("/warm")
                 for phase in ("write", "read"):
+                    auth0 = _auth_cpu()
                     own, nodes, t0 = _own_cpu(), _node_cpu(root), time.perf_counter()
                     if phase == "write":
                         await client.write_file("/f", data)
@@ -72,6 +85,9 @@ async def measure(size: int, encoding: str, payload_tags: bool) -> dict[str, dic
                         "node_cpu": round(_node_cpu(root) - nodes, 3),
                         "wall": round(time.perf_counter() - t0, 3),
                     }
+                    if os.environ.get("AUTHTIME_DIR"):
+                        await asyncio.sleep(0.5)  # the nodes' last counts reach their files
+                        out[phase]["auth_cpu"] = round(_auth_cpu() - auth0, 4)
         return out
 
 

@@ -45,6 +45,7 @@ import socket
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -147,13 +148,29 @@ def gmac(key: bytes, nonce: bytes, parts: Sequence[Part]) -> bytes:
 class FrameMac:
     """The tags of one direction of one connection: frame ``seq`` is tagged under ``key`` with
     ``seq`` as its nonce. ``next_seq`` hands out sequence numbers in frame order; the tag of a
-    numbered frame may then be computed on any thread."""
+    numbered frame may then be computed on any thread.
+
+    Frames under 64 KiB (every frame on loopback, where tags cover header and meta only) are
+    joined and tagged on a context keyed once, which takes a fifth of the time of ``gmac``'s
+    fresh context (3 against 12 us: the per-frame cost is Python's calls into libcrypto)."""
 
     def __init__(self, key: bytes, *, payloads: bool = True) -> None:
+        if len(key) != SECRET_BYTES:
+            raise InvalidArgumentError("a frame MAC takes a 32-byte key")
         self._key = key
         self.payloads = payloads  # tags cover payloads (else header and meta only)
         self._seq = 0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _seq and the small-frame context
+        ctx = _held.EVP_CIPHER_CTX_new()
+        if not ctx:
+            raise MemoryError("EVP_CIPHER_CTX_new")
+        weakref.finalize(self, _held.EVP_CIPHER_CTX_free, ctx)
+        if _held.EVP_EncryptInit_ex(ctx, _AES, None, key, None) != 1:
+            raise AuthError("AES-256-GCM init failed")
+        self._ctx = ctx
+        self._out_len = ctypes.c_int()
+        self._scratch = ctypes.create_string_buffer(16)
+        self._tag = ctypes.create_string_buffer(TAG_BYTES)
 
     def next_seq(self) -> int:
         with self._lock:
@@ -162,13 +179,25 @@ class FrameMac:
             return seq
 
     def tag(self, seq: int, parts: Sequence[Part]) -> bytes:
-        return gmac(self._key, seq.to_bytes(8, "little") + _NONCE_SUFFIX, parts)
+        nonce = seq.to_bytes(8, "little") + _NONCE_SUFFIX
+        if sum(memoryview(p).nbytes for p in parts) >= _RELEASE_BYTES:
+            return gmac(self._key, nonce, parts)
+        data = b"".join(parts)
+        lib, ctx, out_len = _held, self._ctx, ctypes.byref(self._out_len)
+        with self._lock:
+            if (
+                lib.EVP_EncryptInit_ex(ctx, None, None, None, nonce) != 1
+                or lib.EVP_EncryptUpdate(ctx, None, out_len, data, len(data)) != 1
+                or lib.EVP_EncryptFinal_ex(ctx, self._scratch, out_len) != 1
+                or lib.EVP_CIPHER_CTX_ctrl(ctx, _GCM_GET_TAG, TAG_BYTES, self._tag) != 1
+            ):
+                raise AuthError("AES-256-GCM failed")
+            return self._tag.raw
 
     def check(self, seq: int, parts: Sequence[Part], tag: Part) -> bool:
         return hmac.compare_digest(self.tag(seq, parts), bytes(tag))
 
 
-# -- the handshake ---------------------------------------------------------------------------
 def _hmac(secret: bytes, label: bytes, node_id: int, mode: int, cn: bytes, sn: bytes) -> bytes:
     return hmac.digest(secret, label + _U32.pack(node_id) + bytes([mode]) + cn + sn, "sha256")
 
