@@ -140,10 +140,15 @@ class Hosts:
 
 def host_copy(template: Path, where: Path) -> Path:
     """A host's own cluster directory ``where``: nothing but its copies of the template's
-    cluster.json and secret (the metadata is in PostgreSQL, each node's chunks on its host)."""
+    cluster.json and secret (the metadata is in PostgreSQL, each node's chunks on its host),
+    and of a ``--tls`` cluster's CA and node certificate and key (docs/deploy.md, *TLS*)."""
     where.mkdir(mode=0o700, parents=True, exist_ok=True)
     shutil.copy(template / "cluster.json", where / "cluster.json")
     shutil.copy(template / "secret", where / "secret")  # keeps its mode, 0600
+    if (template / "tls").is_dir():
+        (where / "tls").mkdir(mode=0o700, exist_ok=True)
+        for name in ("ca.pem", "node.pem", "node.key"):
+            shutil.copy(template / "tls" / name, where / "tls" / name)
     return where
 
 

@@ -16,17 +16,21 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import google_crc32c
 import pytest
 
 from bench import netns
 from bench.postgres import PostgresServer, bin_dir
 from tectonic_emu import Cluster
 from tectonic_emu.chunkstore import auth, wire
-from tectonic_emu.chunkstore.remote import RemoteNode
+from tectonic_emu.chunkstore.remote import RemoteNode, fixed_address
+from tectonic_emu.errors import NodeUnavailableError
+from tectonic_emu.secret import load_secret, secret_path
 from tectonic_emu.services.repair import repair
+from tectonic_emu.tls import client_context
 from tests.conftest import SMALL_BLOCK, fresh_table, run_with
 from tests.served_writer import acknowledged, stream
-from tests.test_auth import ATTACKER, ATTACKER_PYTHON, _chunk_files, _frame
+from tests.test_auth import ATTACKER, ATTACKER_PYTHON, Relay, _chunk_files, _frame
 from tests.test_served import until
 
 REPO = Path(__file__).resolve().parent.parent
@@ -214,3 +218,66 @@ def test_another_uid_on_another_host_can_do_nothing(
         return await c.client().read_file("/victim")
 
     assert run_with(here, read_back) == data
+
+
+def test_tls_links_across_hosts(tmp_path: Path, hosts: netns.Hosts, database: str) -> None:
+    """``cluster create --tls`` across hosts, set up as docs/deploy.md says (each host gets
+    the CA, the node certificate and its key, ``netns.host_copy``): the certificate names the
+    node hosts' addresses, a client on another host writes and reads over TLS links, the bytes
+    it sends hold none of the file (a relay records them), and a client without TLS is
+    refused."""
+    port = PORT + 100  # the other tests' nodes may still listen on theirs
+    template = tmp_path / "template"
+    Cluster.create(
+        template,
+        nodes=len(NODE_HOSTS),
+        encoding="r3",
+        block_size=SMALL_BLOCK,
+        metadata=database,
+        metadata_table=fresh_table(),
+        node_addresses=tuple(f"{hosts.ip[h]}:{port}" for h in NODE_HOSTS),
+        tls=True,
+    )
+    netns.serve_nodes(hosts, template, tmp_path, NODE_HOSTS)
+    for h in NODE_HOSTS:
+        until(lambda h=h: netns.listening(hosts.ip[h], port), f"node on {h} listens", 30)
+    here = netns.host_copy(template, tmp_path / "reader")
+    data = os.urandom(3 * SMALL_BLOCK + 7)
+
+    async def write_read(c: Cluster) -> bytes:
+        await c.client().write_file("/f", data)
+        got = await c.client().read_file("/f")
+        for node in c.nodes:
+            assert isinstance(node, RemoteNode) and node.tls is not None
+            conn = node._conns["data"]
+            assert conn.transport is not None
+            assert conn.transport.get_extra_info("ssl_object") is not None
+        return got
+
+    assert run_with(here, write_read) == data
+    secret = load_secret(secret_path(here))
+    chunk = data[:SMALL_BLOCK]
+    relay = Relay((hosts.ip[NODE_HOSTS[0]], port))
+
+    async def through_relay() -> None:
+        ctx = client_context(here)
+        remote = RemoteNode(0, 1, fixed_address(*relay.address), secret=secret, tls=ctx)
+        try:
+            await remote.write_chunk(0, "tls.0", chunk, crc32c=google_crc32c.value(chunk))
+            got, _ = await remote.read_chunk(0, "tls.0")
+            assert bytes(got) == chunk
+        finally:
+            await remote.close()
+
+    asyncio.run(through_relay())
+    assert len(relay.sent) > SMALL_BLOCK and data[:64] not in bytes(relay.sent)
+
+    async def without_tls() -> None:
+        remote = RemoteNode(0, 1, fixed_address(hosts.ip[NODE_HOSTS[0]], port), secret=secret)
+        try:
+            with pytest.raises(NodeUnavailableError):
+                await remote.ping()
+        finally:
+            await remote.close()
+
+    asyncio.run(without_tls())
