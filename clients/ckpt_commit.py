@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +35,7 @@ from clients.ckpt_format import (
 from clients.ckpt_gc import mark_retirement
 from clients.ckpt_reads import FileReaders
 from clients.ckpt_stage import Staged, StagingPool
+from tectonic_emu import clock
 from tectonic_emu.coding.checksum import crc32c, crc32c_each
 from tectonic_emu.errors import NotFoundError
 
@@ -203,7 +203,7 @@ class StepWriter:
         rank 0), a rank aborts, or ``timeout`` passes."""
         indexes: dict[str, dict[str, Any]] = {}
         delay = _POLL_FIRST
-        deadline = time.monotonic() + self.timeout
+        deadline = clock.monotonic() + self.timeout
         sdir = self.catalog.path(step_dir(st.step))
         root = self.catalog.root
         while True:
@@ -237,7 +237,7 @@ class StepWriter:
                     f"step {st.step} cannot commit: {', '.join(aborts)} ({'; '.join(reasons)})",
                     root,
                 )
-            if time.monotonic() > deadline:
+            if clock.monotonic() > deadline:
                 who = f"ranks {_ranges(missing)} did not finish" if missing else "no commit"
                 raise CheckpointTimeoutError(
                     f"step {st.step}: {who} within {self.timeout:g} s", root
@@ -269,7 +269,7 @@ class StepWriter:
             key=lambda pair: (pair[0].rank, pair[0].name),
         )
         entries = tuple(e for e, _ in pairs)
-        manifest = Manifest(st.step, self.world_size, entries, time.time())
+        manifest = Manifest(st.step, self.world_size, entries, clock.wall())
         path = self.catalog.path(manifest_name(st.step))
         async with self._publishing:
             await mark_retirement(self.catalog, st.step, self.keep_last)

@@ -10,7 +10,6 @@ fails or is cancelled before the commit marks the step aborted, so that it fails
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ from clients.ckpt_commit import Step, StepWriter, abort
 from clients.ckpt_format import CheckpointError, Value, check_step, rank_error, step_dir
 from clients.ckpt_gc import forget_retirement
 from clients.ckpt_stage import Staged, StagingPool, stage_state
+from tectonic_emu import clock
 
 
 @dataclass(slots=True)
@@ -97,7 +97,7 @@ class Saver:
     ) -> SaveResult:
         """``Checkpointer.save``: queued with the other calls of this loop iteration."""
         loop = asyncio.get_running_loop()
-        ask = _SaveAsk(rank, state, incremental, time.perf_counter(), loop.create_future())
+        ask = _SaveAsk(rank, state, incremental, clock.monotonic(), loop.create_future())
         batch = self._saving.get(step)
         if batch is None:
             batch = self._saving[step] = []
@@ -171,7 +171,7 @@ class Saver:
                 failed = exc
                 if bad is None:
                     await asyncio.shield(abort(self.catalog, step, staged[0][0].rank, exc))
-            now = time.perf_counter()
+            now = clock.monotonic()
             for (a, s), n in zip(staged, written, strict=True):
                 if isinstance(n, BaseException):
                     _settle(a.done, n)
@@ -189,11 +189,11 @@ class Saver:
         self, step: int, rank: int, state: Mapping[str, Value], *, incremental: bool = False
     ) -> PendingSave:
         """``Checkpointer.save_async``: staged (a copy), the commit left to wait for."""
-        started = time.perf_counter()
+        started = clock.monotonic()
         st = await self._open_step(step, [rank])
         staged = await self._stage_rank(st, rank, state, incremental, True, started)
         self.writer.start(st)
-        staged.blocked_s = time.perf_counter() - started
+        staged.blocked_s = clock.monotonic() - started
         committed = asyncio.ensure_future(self._finish(st, staged))
         return PendingSave(committed, staged.blocked_s)
 
@@ -201,7 +201,7 @@ class Saver:
         self, step: int, states: Mapping[int, Mapping[str, Value]], *, incremental: bool = False
     ) -> list[SaveResult]:
         """``Checkpointer.save_many``: every rank staged, then one wait."""
-        started = time.perf_counter()
+        started = clock.monotonic()
         st = await self._open_step(step, states)
         staged_all = []
         for rank, state in states.items():  # all staged before any is queued
@@ -221,7 +221,7 @@ class Saver:
             if not _succeeded(st.commit) and staged_all:
                 await asyncio.shield(abort(self.catalog, st.step, staged_all[0].rank, exc))
             raise
-        elapsed = time.perf_counter() - started
+        elapsed = clock.monotonic() - started
         return [
             SaveResult(step, s.rank, s.nbytes, n, elapsed, elapsed)
             for s, n in zip(staged_all, written, strict=True)
@@ -331,7 +331,7 @@ class Saver:
                 await asyncio.shield(abort(self.catalog, st.step, staged.rank, exc))
             raise
         total = staged.nbytes
-        elapsed = time.perf_counter() - staged.started
+        elapsed = clock.monotonic() - staged.started
         blocked = elapsed if staged.blocked_s is None else staged.blocked_s
         return SaveResult(st.step, staged.rank, total, bytes_written, blocked, elapsed)
 

@@ -25,11 +25,11 @@ import os
 import random
 import subprocess
 import sys
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from tectonic_emu import clock
 from tectonic_emu.client import Client
 from tectonic_emu.errors import InvalidArgumentError, NotFoundError
 
@@ -121,7 +121,7 @@ class Job:
         self.world_size = ranks_per_process * self.process.count
         self.timeout = timeout
         self.dir = f"{JOBS}/{name}"
-        self.t0 = time.monotonic()
+        self.t0 = clock.monotonic()
         self._rounds: dict[int, _Round] = {}
         self._exchanges: set[asyncio.Task[list[Any]]] = set()
 
@@ -154,12 +154,12 @@ class Job:
         await self.client.mkdir(cdir, parents=True, exist_ok=True)
         mine_path = f"{cdir}/p-{self.process.index:05d}"
         await self.client.write_file(mine_path, json.dumps(mine).encode())
-        delay, deadline = _POLL_FIRST, time.monotonic() + self.timeout
+        delay, deadline = _POLL_FIRST, clock.monotonic() + self.timeout
         while True:
             names = [n for n in await self.client.listdir(cdir) if n.startswith("p-")]
             if len(names) == self.process.count:
                 break
-            if time.monotonic() > deadline:
+            if clock.monotonic() > deadline:
                 have = {int(n[2:]) for n in names}
                 missing = sorted(set(range(self.process.count)) - have)
                 raise RanksTimeoutError(
@@ -250,7 +250,7 @@ class Rank:
         self._seq = 0
 
     def _now(self) -> float:
-        return time.monotonic() - self.job.t0
+        return clock.monotonic() - self.job.t0
 
     async def compute(self, seconds: float | None = None) -> float:
         """Emulate computing: sleep ``seconds`` (default: the job's computation time, with

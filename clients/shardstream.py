@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import weakref
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping
@@ -39,6 +38,7 @@ from clients.dataset_index import (
     load_index,
     parse_footer,
 )
+from tectonic_emu import clock
 from tectonic_emu.argcheck import int_arg, optional_int_arg
 from tectonic_emu.chunkstore.remote import aligned_buffer
 from tectonic_emu.client import Client
@@ -429,7 +429,7 @@ class ShardStream:
         return self
 
     async def __anext__(self) -> pa.RecordBatch:
-        start = time.perf_counter()
+        start = clock.monotonic()
         try:
             await self.open()
             if self._ended is not None:
@@ -444,7 +444,7 @@ class ShardStream:
                 self._ended = StreamClosedError(f"stream failed: {exc!r}", self.path)
             raise
         finally:
-            self.stats.wait_s += time.perf_counter() - start
+            self.stats.wait_s += clock.monotonic() - start
         self._position += batch.num_rows
         self.stats.batches += 1
         self.stats.samples += batch.num_rows

@@ -25,6 +25,7 @@ from typing import Any, cast
 from clients.dataset import ShardStream, load_index
 from clients.ranks import Job, ProcessInfo, Rank
 from clients.workloads import workload_named
+from tectonic_emu import clock
 from tectonic_emu.chunkstore.base import BytesLike
 from tectonic_emu.client import Client
 from tectonic_emu.errors import InvalidArgumentError, NotFoundError
@@ -101,7 +102,7 @@ async def train(
         """One accelerator's run; every rank's figures (gathered through the job, so each
         process of a multi-process job reports the whole job)."""
         run = _RankRun()
-        start = time.monotonic()
+        start = clock.monotonic()
         first_done: float | None = None
         for epoch in range(epochs):
             stream = ShardStream(
@@ -125,11 +126,11 @@ async def train(
                     run.samples += batch.num_rows
                     run.bytes += batch.num_rows * record_bytes
                     if first_done is None:
-                        first_done = time.monotonic()
+                        first_done = clock.monotonic()
                     else:
                         run.compute_s += t
             await rank.barrier()  # the epoch ends for every rank together
-        end = time.monotonic()
+        end = clock.monotonic()
         au = (
             run.compute_s / (end - first_done)
             if first_done is not None and end > first_done

@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 
+from tectonic_emu import clock
 from tectonic_emu.buffers import BytesLike
 from tectonic_emu.chunkstore.base import StorageNode
 from tectonic_emu.coding import Encoding, codec_for, decompress
@@ -49,9 +49,9 @@ class BlockReader:
     # -- one chunk ---------------------------------------------------------------------------
     async def fetch_chunk(self, c: ChunkPlacement) -> BytesLike:
         """One chunk's raw (decompressed) bytes, checked end to end against the Block layer."""
-        t0 = time.monotonic()
+        t0 = clock.monotonic()
         stored, info = await self.nodes[c.node].read_chunk(c.disk, c.chunk_id)
-        self.hedging.record(c.node, c.stored_len, time.monotonic() - t0)
+        self.hedging.record(c.node, c.stored_len, clock.monotonic() - t0)
         # Every node checks the payload against the checksum stored with it (a served node's
         # client does so after the wire); that checksum must be the one the Block layer
         # recorded when the block was written. One pass over the bytes, end to end.
@@ -64,9 +64,9 @@ class BlockReader:
     async def fetch_chunk_into(self, c: ChunkPlacement, dest: memoryview) -> memoryview:
         """``fetch_chunk`` for an uncompressed chunk, received straight into ``dest`` (exactly
         its length); returns ``dest``."""
-        t0 = time.monotonic()
+        t0 = clock.monotonic()
         info = await self.nodes[c.node].read_chunk_into(c.disk, c.chunk_id, dest)
-        self.hedging.record(c.node, c.stored_len, time.monotonic() - t0)
+        self.hedging.record(c.node, c.stored_len, clock.monotonic() - t0)
         if dest.nbytes != c.stored_len or info.crc32c != c.crc32c:
             raise ChunkCorruptError(f"chunk {c.chunk_id} fails its checksum", f"node {c.node}")
         return dest
@@ -147,7 +147,7 @@ class BlockReader:
             if c.index not in wanted and self.nodes[c.node].available
         ]
         primary = [by_index[i] for i in wanted]
-        now = time.monotonic()
+        now = clock.monotonic()
         slow = [c for c in primary if self.hedging.is_slow(c.node, now)]
         fast_spare = [c for c in spare if not self.hedging.is_slow(c.node, now)]
         if slow and len(wanted) == enc.data and len(fast_spare) >= len(slow):
@@ -290,7 +290,7 @@ class BlockReader:
     def _read_order(self, chunks: Iterable[ChunkPlacement], data: int) -> list[ChunkPlacement]:
         """Live nodes first; for RS, data chunks before parity (no decoding needed)."""
         spread = self._rng.random()
-        now = time.monotonic()
+        now = clock.monotonic()
         return sorted(
             chunks,
             key=lambda c: (

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from tectonic_emu import clock
 from tectonic_emu.argcheck import bool_arg, buffer_arg, bytes_arg, int_arg
 from tectonic_emu.buffers import BytesLike
 from tectonic_emu.coding import Encoding
@@ -168,7 +168,7 @@ class Client:
             self._encoding(encoding)
         if not parts and not (parents or exist_ok):
             raise AlreadyExistsError("directory exists", "/")
-        now = time.time()
+        now = clock.wall()
         async with self.meta.transaction() as m:
             dir_id = ROOT_DIR_ID
             for i, name in enumerate(parts):
@@ -289,7 +289,7 @@ class Client:
         if not parts:
             raise IsADirectoryError_("is a directory", "/")
         token = secrets.token_hex(8)
-        now = time.time()
+        now = clock.wall()
         async with self.meta.transaction() as m:
             parent, inherited = await self._walk(m, parts[:-1], path=path, want_encoding=True)
             e = await m.names.lookup(parent, parts[-1])
@@ -320,7 +320,7 @@ class Client:
                 raise FencedWriterError("file vanished while being written", join_path(parts))
             await m.files.put(
                 replace(
-                    f, sealed=True, token=None, parent=parent, name=parts[-1], mtime=time.time()
+                    f, sealed=True, token=None, parent=parent, name=parts[-1], mtime=clock.wall()
                 )
             )
             await m.names.link(parent, Entry(parts[-1], "file", file_id))
@@ -336,7 +336,7 @@ class Client:
             return await m.drop_file(file_id)
         f = await m.files.get(file_id)
         if f is not None:
-            await m.files.put(replace(f, parent=None, name=None, token=None, mtime=time.time()))
+            await m.files.put(replace(f, parent=None, name=None, token=None, mtime=clock.wall()))
         return []
 
     # -- append-only writers -----------------------------------------------------------------
@@ -357,7 +357,7 @@ class Client:
         if not parts:
             raise IsADirectoryError_("is a directory", "/")
         token = secrets.token_hex(8)
-        now = time.time()
+        now = clock.wall()
         async with self.meta.transaction() as m:
             parent, inherited = await self._walk(m, parts[:-1], path=path, want_encoding=True)
             e = await m.names.lookup(parent, parts[-1])
@@ -417,7 +417,7 @@ class Client:
             )
             await m.blocks.put(rec)
             await m.files.put(
-                replace(f, size=f.size + rec.length, nblocks=f.nblocks + 1, mtime=time.time())
+                replace(f, size=f.size + rec.length, nblocks=f.nblocks + 1, mtime=clock.wall())
             )
 
     async def commit_hole(self, file_id: int, token: str, length: int, path: str) -> None:
@@ -442,14 +442,14 @@ class Client:
                     size=f.size + length,
                     nblocks=f.nblocks + 1,
                     holes=f.holes + length,
-                    mtime=time.time(),
+                    mtime=clock.wall(),
                 )
             )
 
     async def seal(self, file_id: int, token: str, path: str) -> None:
         async with self.meta.transaction() as m:
             f = await self._check_token(m, file_id, token, path)
-            await m.files.put(replace(f, sealed=True, token=None, mtime=time.time()))
+            await m.files.put(replace(f, sealed=True, token=None, mtime=clock.wall()))
 
     # -- reads -------------------------------------------------------------------------------
     async def _file_blocks(
@@ -601,7 +601,7 @@ class Client:
                     garbage = await self._let_go(m, de.id, keep_replaced)
             await m.names.unlink(s_parent, sp[-1])
             await m.names.link(d_parent, Entry(dp[-1], se.kind, se.id))
-            now = time.time()
+            now = clock.wall()
             if se.kind == "dir":
                 d = await m.names.get_dir(se.id)
                 assert d is not None

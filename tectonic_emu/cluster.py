@@ -22,7 +22,6 @@ import logging
 import os
 import secrets
 import signal
-import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -30,6 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
+from tectonic_emu import clock
 from tectonic_emu._malloc import keep_freed_memory
 from tectonic_emu.argcheck import bool_arg, int_arg, number_arg, path_arg, str_arg
 from tectonic_emu.chunkstore import LocalNode, StorageNode
@@ -250,7 +250,7 @@ class Cluster:
             backup_interval=backup_interval,
             backup_keep=backup_keep,
             cluster_id=secrets.token_hex(8),
-            created=time.time(),
+            created=clock.wall(),
         )
         if (root / CONFIG_FILE).exists():
             if exist_ok:
@@ -356,7 +356,7 @@ class Cluster:
                 await adopt_if_empty(kv, config)
             if not recover:
                 await check_metadata(root, config, kv)
-                await meta.ensure_root(time.time())
+                await meta.ensure_root(clock.wall())
             if served:
                 # This process's NIC, shared by its connections to every node.
                 pacer = Pacer.of(config.link, chunk=config.block_size)
@@ -412,7 +412,7 @@ class Cluster:
         cfg = self.config
         try:
             if await backup_due(
-                self.meta.kv, interval=cfg.backup_interval, since=cfg.created, now=time.time()
+                self.meta.kv, interval=cfg.backup_interval, since=cfg.created, now=clock.wall()
             ):
                 info = await take_backup(self.nodes, self.meta.kv, part_size=cfg.block_size)
                 await prune(self.nodes, keep=cfg.backup_keep)
@@ -479,7 +479,7 @@ class Cluster:
             await HealthMonitor(remote, timeout=HEARTBEAT_TIMEOUT).check_all()
 
     def down_since(self, n: int) -> float:
-        """When node ``n`` went down (``time.time()``), or 0.0 when unknown or up."""
+        """When node ``n`` went down (``clock.wall()``), or 0.0 when unknown or up."""
         node = self._node(n)
         if node.available:
             return 0.0

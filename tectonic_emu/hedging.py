@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import collections
 import logging
-import time
 from dataclasses import dataclass
+
+from tectonic_emu import clock
 
 log = logging.getLogger("tectonic_emu.datapath")
 
@@ -62,7 +63,7 @@ class ReadHedging:
         self.percentile = percentile
         self.share = share
         self.enabled = enabled
-        # Nodes whose chunk reads had to be hedged: read last until this time.monotonic().
+        # Nodes whose chunk reads had to be hedged: read last until this clock.monotonic().
         self._slow_until: dict[int, float] = {}
         self._node_latency: dict[tuple[int, int], collections.deque[float]] = {}
         self._latency: dict[int, collections.deque[float]] = {}
@@ -101,12 +102,12 @@ class ReadHedging:
         """Marked slow lately (and read hedging is on)."""
         if not self.enabled:
             return False
-        return self._slow_until.get(node, 0.0) > (time.monotonic() if now is None else now)
+        return self._slow_until.get(node, 0.0) > (clock.monotonic() if now is None else now)
 
     def mark_slow(self, node: int) -> None:
         if not self.enabled:
             return
-        now = time.monotonic()
+        now = clock.monotonic()
         if self._slow_until.get(node, 0.0) <= now:
             self.stats.slow_nodes_marked += 1
             log.info("node %d reads slowly: read around for %.0f s", node, SLOW_NODE_PENALTY)

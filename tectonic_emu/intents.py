@@ -18,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import time
 from types import TracebackType
 
+from tectonic_emu import clock
 from tectonic_emu.errors import FencedWriterError
 from tectonic_emu.metadata.layers import Metadata, MetaTxn
 from tectonic_emu.metadata.records import REPAIR_OWNER, IntentRecord
@@ -70,7 +70,7 @@ class ChunkIntent:
         return self
 
     def _record(self) -> IntentRecord:
-        return IntentRecord(self.block_id, self.owner, self.file_id, time.time() + self._lease)
+        return IntentRecord(self.block_id, self.owner, self.file_id, clock.wall() + self._lease)
 
     async def _renew(self) -> None:
         while True:

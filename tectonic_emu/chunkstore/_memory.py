@@ -7,11 +7,11 @@ flip a stored byte.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 
 import google_crc32c
 
+from tectonic_emu import clock
 from tectonic_emu.chunkstore._format import PAYLOAD_OFFSET, as_byte_view
 from tectonic_emu.chunkstore.base import (
     BytesLike,
@@ -91,7 +91,7 @@ class MemoryNode(StorageNode):
     ) -> None:
         self._check_up()
         data = bytes(as_byte_view(payload))
-        self._put(disk, chunk_id, _Stored(data, len(data), crc32c, flags, time.time()))
+        self._put(disk, chunk_id, _Stored(data, len(data), crc32c, flags, clock.wall()))
 
     async def read_chunk(self, disk: int, chunk_id: str) -> tuple[memoryview, ChunkInfo]:
         self._check_up()
@@ -142,7 +142,7 @@ class MemoryNode(StorageNode):
         self._check_up()
         view = as_byte_view(payload)
         kept = bytes(view[:keep])
-        self._put(disk, chunk_id, _Stored(kept, view.nbytes, crc32c, flags, time.time()))
+        self._put(disk, chunk_id, _Stored(kept, view.nbytes, crc32c, flags, clock.wall()))
 
     def corrupt(self, disk: int, chunk_id: str) -> None:
         """Test helper: flip one stored bit (of the payload, or of the checksum when the payload

@@ -32,9 +32,10 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from tectonic_emu import clock
 
 SEGMENT = 1448  # bytes of payload in one TCP segment on a 1,500-byte MTU
 TAIL_SEGMENTS = 3  # a loss here has too few duplicate ACKs behind it for fast retransmit
@@ -70,7 +71,11 @@ async def hold(seconds: float) -> None:
     """Sleep about ``seconds``, to the nearest millisecond. asyncio's timers wake on whole
     milliseconds, rounded up (epoll's timeout), about 0.15 ms late here: a plain
     ``asyncio.sleep(0.0015)`` takes 2.2 ms. Sleeping the whole milliseconds nearest the
-    deadline centres the error on zero, within half a millisecond."""
+    deadline centres the error on zero, within half a millisecond. In virtual time
+    (clock.py), where timers fire exactly, it sleeps exactly ``seconds``."""
+    if clock.current().virtual:
+        await asyncio.sleep(seconds)
+        return
     ms = round(seconds * 1000 - TIMER_LATE_MS)
     if ms >= 1:
         await asyncio.sleep(ms / 1000 - 1e-5)
@@ -82,10 +87,10 @@ class Line:
 
     def __init__(self, rate: float) -> None:
         self.rate = rate
-        self._free_at = 0.0  # time.monotonic() when the line is next idle
+        self._free_at = 0.0  # clock.monotonic() when the line is next idle
 
     def reserve(self, n: int) -> float:
-        now = time.monotonic()
+        now = clock.monotonic()
         self._free_at = max(now, self._free_at) + n / self.rate
         return self._free_at - now
 
@@ -98,10 +103,10 @@ class Bucket:
         self.rate = rate
         self.burst = burst
         self._tokens = burst
-        self._at = time.monotonic()
+        self._at = clock.monotonic()
 
     def take(self, n: int) -> float:
-        now = time.monotonic()
+        now = clock.monotonic()
         self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
         self._at = now
         self._tokens -= n

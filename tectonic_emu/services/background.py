@@ -17,9 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from typing import Protocol
 
+from tectonic_emu import clock
 from tectonic_emu.coding import Encoding
 from tectonic_emu.errors import NodeUnavailableError
 from tectonic_emu.metadata.records import BlockRecord
@@ -36,13 +36,13 @@ class WatchedStore(StoreView, Protocol):
     """A store that knows how long each node has been down (``Cluster`` does)."""
 
     def down_since(self, n: int) -> float:
-        """When node ``n`` went down (``time.time()``), or 0.0 when unknown or up."""
+        """When node ``n`` went down (``clock.wall()``), or 0.0 when unknown or up."""
         ...
 
 
 async def blocks_needing_repair(cluster: WatchedStore, *, repair_after: float) -> list[BlockRecord]:
     """Blocks to rebuild now (see the module docstring), each once."""
-    now = time.time()
+    now = clock.wall()
     dead = [
         n.node_id
         for n in cluster.nodes
@@ -119,7 +119,7 @@ async def scrub_pass(cluster: StoreView, *, rate: float) -> RepairReport:
     """Check every block at most ``rate`` bytes per second; repair those with a bad chunk on
     a live node (chunks on nodes that are down are repair_loop's business)."""
     report = RepairReport()
-    t0 = time.monotonic()
+    t0 = clock.monotonic()
     checked = 0
     async for rec in cluster.meta.iter_blocks():
         good, bad = await check_block(cluster, rec)
@@ -127,7 +127,7 @@ async def scrub_pass(cluster: StoreView, *, rate: float) -> RepairReport:
         checked += sum(c.stored_len for c, _ in good.values())
         if any(cluster.nodes[c.node].available for c, _ in bad):
             await repair_block(cluster, rec, report)
-        ahead = checked / rate - (time.monotonic() - t0)
+        ahead = checked / rate - (clock.monotonic() - t0)
         if ahead > 0:
             await asyncio.sleep(ahead)
     return report

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import BinaryIO
 
+from tectonic_emu import clock
 from tectonic_emu.chunkstore.base import StorageNode
 from tectonic_emu.coding import Encoding
 from tectonic_emu.coding.checksum import crc32c
@@ -203,7 +204,7 @@ async def take_backup(
     spans network I/O. Raises NotEnoughNodesError with fewer live nodes than copies, and the
     nodes' errors (NodeUnavailableError, NoSpaceError); a failed backup leaves no manifest
     (its parts are deleted, as far as the nodes answer)."""
-    now = time.time() if now is None else now
+    now = clock.wall() if now is None else now
     backup_id = f"{_stamp(now)}-{secrets.token_hex(2)}"
     written: list[str] = []
     with tempfile.TemporaryFile(prefix="tectonic-backup-") as spool:
@@ -393,7 +394,7 @@ async def backup_loop(
     check = min(interval, 60.0)
     while True:
         try:
-            if await backup_due(kv, interval=interval, since=since, now=time.time()):
+            if await backup_due(kv, interval=interval, since=since, now=clock.wall()):
                 info = await take_backup(nodes, kv, part_size=part_size)
                 removed = await prune(nodes, keep=keep)
                 log.info(

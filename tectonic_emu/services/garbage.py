@@ -32,10 +32,10 @@ from __future__ import annotations
 import math
 import re
 import secrets
-import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from tectonic_emu import clock
 from tectonic_emu.chunkstore.base import ChunkInfo
 from tectonic_emu.errors import InvalidArgumentError, MetadataMismatchError, NodeUnavailableError
 from tectonic_emu.intents import WRITE_LEASE
@@ -130,7 +130,7 @@ async def garbage_pass(
     referenced: set[tuple[int, int, str]] = set()
     async for rec in cluster.meta.iter_blocks():
         referenced.update((c.node, c.disk, c.chunk_id) for c in rec.chunks)
-    now = time.time()
+    now = clock.wall()
 
     live: set[int] = set()  # block ids with a live claim
     expired: list[IntentRecord] = []
@@ -207,7 +207,7 @@ async def _fence(cluster: StoreView, seen: IntentRecord) -> bool:
 async def _drop_nameless(
     cluster: StoreView, grace: float, lease: float, report: GarbageReport
 ) -> None:
-    now = time.time()
+    now = clock.wall()
     writing: set[int] = set()  # files with a claim live by its date (checked again below)
     async for intent in cluster.meta.iter_intents():
         if intent.expires + grace > now:
