@@ -1,0 +1,135 @@
+"""A modelled network: hosts with NICs, racks with ToR uplinks, in virtual time.
+
+Every host has a NIC with a resource for each direction (``egress``, ``ingress``) at
+``nic_gbps``. Hosts sit in racks. When ``oversubscription`` is above 1, each rack also has
+an uplink and a downlink at its hosts' total NIC bandwidth divided by it. A message from
+host A to host B holds A's egress, B's ingress and, between racks, A's uplink and B's
+downlink, all at once. It is done when the slowest of them has served its bytes, and
+arrives half a round trip later. The spine is taken as non-blocking, as in a Clos fabric
+built for it, so only ToRs oversubscribe.
+
+Each hop shares its rate among the messages on it (``resources.SharedResource``, or the
+discipline given). A message takes its share on every hop independently, not the max-min
+fair rate of the whole path: that costs O(hops x log n) per message instead of a global
+recomputation at every start and end, the price SimGrid-style max-min sharing pays. Where a
+message's bottleneck is one hop, as in a checkpoint burst into servers' NICs or through
+oversubscribed uplinks, the two agree. netem (``chunkstore/netem.py``) paces real sockets
+with the same model of one host's NIC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tectonic_emu.sim.resources import Resource, SharedResource, use_all
+
+
+@dataclass(frozen=True, slots=True)
+class FabricModel:
+    """``nic_gbps`` each way per host; ``rtt`` seconds host to host; ``oversubscription``
+    of each rack's uplink (1: non-blocking)."""
+
+    nic_gbps: float
+    rtt: float = 0.0
+    oversubscription: float = 1.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.nic_gbps) and self.nic_gbps > 0):
+            raise ValueError(f"NIC bandwidth must be positive, not {self.nic_gbps} Gb/s")
+        if not (math.isfinite(self.rtt) and self.rtt >= 0):
+            raise ValueError(f"round-trip time must be 0 or more, not {self.rtt} s")
+        if not (math.isfinite(self.oversubscription) and self.oversubscription >= 1):
+            raise ValueError(f"oversubscription must be 1 or more, not {self.oversubscription}")
+
+    @property
+    def nic_rate(self) -> float:
+        """Bytes per second each way."""
+        return self.nic_gbps * 1e9 / 8
+
+
+@dataclass(eq=False)
+class Rack:
+    index: int
+    uplink: Resource | None  # None: non-blocking
+    downlink: Resource | None
+    hosts: list[Host] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Host:
+    index: int
+    rack: Rack
+    egress: Resource
+    ingress: Resource
+    sent: int = 0
+    received: int = 0
+
+
+class Fabric:
+    """Hosts and racks (module docstring). Add racks with ``add_rack``."""
+
+    def __init__(
+        self, model: FabricModel, *, discipline: Callable[..., Resource] = SharedResource
+    ) -> None:
+        self.model = model
+        self.discipline = discipline
+        self.racks: list[Rack] = []
+        self.hosts: list[Host] = []
+
+    def add_rack(self, hosts: int) -> list[Host]:
+        """A rack of ``hosts`` new hosts; returns them."""
+        if hosts < 1:
+            raise ValueError(f"a rack needs at least one host, not {hosts}")
+        m, make, k = self.model, self.discipline, len(self.racks)
+        up = down = None
+        if m.oversubscription > 1:
+            rate = hosts * m.nic_rate / m.oversubscription
+            up, down = make(rate, name=f"rack{k}-up"), make(rate, name=f"rack{k}-down")
+        rack = Rack(k, up, down)
+        self.racks.append(rack)
+        for _ in range(hosts):
+            n = len(self.hosts)
+            host = Host(
+                n, rack, make(m.nic_rate, name=f"host{n}-out"), make(m.nic_rate, name=f"host{n}-in")
+            )
+            rack.hosts.append(host)
+            self.hosts.append(host)
+        return list(rack.hosts)
+
+    def path(self, src: Host, dst: Host) -> list[Resource]:
+        """The hops a message from ``src`` to ``dst`` holds (none within a host)."""
+        if src is dst:
+            return []
+        hops = [src.egress, dst.ingress]
+        if src.rack is not dst.rack:
+            for link in (src.rack.uplink, dst.rack.downlink):
+                if link is not None:
+                    hops.append(link)
+        return hops
+
+    async def send(self, src: Host, dst: Host, nbytes: int) -> None:
+        """Carry ``nbytes`` from ``src`` to ``dst``: every hop at once, then half the round
+        trip. Within one host it is free."""
+        if src is dst:
+            return
+        await use_all([hop.begin(nbytes) for hop in self.path(src, dst)])
+        if self.model.rtt:
+            await asyncio.sleep(self.model.rtt / 2)
+        src.sent += nbytes
+        dst.received += nbytes
+
+    def resources(self) -> list[Resource]:
+        """Every hop, for utilisation reports."""
+        out: list[Resource] = []
+        for rack in self.racks:
+            out.extend(r for r in (rack.uplink, rack.downlink) if r is not None)
+        for host in self.hosts:
+            out.extend((host.egress, host.ingress))
+        return out
+
+
+__all__ = ["Fabric", "FabricModel", "Host", "Rack"]

@@ -1,0 +1,129 @@
+"""Modelled disks and network (``tectonic_emu/sim/devices.py``, ``sim/fabric.py``) in virtual
+time, against the arithmetic of their figures: issue 20's analytic cases."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from tectonic_emu import clock
+from tectonic_emu.sim.devices import FLASH, HDD, PRESETS, Disk, DiskModel
+from tectonic_emu.sim.fabric import Fabric, FabricModel
+from tectonic_emu.sim.resources import QueueResource, SharedResource
+
+GB = 1e9
+MiB = 1 << 20
+
+
+def timed(work: Callable[[], Awaitable[object]]) -> float:
+    """Virtual seconds ``work()`` takes on a fresh virtual loop."""
+
+    async def main() -> float:
+        start = clock.monotonic()
+        await work()
+        return clock.monotonic() - start
+
+    return clock.run_virtual(main())
+
+
+# -- disks -----------------------------------------------------------------------------------
+def test_one_big_write_runs_at_the_write_bandwidth_after_the_latency() -> None:
+    disk = Disk(FLASH)
+    took = timed(lambda: disk.write(64 * MiB))
+    assert took == pytest.approx(FLASH.latency + 64 * MiB / FLASH.write_bw, rel=1e-9)
+    assert disk.bytes_written == 64 * MiB and disk.ops == 1
+
+
+def test_small_operations_together_reach_the_iops_figure_and_no_more() -> None:
+    """20,000 4 KiB writes at once: the device's write IOPS bound them (0.1 s at 200K), plus
+    one latency per queue-depth wave."""
+    disk = Disk(FLASH)
+    n = 20_000
+    took = timed(lambda: asyncio.gather(*(disk.write(4096) for _ in range(n))))
+    waves = n / FLASH.queue_depth
+    assert n / FLASH.write_iops <= took <= n / FLASH.write_iops + waves * FLASH.latency * 1.01
+
+
+def test_concurrent_reads_share_the_device() -> None:
+    disk = Disk(FLASH)
+    took = timed(lambda: asyncio.gather(disk.read(650 * MiB), disk.read(650 * MiB)))
+    assert took == pytest.approx(FLASH.latency + 1300 * MiB / FLASH.read_bw, rel=1e-9)
+
+
+def test_a_disk_head_seeks_for_every_operation() -> None:
+    """On the HDD preset each operation costs its seek of device time: 100 reads of 1 MiB
+    one after another take 100 x (seek + 1 MiB / bandwidth)."""
+    disk = Disk(HDD)
+
+    async def work() -> None:
+        for _ in range(100):
+            await disk.read(MiB)
+
+    assert timed(work) == pytest.approx(100 * (HDD.seek + MiB / HDD.read_bw), rel=1e-9)
+
+
+def test_a_queue_depth_of_one_serialises_the_latency() -> None:
+    model = DiskModel("qd1", 1e9, 1e9, 1e6, 1e6, 1e-3, 0.0, 1, "test")
+    disk = Disk(model, time=QueueResource(1.0))
+    took = timed(lambda: asyncio.gather(*(disk.write(1000) for _ in range(10))))
+    assert took == pytest.approx(10 * (1e-3 + 1e-6), rel=1e-9)
+
+
+def test_disk_presets_name_their_sources_and_bad_figures_are_refused() -> None:
+    for model in PRESETS.values():
+        assert "Assumed" in model.source and len(model.source) > 80
+    with pytest.raises(ValueError, match="write_bw"):
+        DiskModel("bad", 1e9, 0.0, 1.0, 1.0, 0.0, 0.0, 1, "")
+    with pytest.raises(ValueError, match="queue depth"):
+        DiskModel("bad", 1e9, 1e9, 1.0, 1.0, 0.0, 0.0, 0, "")
+
+
+# -- the network -----------------------------------------------------------------------------
+@pytest.mark.parametrize("discipline", [SharedResource, QueueResource])
+def test_one_flow_over_a_link_takes_size_over_bandwidth(discipline: type) -> None:
+    """Issue 20: one flow over a 1 GB/s link takes size / 1 GB/s within 1% (here exactly),
+    plus half the round trip."""
+    fabric = Fabric(FabricModel(nic_gbps=8.0, rtt=0.004), discipline=discipline)
+    a, b = fabric.add_rack(2)
+    assert timed(lambda: fabric.send(a, b, int(3 * GB))) == pytest.approx(3.002, rel=1e-9)
+    assert (a.sent, b.received) == (3 * GB, 3 * GB)
+    assert timed(lambda: fabric.send(a, a, int(GB))) == 0.0  # within a host: free
+
+
+def test_two_flows_into_one_host_share_its_nic() -> None:
+    fabric = Fabric(FabricModel(nic_gbps=8.0))
+    a, b, c = fabric.add_rack(3)
+    took = timed(lambda: asyncio.gather(fabric.send(a, c, int(GB)), fabric.send(b, c, int(GB))))
+    assert took == pytest.approx(2.0, rel=1e-9)
+
+
+@pytest.mark.parametrize("oversubscription", [1.0, 2.0, 4.0])
+def test_an_oversubscribed_uplink_divides_a_racks_throughput(oversubscription: float) -> None:
+    """Issue 20: 4 hosts of one rack each send 1 GB to a host of another rack over 1 GB/s
+    NICs. Non-blocking, that takes 1 s; a 2:1 uplink halves the rack's throughput (2 s), 4:1
+    quarters it. Within the rack, nothing changes."""
+    fabric = Fabric(FabricModel(nic_gbps=8.0, oversubscription=oversubscription))
+    left, right = fabric.add_rack(4), fabric.add_rack(4)
+
+    def across() -> Awaitable[object]:
+        return asyncio.gather(
+            *(fabric.send(s, d, int(GB)) for s, d in zip(left, right, strict=True))
+        )
+
+    def within() -> Awaitable[object]:
+        pairs = [(left[0], left[1]), (left[1], left[2]), (left[2], left[3]), (left[3], left[0])]
+        return asyncio.gather(*(fabric.send(s, d, int(GB)) for s, d in pairs))
+
+    assert timed(across) == pytest.approx(oversubscription, rel=1e-9)
+    assert timed(within) == pytest.approx(1.0, rel=1e-9)
+
+
+def test_bad_fabric_figures_are_refused() -> None:
+    for kwargs in ({"nic_gbps": 0.0}, {"nic_gbps": 1.0, "rtt": -1.0},
+                   {"nic_gbps": 1.0, "oversubscription": 0.5}):  # fmt: skip
+        with pytest.raises(ValueError):
+            FabricModel(**kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        Fabric(FabricModel(nic_gbps=1.0)).add_rack(0)
