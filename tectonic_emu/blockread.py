@@ -16,9 +16,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 
 from tectonic_emu import clock
-from tectonic_emu.buffers import BytesLike
 from tectonic_emu.chunkstore.base import StorageNode
 from tectonic_emu.coding import Encoding, codec_for, decompress
+from tectonic_emu.coding.synthetic import Payload, put_into, sliced
 from tectonic_emu.errors import ChunkCorruptError, DataUnavailableError, reason
 from tectonic_emu.hedging import DEFAULT_HEDGE_AFTER, STUCK_FACTOR, ReadHedging
 from tectonic_emu.metadata.records import BlockRecord, ChunkPlacement
@@ -47,7 +47,7 @@ class BlockReader:
         self._rng = rng
 
     # -- one chunk ---------------------------------------------------------------------------
-    async def fetch_chunk(self, c: ChunkPlacement) -> BytesLike:
+    async def fetch_chunk(self, c: ChunkPlacement) -> Payload:
         """One chunk's raw (decompressed) bytes, checked end to end against the Block layer."""
         t0 = clock.monotonic()
         stored, info = await self.nodes[c.node].read_chunk(c.disk, c.chunk_id)
@@ -74,7 +74,7 @@ class BlockReader:
     # -- blocks and ranges -------------------------------------------------------------------
     async def read_range(
         self, rec: BlockRecord, lo: int, hi: int, *, into: memoryview | None = None
-    ) -> list[tuple[int, BytesLike]]:
+    ) -> list[tuple[int, Payload]]:
         """Pieces ``(offset in the block, bytes)`` that together cover [lo, hi) of a block;
         with ``into`` (``hi - lo`` bytes), the bytes land there instead and the list is empty.
 
@@ -113,7 +113,7 @@ class BlockReader:
                 if good:
                     got = next(iter(good.values()))
                     if got is not into:
-                        into[:] = got
+                        put_into(into, got)
                     return []
                 data = await self.read_block(rec, failed=failed)
                 return _deliver(data, lo, hi, into)
@@ -130,7 +130,7 @@ class BlockReader:
         sizes: list[int],
         starts: list[int],
         wanted: list[int],
-    ) -> list[tuple[int, BytesLike]]:
+    ) -> list[tuple[int, Payload]]:
         """``read_range`` of a Reed-Solomon block whose ``wanted`` data chunks (those the
         range overlaps, at ``starts`` in the block, of ``sizes``) are all on live nodes."""
         self.hedging.count_read()
@@ -166,7 +166,7 @@ class BlockReader:
             # more if needed): no 48 MiB block is assembled.
             good = await self._collect(rec, enc, have, set(failed), list(failed.values()))
             missing = [i for i in wanted if i not in good]  # (may have come in now)
-            rebuilt: dict[int, BytesLike] = {}
+            rebuilt: dict[int, Payload] = {}
             if missing:
                 rebuilt = await offload(
                     self._cpu,
@@ -177,23 +177,23 @@ class BlockReader:
                     rec.length,
                 )
             have = {**good, **rebuilt}
-        pieces: list[tuple[int, BytesLike]] = []
+        pieces: list[tuple[int, Payload]] = []
         for i in wanted:
             a, b = max(lo, starts[i]), min(hi, starts[i] + sizes[i])
-            piece = memoryview(have[i])[a - starts[i] : b - starts[i]]
+            piece = sliced(have[i], a - starts[i], b - starts[i])
             if into is None:
                 pieces.append((a, piece))
             elif have[i] is not direct.get(i):
-                into[a - lo : b - lo] = piece
+                put_into(into[a - lo : b - lo], piece)
         return pieces
 
     async def read_block(
         self,
         rec: BlockRecord,
         *,
-        have: dict[int, BytesLike] | None = None,
+        have: dict[int, Payload] | None = None,
         failed: Iterable[int] | Mapping[int, BaseException] = (),
-    ) -> BytesLike:
+    ) -> Payload:
         """The block's exact bytes, or DataUnavailableError. Never wrong bytes.
 
         ``have``: chunks already fetched and checked; ``failed``: indexes not to try again
@@ -217,7 +217,7 @@ class BlockReader:
         *,
         enough: int,
         direct: dict[int, memoryview] | None = None,
-    ) -> tuple[dict[int, BytesLike], dict[int, BaseException]]:
+    ) -> tuple[dict[int, Payload], dict[int, BaseException]]:
         """Fetch ``primary``; if they are not all in after the hedge delay (and the hedge
         share allows), also fetch as many ``spare`` chunks as primaries are late. Stops when
         every primary is in, or (once hedged) when ``enough`` chunks are in, or when a primary
@@ -236,7 +236,7 @@ class BlockReader:
             for c in primary
         }
         wanted = {c.index for c in primary}
-        good: dict[int, BytesLike] = {}
+        good: dict[int, Payload] = {}
         failed: dict[int, BaseException] = {}
         delay: float | None = self.hedging.hedge_after(max(c.stored_len for c in primary))
         hedged = stuck = False
@@ -305,15 +305,15 @@ class BlockReader:
         self,
         rec: BlockRecord,
         enc: Encoding,
-        have: dict[int, BytesLike],
+        have: dict[int, Payload],
         failed: set[int],
         errors: list[BaseException],
-    ) -> dict[int, BytesLike]:
+    ) -> dict[int, Payload]:
         """At least ``enc.min_chunks`` good chunks of a block (``have`` and more), or
         DataUnavailableError naming the last few of ``errors`` (those of earlier attempts,
         and the ones met here)."""
         order = self._read_order(rec.chunks, enc.min_chunks if enc.kind == "rs" else 1)
-        good: dict[int, BytesLike] = dict(have)
+        good: dict[int, Payload] = dict(have)
         if not good:  # a plain read: race the chunks it needs against slow nodes
             self.hedging.count_read()
             live = [c for c in order if self.nodes[c.node].available and c.index not in failed]
@@ -346,16 +346,14 @@ class BlockReader:
         return good
 
 
-def _decompressed(c: ChunkPlacement, stored: BytesLike) -> BytesLike:
+def _decompressed(c: ChunkPlacement, stored: Payload) -> Payload:
     return decompress(stored, c.flags, c.raw_len)
 
 
-def _deliver(
-    data: BytesLike, lo: int, hi: int, into: memoryview | None
-) -> list[tuple[int, BytesLike]]:
+def _deliver(data: Payload, lo: int, hi: int, into: memoryview | None) -> list[tuple[int, Payload]]:
     if into is None:
-        return [(lo, memoryview(data)[lo:hi])]
-    into[:] = memoryview(data)[lo:hi]
+        return [(lo, sliced(data, lo, hi))]
+    put_into(into, sliced(data, lo, hi))
     return []
 
 

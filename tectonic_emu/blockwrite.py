@@ -17,9 +17,9 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
-from tectonic_emu.buffers import BytesLike
 from tectonic_emu.chunkstore.base import StorageNode
 from tectonic_emu.coding import Encoding, codec_for, crc32c, maybe_compress
+from tectonic_emu.coding.synthetic import Payload
 from tectonic_emu.config import Compression
 from tectonic_emu.errors import NotEnoughNodesError
 from tectonic_emu.hedging import HedgeStats
@@ -34,7 +34,7 @@ log = logging.getLogger("tectonic_emu.datapath")  # the data path's log, as befo
 MAX_STRAGGLERS = 32
 
 # A chunk ready to write: (stored bytes, flags, crc32c of the stored bytes, raw length).
-Prepared = tuple[BytesLike, int, int, int]
+Prepared = tuple[Payload, int, int, int]
 
 
 def new_chunk_id(block_id: int, index: int) -> str:
@@ -100,7 +100,7 @@ class BlockWriter:
         return await self.placement.reserve(enc, nbytes, extra)
 
     async def write_block(
-        self, enc: Encoding, block: BytesLike, *, block_id: int, file_id: int
+        self, enc: Encoding, block: Payload, *, block_id: int, file_id: int
     ) -> BlockRecord:
         """Encode and durably store one block's chunks. The caller commits the record.
 
@@ -183,7 +183,7 @@ class BlockWriter:
             await asyncio.gather(*late, return_exceptions=True)
 
     async def write_chunks(
-        self, enc: Encoding, block_id: int, raw: dict[int, BytesLike], *, avoid: set[int]
+        self, enc: Encoding, block_id: int, raw: dict[int, Payload], *, avoid: set[int]
     ) -> list[ChunkPlacement]:
         """Store rebuilt chunks (repair) on live nodes not in ``avoid``, as distinct as can be.
         On failure deletes what it wrote and raises."""
@@ -214,7 +214,7 @@ class BlockWriter:
         return sum(results)
 
     # -- internals ---------------------------------------------------------------------------
-    def _prepare(self, enc: Encoding, block: BytesLike) -> list[Prepared]:
+    def _prepare(self, enc: Encoding, block: Payload) -> list[Prepared]:
         """What ``_prepare_one`` makes of each chunk of the block. Runs in a worker."""
         codec = codec_for(enc)
         chunks = codec.encode(block)
@@ -222,7 +222,7 @@ class BlockWriter:
             return [self._prepare_one(block)] * enc.width
         return [self._prepare_one(chunk) for chunk in chunks]
 
-    def _prepare_one(self, raw: BytesLike) -> Prepared:
+    def _prepare_one(self, raw: Payload) -> Prepared:
         stored, flags = maybe_compress(raw, self.compression)
         return stored, flags, crc32c(stored), len(raw)
 

@@ -20,6 +20,7 @@ from tectonic_emu import clock
 from tectonic_emu.argcheck import bool_arg, buffer_arg, bytes_arg, int_arg
 from tectonic_emu.buffers import BytesLike
 from tectonic_emu.coding import Encoding
+from tectonic_emu.coding.synthetic import Payload, Synthetic, joined, put_into
 from tectonic_emu.config import MAX_SIZE
 from tectonic_emu.errors import (
     AlreadyExistsError,
@@ -261,14 +262,16 @@ class Client:
         return out
 
     # -- whole-file write --------------------------------------------------------------------
-    async def write_file(self, path: str, data: BytesLike, *, encoding: str | None = None) -> None:
+    async def write_file(self, path: str, data: Payload, *, encoding: str | None = None) -> None:
         """Store ``data`` as a sealed file at ``path``, replacing a file there atomically.
 
         Readers see the old file or the new one, never a mix. On error or cancellation nothing
         at ``path`` changes. Raises NotFoundError (missing parent), IsADirectoryError_,
-        UnknownEncodingError, NotEnoughNodesError and data-path errors.
+        UnknownEncodingError, NotEnoughNodesError and data-path errors. ``data`` may be a
+        ``Synthetic`` payload (a projection's, on model nodes: docs/simulate.md).
         """
-        bytes_arg("write_file", "data", data)
+        if not isinstance(data, Synthetic):
+            bytes_arg("write_file", "data", data)
         writer = await self.new_version(path, encoding=encoding)
         try:
             await writer.append(data)
@@ -481,8 +484,8 @@ class Client:
         if end <= offset:
             return 0
 
-        def place(at: int, piece: BytesLike) -> None:
-            out[at - offset : at - offset + len(piece)] = piece
+        def place(at: int, piece: Payload) -> None:
+            put_into(out[at - offset : at - offset + len(piece)], piece)
 
         await self.read_blocks(blocks, recs, offset, end, place, into=out[: end - offset])
         return end - offset
@@ -505,14 +508,16 @@ class Client:
             raise NotFoundError(f"no file {file_id:016x}")
         return FileReader(self, file_id, f.size, await m.files.blocks(file_id), path)
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str) -> bytes | Synthetic:
         """The whole file (its committed bytes, for a file still being written)."""
         return await self.read(path)
 
-    async def read(self, path: str, offset: int = 0, size: int = -1) -> bytes:
+    async def read(self, path: str, offset: int = 0, size: int = -1) -> bytes | Synthetic:
         """Up to ``size`` bytes from ``offset`` (all to the end when ``size`` < 0); short or
         empty at the end of the file. Raises DataUnavailableError rather than return wrong
-        bytes. Raises ArgumentTypeError for an offset or size that is not an int."""
+        bytes. Raises ArgumentTypeError for an offset or size that is not an int. Bytes
+        written as ``Synthetic`` payloads (a projection, docs/simulate.md) read back as the
+        ``Synthetic`` that describes them."""
         int_arg("read", "offset", offset)
         int_arg("read", "size", size)
         if offset < 0:
@@ -521,9 +526,9 @@ class Client:
         end = f.size if size < 0 else min(f.size, offset + size)
         if end <= offset:
             return b""
-        parts: dict[int, BytesLike] = {}
+        parts: dict[int, Payload] = {}
         await self.read_blocks(blocks, recs, offset, end, parts.__setitem__)
-        return b"".join(parts[k] for k in sorted(parts))
+        return joined(parts[k] for k in sorted(parts))
 
     async def read_into(self, path: str, offset: int, buf: BytesLike) -> int:
         """Read into ``buf`` (writable) from ``offset``; returns the byte count (0 at EOF).
@@ -535,8 +540,8 @@ class Client:
         if end <= offset:
             return 0
 
-        def place(at: int, piece: BytesLike) -> None:
-            out[at - offset : at - offset + len(piece)] = piece
+        def place(at: int, piece: Payload) -> None:
+            put_into(out[at - offset : at - offset + len(piece)], piece)
 
         await self.read_blocks(blocks, recs, offset, end, place, into=out)
         return end - offset
@@ -547,7 +552,7 @@ class Client:
         recs: list[BlockRecord | None],
         start: int,
         end: int,
-        sink: Callable[[int, BytesLike], None],
+        sink: Callable[[int, Payload], None],
         *,
         into: memoryview | None = None,
     ) -> None:

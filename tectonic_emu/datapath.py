@@ -34,9 +34,9 @@ from concurrent.futures import Executor
 
 from tectonic_emu.blockread import BlockReader
 from tectonic_emu.blockwrite import MAX_STRAGGLERS, BlockWriter, new_chunk_id
-from tectonic_emu.buffers import BytesLike
 from tectonic_emu.chunkstore.base import StorageNode
 from tectonic_emu.coding import Encoding
+from tectonic_emu.coding.synthetic import Payload
 from tectonic_emu.config import Compression
 from tectonic_emu.errors import InvalidArgumentError
 from tectonic_emu.hedging import (
@@ -206,7 +206,7 @@ class DataPath:
         return self._writer.ack_quorum(enc)
 
     async def write_block(
-        self, enc: Encoding, block: BytesLike, *, block_id: int, file_id: int
+        self, enc: Encoding, block: Payload, *, block_id: int, file_id: int
     ) -> BlockRecord:
         """Encode and durably store one block's chunks. The caller commits the record.
 
@@ -223,7 +223,7 @@ class DataPath:
         await self._writer.drain(wait)
 
     async def write_chunks(
-        self, enc: Encoding, block_id: int, raw: dict[int, BytesLike], *, avoid: set[int]
+        self, enc: Encoding, block_id: int, raw: dict[int, Payload], *, avoid: set[int]
     ) -> list[ChunkPlacement]:
         """Store rebuilt chunks (repair) on live nodes not in ``avoid``, as distinct as can be.
         On failure deletes what it wrote and raises."""
@@ -234,7 +234,7 @@ class DataPath:
         return await self._writer.delete_chunks(chunks)
 
     # -- read --------------------------------------------------------------------------------
-    async def fetch_chunk(self, c: ChunkPlacement) -> BytesLike:
+    async def fetch_chunk(self, c: ChunkPlacement) -> Payload:
         """One chunk's raw (decompressed) bytes, checked end to end against the Block layer."""
         return await self._reader.fetch_chunk(c)
 
@@ -245,7 +245,7 @@ class DataPath:
 
     async def read_range(
         self, rec: BlockRecord, lo: int, hi: int, *, into: memoryview | None = None
-    ) -> list[tuple[int, BytesLike]]:
+    ) -> list[tuple[int, Payload]]:
         """Pieces ``(offset in the block, bytes)`` that together cover [lo, hi) of a block;
         with ``into`` (``hi - lo`` bytes), the bytes land there instead and the list is empty.
         Reed-Solomon ranges fetch only the data chunks they overlap (``BlockReader``)."""
@@ -255,9 +255,9 @@ class DataPath:
         self,
         rec: BlockRecord,
         *,
-        have: dict[int, BytesLike] | None = None,
+        have: dict[int, Payload] | None = None,
         failed: Iterable[int] = (),
-    ) -> BytesLike:
+    ) -> Payload:
         """The block's exact bytes, or DataUnavailableError. Never wrong bytes.
 
         ``have``: chunks already fetched and checked; ``failed``: indexes not to try again.

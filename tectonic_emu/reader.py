@@ -29,6 +29,7 @@ from typing import Protocol
 
 from tectonic_emu.argcheck import buffer_arg, int_arg
 from tectonic_emu.buffers import BytesLike
+from tectonic_emu.coding.synthetic import Payload, put_into
 from tectonic_emu.datapath import DataPath
 from tectonic_emu.errors import (
     DataUnavailableError,
@@ -76,7 +77,7 @@ def fill_zeros(
     b: BlockEntry,
     lo: int,
     hi: int,
-    sink: Callable[[int, BytesLike], None],
+    sink: Callable[[int, Payload], None],
     dest: memoryview | None,
 ) -> None:
     """Bytes [lo, hi) of hole ``b`` (offsets within it): zeros into ``dest`` (the
@@ -95,7 +96,7 @@ async def read_blocks(
     recs: list[BlockRecord | None],
     start: int,
     end: int,
-    sink: Callable[[int, BytesLike], None],
+    sink: Callable[[int, Payload], None],
     *,
     into: memoryview | None = None,
     depth: int,
@@ -159,7 +160,7 @@ class BlockSource(Protocol):
         recs: list[BlockRecord | None],
         start: int,
         end: int,
-        sink: Callable[[int, BytesLike], None],
+        sink: Callable[[int, Payload], None],
         *,
         into: memoryview | None = None,
     ) -> None: ...
@@ -243,8 +244,8 @@ class FileReader:
         blocks = self._covering(offset, end)
         into = out[: end - offset]
 
-        def place(at: int, piece: BytesLike) -> None:
-            into[at - offset : at - offset + len(piece)] = piece
+        def place(at: int, piece: Payload) -> None:
+            put_into(into[at - offset : at - offset + len(piece)], piece)
 
         records = await self._records_for(blocks)
         try:

@@ -16,9 +16,9 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from tectonic_emu.argcheck import bytes_arg, int_arg
-from tectonic_emu.buffers import BytesLike
 from tectonic_emu.bufpool import copy_into, recycled, uninitialised
 from tectonic_emu.coding import Encoding
+from tectonic_emu.coding.synthetic import Payload, Synthetic
 from tectonic_emu.config import MAX_SIZE, ClusterConfig
 from tectonic_emu.datapath import DataPath
 from tectonic_emu.errors import (
@@ -94,7 +94,7 @@ class BlockPipeline:
         # Each block's task, and a future resolved once its commit is visible (or failed).
         self._tasks: deque[tuple[asyncio.Task[None], asyncio.Future[None]]] = deque()
 
-    async def submit(self, block: BytesLike) -> None:
+    async def submit(self, block: Payload) -> None:
         while len(self._tasks) >= self._depth:
             await self._retire_oldest()
         prev = self._tasks[-1][1] if self._tasks else None
@@ -108,7 +108,7 @@ class BlockPipeline:
         task.result()  # raises the block's error, if any
 
     async def _run(
-        self, block: BytesLike, prev: asyncio.Future[None] | None, committed: asyncio.Future[None]
+        self, block: Payload, prev: asyncio.Future[None] | None, committed: asyncio.Future[None]
     ) -> None:
         try:
             await self._write_and_commit(block, prev)
@@ -123,7 +123,7 @@ class BlockPipeline:
         committed.set_result(None)
         await self._client.meta.sync()  # durable, and so is every commit before it
 
-    async def _write_and_commit(self, block: BytesLike, prev: asyncio.Future[None] | None) -> None:
+    async def _write_and_commit(self, block: Payload, prev: asyncio.Future[None] | None) -> None:
         client = self._client
         dp = client.datapath
         block_id = new_id()
@@ -197,6 +197,9 @@ class FileWriter:
         # O_DIRECT) and not zeroed; ``_fill`` bytes of it hold data.
         self._buf: memoryview | None = None
         self._fill = 0
+        # Appends since a Synthetic one (a projection's payloads): the pending bytes as one
+        # Synthetic, real bytes in it as literals, instead of the block buffer.
+        self._described: Synthetic | None = None
         self._streaming = False  # a whole block was filled: take whole blocks from now on
         self._closed = False
         self.offset = size  # bytes accepted so far (durable up to the last flush)
@@ -211,35 +214,40 @@ class FileWriter:
                 e.path = self.path  # say which file, e.g. for NotEnoughNodesError
             raise
 
-    async def append(self, data: BytesLike, *, owned: bool = False) -> None:
+    async def append(self, data: Payload, *, owned: bool = False) -> None:
         """Append bytes. Full blocks go out as they fill; the rest waits for ``flush``.
 
         ``owned``: the caller hands ``data`` over and never changes it again, so whole
-        blocks of it are encoded in place, as for ``bytes``, instead of being copied."""
-        bytes_arg("append", "data", data)  # a str is refused before the writer breaks
+        blocks of it are encoded in place, as for ``bytes``, instead of being copied. A
+        ``Synthetic`` payload (a projection's) is cut into blocks without making bytes."""
+        if not isinstance(data, Synthetic):
+            bytes_arg("append", "data", data)  # a str is refused before the writer breaks
         if self._closed:
             raise WriterClosedError("writer is closed", self.path)
         await self._guard(self._append(data, owned))
 
-    async def append_many(self, pieces: Sequence[BytesLike]) -> None:
+    async def append_many(self, pieces: Sequence[Payload]) -> None:
         """``append`` each of ``pieces`` in order, as one operation: the token is checked once,
         not per piece (thousands of small pieces cost one metadata read, not thousands)."""
         if self._closed:
             raise WriterClosedError("writer is closed", self.path)
         await self._guard(self._append_many(pieces))
 
-    async def _append_many(self, pieces: Sequence[BytesLike]) -> None:
+    async def _append_many(self, pieces: Sequence[Payload]) -> None:
         await self._client.check_token(self.file_id, self._token, self.path)
-        if sum(memoryview(p).nbytes for p in pieces) >= self._block_size // 8:
+        if sum(_nbytes(p) for p in pieces) >= self._block_size // 8:
             self._streaming = True  # as for one big piece: whole blocks, not grown by doubling
         for piece in pieces:
             await self._add(piece)
 
-    async def _append(self, data: BytesLike, owned: bool = False) -> None:
+    async def _append(self, data: Payload, owned: bool = False) -> None:
         await self._client.check_token(self.file_id, self._token, self.path)
         await self._add(data, owned)
 
-    async def _add(self, data: BytesLike, owned: bool = False) -> None:
+    async def _add(self, data: Payload, owned: bool = False) -> None:
+        if isinstance(data, Synthetic) or self._described is not None:
+            await self._add_described(data)
+            return
         mv = memoryview(data).cast("B")
         self.offset += len(mv)
         bs = self._block_size
@@ -259,6 +267,20 @@ class FileWriter:
                 block, self._buf, self._fill = self._buf, None, 0
                 self._streaming = True
                 await self._pipeline.submit(block)
+
+    async def _add_described(self, data: Payload) -> None:
+        """``_add`` once a ``Synthetic`` piece came: whole blocks are cut from the pending
+        description (real bytes joined in as literals), nothing is copied."""
+        if self._described is None:
+            held = [] if self._buf is None else [bytes(self._buf[: self._fill])]
+            self._described, self._buf, self._fill = Synthetic.join(held), None, 0
+        pending = Synthetic.join([self._described, data])
+        self.offset += _nbytes(data)
+        bs = self._block_size
+        while len(pending) >= bs:
+            await self._pipeline.submit(pending[:bs])
+            pending = pending[bs:]
+        self._described = pending
 
     def _reserve(self, more: int) -> None:
         """Room in the block buffer for ``more`` bytes (up to the block size): a whole block
@@ -313,6 +335,10 @@ class FileWriter:
         await self._guard(self._flush())
 
     async def _flush(self) -> None:
+        if self._described is not None:
+            described, self._described = self._described, None
+            if len(described):
+                await self._pipeline.submit(described)
         if self._fill:
             assert self._buf is not None
             block, self._buf, self._fill = self._buf[: self._fill], None, 0
@@ -334,7 +360,7 @@ class FileWriter:
         """Drop unflushed bytes and stop. The file stays unsealed with its durable prefix,
         so a new writer can take over."""
         self._closed = True
-        self._buf, self._fill = None, 0
+        self._buf, self._fill, self._described = None, 0, None
         await self._pipeline.abort()
 
     async def __aenter__(self) -> FileWriter:
@@ -401,6 +427,10 @@ class WriterOpener:
     ) -> None:
         assert self._writer is not None
         await self._writer.__aexit__(exc_type, exc, tb)
+
+
+def _nbytes(piece: Payload) -> int:
+    return len(piece) if isinstance(piece, Synthetic) else memoryview(piece).nbytes
 
 
 __all__ = ["BlockPipeline", "Committer", "FileWriter", "VersionWriter", "WriterOpener"]

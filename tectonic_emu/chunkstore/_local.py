@@ -49,11 +49,12 @@ from tectonic_emu.chunkstore._format import (
     unpack_header,
 )
 from tectonic_emu.chunkstore.base import (
-    BytesLike,
     ChunkInfo,
     DiskUsage,
+    Payload,
     StorageNode,
     check_chunk_id,
+    stored_bytes,
 )
 from tectonic_emu.coding._native import pinned
 from tectonic_emu.coding.checksum import crc32c as crc32c_of
@@ -180,10 +181,10 @@ class LocalNode(StorageNode):
 
     # -- the seam ----------------------------------------------------------------------------
     async def write_chunk(
-        self, disk: int, chunk_id: str, payload: BytesLike, *, crc32c: int, flags: int = 0
+        self, disk: int, chunk_id: str, payload: Payload, *, crc32c: int, flags: int = 0
     ) -> None:
         """Store a new chunk; durable on return when ``sync``. ``payload`` must not change
-        until this returns.
+        until this returns (a ``Synthetic`` one is refused: this node stores bytes).
 
         Raises AlreadyExistsError (chunk id present, even as a torn file), InvalidArgumentError,
         NodeUnavailableError, or the OSError of the file system (ENOSPC, EIO...). After an error
@@ -191,7 +192,7 @@ class LocalNode(StorageNode):
         to stop (at most one fdatasync) so that this holds when CancelledError propagates.
         """
         self._check_up()
-        view = as_byte_view(payload)
+        view = as_byte_view(stored_bytes(payload, self.node_id))
         path = self.chunk_path(disk, chunk_id)
         job = _WriteJob(chunk_id, path, pack_header(chunk_id, view.nbytes, crc32c, flags), view)
         loop = asyncio.get_running_loop()
@@ -433,7 +434,7 @@ class LocalNode(StorageNode):
         self,
         disk: int,
         chunk_id: str,
-        payload: BytesLike,
+        payload: Payload,
         *,
         crc32c: int,
         flags: int = 0,
@@ -442,7 +443,7 @@ class LocalNode(StorageNode):
         """Test hook: leave what a writer killed mid-write leaves (the header and the first
         ``keep`` payload bytes, no fsync, no cleanup)."""
         self._check_up()
-        view = as_byte_view(payload)
+        view = as_byte_view(stored_bytes(payload, self.node_id))
         path = self.chunk_path(disk, chunk_id)
         header = pack_header(chunk_id, view.nbytes, crc32c, flags)
         await self._run(_write_torn_file, chunk_id, path, header, view[:keep])

@@ -1,25 +1,27 @@
-"""``MemoryNode``: a storage node that keeps its chunks in dicts, for tests.
+"""``MemoryNode``: a storage node that keeps its chunks in dicts, for tests and projections.
 
 It behaves like ``LocalNode`` seen from outside: same errors, checksums checked on every read,
 torn writes that read as corrupt, the ``available`` switch. It also offers ``corrupt()`` to
-flip a stored byte.
+flip a stored byte. It keeps a ``Synthetic`` payload as the description it is (so a
+projection's nodes hold no payload bytes), checked by its derived checksum.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import google_crc32c
-
 from tectonic_emu import clock
 from tectonic_emu.chunkstore._format import PAYLOAD_OFFSET, as_byte_view
 from tectonic_emu.chunkstore.base import (
-    BytesLike,
+    ChunkData,
     ChunkInfo,
     DiskUsage,
+    Payload,
     StorageNode,
     check_chunk_id,
 )
+from tectonic_emu.coding import crc32c as checksum
+from tectonic_emu.coding.synthetic import Synthetic
 from tectonic_emu.errors import (
     AlreadyExistsError,
     ChunkCorruptError,
@@ -31,7 +33,7 @@ from tectonic_emu.errors import (
 
 @dataclass(frozen=True, slots=True)
 class _Stored:
-    payload: bytes
+    payload: bytes | Synthetic
     stored_len: int  # what the "header" says; differs from len(payload) after a torn write
     crc32c: int
     flags: int
@@ -87,20 +89,23 @@ class MemoryNode(StorageNode):
         return ChunkInfo(chunk_id, disk, s.stored_len, s.crc32c, s.flags, s.mtime)
 
     async def write_chunk(
-        self, disk: int, chunk_id: str, payload: BytesLike, *, crc32c: int, flags: int = 0
+        self, disk: int, chunk_id: str, payload: Payload, *, crc32c: int, flags: int = 0
     ) -> None:
         self._check_up()
-        data = bytes(as_byte_view(payload))
+        data = payload if isinstance(payload, Synthetic) else bytes(as_byte_view(payload))
         self._put(disk, chunk_id, _Stored(data, len(data), crc32c, flags, clock.wall()))
 
-    async def read_chunk(self, disk: int, chunk_id: str) -> tuple[memoryview, ChunkInfo]:
+    async def read_chunk(self, disk: int, chunk_id: str) -> tuple[ChunkData, ChunkInfo]:
         self._check_up()
         s = self._get(disk, chunk_id)
         if len(s.payload) != s.stored_len:
             raise ChunkCorruptError("chunk is shorter than its header says (torn write)", chunk_id)
-        if google_crc32c.value(s.payload) != s.crc32c:
+        if checksum(s.payload) != s.crc32c:
             raise ChunkCorruptError("chunk payload checksum mismatch", chunk_id)
-        return memoryview(s.payload), self._info(disk, chunk_id, s)
+        payload = s.payload
+        return (payload if isinstance(payload, Synthetic) else memoryview(payload)), self._info(
+            disk, chunk_id, s
+        )
 
     async def delete_chunk(self, disk: int, chunk_id: str) -> None:
         self._check_up()
@@ -131,7 +136,7 @@ class MemoryNode(StorageNode):
         self,
         disk: int,
         chunk_id: str,
-        payload: BytesLike,
+        payload: Payload,
         *,
         crc32c: int,
         flags: int = 0,
@@ -140,15 +145,22 @@ class MemoryNode(StorageNode):
         """Test hook: store what a writer killed mid-write leaves (the first ``keep`` bytes of a
         chunk whose header announces all of them)."""
         self._check_up()
-        view = as_byte_view(payload)
-        kept = bytes(view[:keep])
-        self._put(disk, chunk_id, _Stored(kept, view.nbytes, crc32c, flags, clock.wall()))
+        if isinstance(payload, Synthetic):
+            kept: bytes | Synthetic = payload[:keep]
+            whole = len(payload)
+        else:
+            view = as_byte_view(payload)
+            kept, whole = bytes(view[:keep]), view.nbytes
+        self._put(disk, chunk_id, _Stored(kept, whole, crc32c, flags, clock.wall()))
 
     def corrupt(self, disk: int, chunk_id: str) -> None:
         """Test helper: flip one stored bit (of the payload, or of the checksum when the payload
         is empty), as a failing disk would."""
         s = self._get(disk, chunk_id)
-        if s.payload:
+        if isinstance(s.payload, Synthetic):  # other bytes of the same length
+            junk = Synthetic.junk(s.payload.digest(), len(s.payload))
+            self._disks[disk][chunk_id] = replace(s, payload=junk)
+        elif s.payload:
             i = len(s.payload) // 2
             flipped = s.payload[:i] + bytes([s.payload[i] ^ 0x01]) + s.payload[i + 1 :]
             self._disks[disk][chunk_id] = replace(s, payload=flipped)

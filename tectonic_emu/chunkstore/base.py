@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from tectonic_emu.buffers import BytesLike
+from tectonic_emu.coding.synthetic import Payload, Synthetic
 from tectonic_emu.errors import ChunkCorruptError, InvalidArgumentError, NodeUnavailableError
 
 _CHUNK_ID = re.compile(r"[0-9a-z][0-9a-z.\-]{0,63}")
@@ -23,6 +24,22 @@ def check_chunk_id(chunk_id: str) -> str:
     if not _CHUNK_ID.fullmatch(chunk_id):
         raise InvalidArgumentError("not a valid chunk id", chunk_id)
     return chunk_id
+
+
+#: What a node returns for a chunk: bytes, or the ``Synthetic`` payload a node that keeps
+#: descriptions (``MemoryNode``, the projection's model nodes) was given.
+ChunkData = memoryview | Synthetic
+
+
+def stored_bytes(payload: Payload, node_id: int) -> BytesLike:
+    """``payload``, refused when synthetic: nodes that store bytes cannot store a description
+    (a projection's payloads go to model nodes, ``tectonic_emu/sim``)."""
+    if isinstance(payload, Synthetic):
+        raise InvalidArgumentError(
+            f"node {node_id} stores bytes, not a synthetic payload (a projection's model nodes "
+            "keep those)"
+        )
+    return payload
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,14 +79,15 @@ class StorageNode(abc.ABC):
 
     @abc.abstractmethod
     async def write_chunk(
-        self, disk: int, chunk_id: str, payload: BytesLike, *, crc32c: int, flags: int = 0
+        self, disk: int, chunk_id: str, payload: Payload, *, crc32c: int, flags: int = 0
     ) -> None:
         """Store ``payload`` as a new chunk. Durable when it returns, unless the node was set
         to page-cache mode (``sync=False``). ``crc32c`` is the caller's checksum of ``payload``;
-        the node stores it beside the bytes and checks it on every read."""
+        the node stores it beside the bytes and checks it on every read. Nodes that store
+        bytes refuse a ``Synthetic`` payload (InvalidArgumentError, ``stored_bytes``)."""
 
     @abc.abstractmethod
-    async def read_chunk(self, disk: int, chunk_id: str) -> tuple[memoryview, ChunkInfo]:
+    async def read_chunk(self, disk: int, chunk_id: str) -> tuple[ChunkData, ChunkInfo]:
         """The chunk's stored payload, checked against its checksum."""
 
     async def read_chunk_into(self, disk: int, chunk_id: str, dest: memoryview) -> ChunkInfo:
@@ -78,6 +96,8 @@ class StorageNode(abc.ABC):
         cancelled, ``dest`` may hold part of the chunk but nothing more lands in it after.
         Served nodes receive straight into ``dest``; this default copies."""
         data, info = await self.read_chunk(disk, chunk_id)
+        if isinstance(data, Synthetic):
+            raise InvalidArgumentError("a synthetic chunk is not read into a buffer", chunk_id)
         if len(data) != dest.nbytes:
             raise ChunkCorruptError(
                 f"chunk is {len(data)} bytes where {dest.nbytes} were expected", chunk_id
@@ -117,4 +137,13 @@ class StorageNode(abc.ABC):
         """Release resources (executors, sockets)."""
 
 
-__all__ = ["BytesLike", "ChunkInfo", "DiskUsage", "StorageNode", "check_chunk_id"]
+__all__ = [
+    "BytesLike",
+    "ChunkData",
+    "ChunkInfo",
+    "DiskUsage",
+    "Payload",
+    "StorageNode",
+    "check_chunk_id",
+    "stored_bytes",
+]

@@ -15,7 +15,8 @@ from collections import Counter
 from typing import Protocol, runtime_checkable
 
 from tectonic_emu.chunkstore._format import as_byte_view
-from tectonic_emu.chunkstore.base import BytesLike, ChunkInfo, DiskUsage, StorageNode
+from tectonic_emu.chunkstore.base import ChunkData, ChunkInfo, DiskUsage, Payload, StorageNode
+from tectonic_emu.coding.synthetic import Synthetic
 from tectonic_emu.errors import ChunkCorruptError, NodeUnavailableError
 
 
@@ -27,7 +28,7 @@ class SupportsTornWrite(Protocol):
         self,
         disk: int,
         chunk_id: str,
-        payload: BytesLike,
+        payload: Payload,
         *,
         crc32c: int,
         flags: int = 0,
@@ -62,7 +63,7 @@ class FaultyNode(StorageNode):
             raise NodeUnavailableError(f"node {self.node_id} is down")
 
     async def write_chunk(
-        self, disk: int, chunk_id: str, payload: BytesLike, *, crc32c: int, flags: int = 0
+        self, disk: int, chunk_id: str, payload: Payload, *, crc32c: int, flags: int = 0
     ) -> None:
         await self._enter("write_chunk")
         if self.fail_writes > 0:
@@ -71,14 +72,17 @@ class FaultyNode(StorageNode):
         if self.crash_writes > 0:
             self.crash_writes -= 1
             if isinstance(self.inner, SupportsTornWrite):
-                keep = as_byte_view(payload).nbytes // 2
+                keep = (
+                    len(payload) if isinstance(payload, Synthetic) else as_byte_view(payload).nbytes
+                )
+                keep //= 2
                 await self.inner.write_torn_chunk(
                     disk, chunk_id, payload, crc32c=crc32c, flags=flags, keep=keep
                 )
             raise NodeUnavailableError(f"node {self.node_id}: crashed during write", chunk_id)
         await self.inner.write_chunk(disk, chunk_id, payload, crc32c=crc32c, flags=flags)
 
-    async def read_chunk(self, disk: int, chunk_id: str) -> tuple[memoryview, ChunkInfo]:
+    async def read_chunk(self, disk: int, chunk_id: str) -> tuple[ChunkData, ChunkInfo]:
         await self._enter("read_chunk")
         if self.fail_reads > 0:
             self.fail_reads -= 1

@@ -30,11 +30,12 @@ from dataclasses import dataclass
 from tectonic_emu.chunkstore import auth, wire
 from tectonic_emu.chunkstore._format import as_byte_view
 from tectonic_emu.chunkstore.base import (
-    BytesLike,
     ChunkInfo,
     DiskUsage,
+    Payload,
     StorageNode,
     check_chunk_id,
+    stored_bytes,
 )
 from tectonic_emu.chunkstore.netem import Pacer, ReadGate, hold
 from tectonic_emu.chunkstore.wire import HEADER_SIZE, FrameError, Header, Op
@@ -519,14 +520,14 @@ class RemoteNode(StorageNode):
             check_chunk_id(chunk_id)
 
     async def write_chunk(
-        self, disk: int, chunk_id: str, payload: BytesLike, *, crc32c: int, flags: int = 0
+        self, disk: int, chunk_id: str, payload: Payload, *, crc32c: int, flags: int = 0
     ) -> None:
         self._check(disk, chunk_id)
         if not 0 <= crc32c < 1 << 32:
             raise InvalidArgumentError(f"crc32c out of range: {crc32c}", chunk_id)
         if not 0 <= flags < 1 << 16:
             raise InvalidArgumentError(f"flags out of range: {flags}", chunk_id)
-        view = as_byte_view(payload)
+        view = as_byte_view(stored_bytes(payload, self.node_id))
         meta = wire.DISK_FLAGS.pack(disk, flags) + chunk_id.encode("ascii")
         await self.call(Op.WRITE, meta, view, crc32c)
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from tectonic_emu.buffers import BytesLike
 from tectonic_emu.coding.encoding import Encoding
+from tectonic_emu.coding.synthetic import Payload, Synthetic
 from tectonic_emu.errors import DataUnavailableError, InvalidArgumentError
 
 
@@ -41,9 +42,10 @@ class Codec(abc.ABC):
 
     @abc.abstractmethod
     def encode(
-        self, block: BytesLike, *, parity_out: Sequence[BytesLike] | None = None
-    ) -> list[BytesLike]:
-        """Split ``block`` into ``encoding.width`` chunks.
+        self, block: Payload, *, parity_out: Sequence[BytesLike] | None = None
+    ) -> list[Payload]:
+        """Split ``block`` into ``encoding.width`` chunks (a ``Synthetic`` block into
+        ``Synthetic`` chunks).
 
         ``parity_out``: optional writable buffers (``encoding.parity`` of them, each at least
         ``chunk_sizes(len(block))[-1]`` bytes) to compute RS parity into, e.g. from a pool of
@@ -54,22 +56,23 @@ class Codec(abc.ABC):
     @abc.abstractmethod
     def decode(
         self,
-        chunks: Mapping[int, BytesLike],
+        chunks: Mapping[int, Payload],
         block_len: int,
         *,
         out: BytesLike | None = None,
-    ) -> BytesLike:
+    ) -> Payload:
         """The ``block_len`` bytes of the block, from any ``min_chunks`` good chunks.
 
         Chunks whose length is not what ``encode`` made are ignored. ``out``: optional
         writable buffer of at least ``block_len`` bytes to decode into; the result is then a
-        view of it. Raises ``DataUnavailableError`` if too few good chunks remain.
+        view of it. Synthetic chunks decode to a ``Synthetic`` (``out`` must then be None).
+        Raises ``DataUnavailableError`` if too few good chunks remain.
         """
 
     @abc.abstractmethod
     def reconstruct(
-        self, chunks: Mapping[int, BytesLike], missing: Sequence[int], block_len: int
-    ) -> dict[int, BytesLike]:
+        self, chunks: Mapping[int, Payload], missing: Sequence[int], block_len: int
+    ) -> dict[int, Payload]:
         """Rebuild the chunks at ``missing`` from the good ones in ``chunks``, byte-identical
         to what ``encode`` made (so their CRCs match). Chunks at ``missing`` indexes found in
         ``chunks`` are not trusted. Raises ``DataUnavailableError`` if too few remain."""
@@ -77,21 +80,22 @@ class Codec(abc.ABC):
     # -- shared checks -----------------------------------------------------------------------
     def _good_chunks(
         self,
-        chunks: Mapping[int, BytesLike],
+        chunks: Mapping[int, Payload],
         block_len: int,
         exclude: Sequence[int] = (),
-    ) -> tuple[list[int], dict[int, memoryview]]:
-        """Chunk sizes and the usable chunks as byte views; raises if fewer than min_chunks."""
+    ) -> tuple[list[int], dict[int, memoryview | Synthetic]]:
+        """Chunk sizes and the usable chunks as byte views (synthetic ones as they are);
+        raises if fewer than min_chunks."""
         if block_len < 0:
             raise InvalidArgumentError(f"negative block length {block_len}")
         sizes = self.chunk_sizes(block_len)
-        good: dict[int, memoryview] = {}
+        good: dict[int, memoryview | Synthetic] = {}
         wrong: list[str] = []
         for index, chunk in chunks.items():
             self._check_index(index)
             if index in exclude:
                 continue
-            view = byte_view(chunk)
+            view = chunk if isinstance(chunk, Synthetic) else byte_view(chunk)
             if len(view) == sizes[index]:
                 good[index] = view
             else:
@@ -112,12 +116,27 @@ class Codec(abc.ABC):
                 f"(0..{self.encoding.width - 1})"
             )
 
+    @staticmethod
+    def _no_out(out: BytesLike | None) -> None:
+        if out is not None:
+            raise InvalidArgumentError("a synthetic block is not decoded into a buffer")
+
     def _check_missing(self, missing: Sequence[int]) -> list[int]:
         for index in missing:
             self._check_index(index)
         if len(set(missing)) != len(missing):
             raise InvalidArgumentError(f"duplicate chunk indexes in {list(missing)}")
         return list(missing)
+
+
+def real_views(good: Mapping[int, memoryview | Synthetic]) -> dict[int, memoryview] | None:
+    """``_good_chunks``'s chunks as byte views, or None when any of them is synthetic."""
+    views: dict[int, memoryview] = {}
+    for index, chunk in good.items():
+        if isinstance(chunk, Synthetic):
+            return None
+        views[index] = chunk
+    return views
 
 
 def byte_view(buf: BytesLike) -> memoryview:

@@ -7,8 +7,8 @@ from typing import Any
 
 import google_crc32c
 
-from tectonic_emu.buffers import BytesLike
 from tectonic_emu.coding._native import crc32c_extend, pinned
+from tectonic_emu.coding.synthetic import Payload, Synthetic
 from tectonic_emu.errors import InvalidArgumentError
 
 # Below this, keep the GIL: re-taking it after a native call can cost a switch interval (5 ms)
@@ -18,14 +18,19 @@ _RELEASE_GIL_FROM = 256 * 1024
 _SMALL_BYTES = 64 * 1024  # below this, google-crc32c's C call is cheaper than ctypes
 
 
-def crc32c(data: BytesLike, value: int = 0) -> int:
+def crc32c(data: Payload, value: int = 0) -> int:
     """CRC32C of ``data``, continuing from ``value`` (the CRC of the bytes before it).
 
     Any contiguous buffer works (bytes, bytearray, memoryview, mmap) and is not copied.
-    ``crc32c(b, crc32c(a)) == crc32c(a + b)``.
+    ``crc32c(b, crc32c(a)) == crc32c(a + b)``. A ``Synthetic`` payload has the checksum its
+    structure derives (``Synthetic.crc32c``), which does not continue from a start value.
     """
     if not 0 <= value <= 0xFFFFFFFF:
         raise InvalidArgumentError(f"CRC32C start value out of range: {value}")
+    if isinstance(data, Synthetic):
+        if value:
+            raise InvalidArgumentError("a synthetic payload's checksum has no start value")
+        return data.crc32c()
     native = crc32c_extend()
     if native is None or (isinstance(data, bytes) and len(data) < _SMALL_BYTES):
         if not isinstance(data, bytes):
@@ -39,10 +44,15 @@ def crc32c(data: BytesLike, value: int = 0) -> int:
         raise InvalidArgumentError(f"cannot checksum a non-contiguous buffer: {exc}") from exc
 
 
-def crc32c_many(data: BytesLike, spans: Sequence[tuple[int, int]]) -> list[int]:
+def crc32c_many(data: Payload, spans: Sequence[tuple[int, int]]) -> list[int]:
     """CRC32C of each ``(offset, length)`` span of ``data``, with the buffer pinned once: for
     thousands of small pieces of one buffer, where a ``crc32c`` call each costs more in
     Python than the checksum. Raises InvalidArgumentError for a span outside ``data``."""
+    if isinstance(data, Synthetic):
+        for at, n in spans:
+            if at < 0 or n < 0 or at + n > len(data):
+                raise InvalidArgumentError(f"span ({at}, {n}) outside {len(data)} bytes")
+        return [data[at : at + n].crc32c() for at, n in spans]
     native = crc32c_extend()
     view = memoryview(data).cast("B")
     for at, n in spans:
@@ -57,15 +67,16 @@ def crc32c_many(data: BytesLike, spans: Sequence[tuple[int, int]]) -> list[int]:
         raise InvalidArgumentError(f"cannot checksum a non-contiguous buffer: {exc}") from exc
 
 
-def crc32c_each(pieces: Sequence[BytesLike]) -> list[int]:
+def crc32c_each(pieces: Sequence[Payload]) -> list[int]:
     """CRC32C of each of ``pieces``, pinned together: ``[crc32c(p) for p in pieces]`` for
     thousands of small buffers (a checkpoint's parts at 4,096 ranks), at one call's Python
     cost instead of one per piece. Raises InvalidArgumentError for a non-contiguous one."""
     native = crc32c_extend()
-    if native is None:
+    real = [p for p in pieces if not isinstance(p, Synthetic)]
+    if native is None or len(real) < len(pieces):
         return [crc32c(p) for p in pieces]
     try:
-        with pinned(pieces) as spans:
+        with pinned(real) as spans:
             return _checksum_spans(native, spans)
     except BufferError as exc:
         raise InvalidArgumentError(f"cannot checksum a non-contiguous buffer: {exc}") from exc

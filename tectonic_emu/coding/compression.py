@@ -11,8 +11,8 @@ from typing import Literal, get_args
 
 import zstandard
 
-from tectonic_emu.buffers import BytesLike
 from tectonic_emu.coding.base import byte_view
+from tectonic_emu.coding.synthetic import Payload, Synthetic
 from tectonic_emu.errors import ChunkCorruptError, InvalidArgumentError
 
 FLAG_ZSTD: int = 1  # bit 0 of a chunk's flags: the stored payload is one zstd frame
@@ -52,14 +52,17 @@ def _sample_shrinks(payload: memoryview) -> bool:
     return len(_compressor().compress(sample)) <= MIN_SAVING * len(sample)
 
 
-def maybe_compress(payload: BytesLike, policy: CompressionPolicy) -> tuple[BytesLike, int]:
+def maybe_compress(payload: Payload, policy: CompressionPolicy) -> tuple[Payload, int]:
     """``(stored_bytes, flags)`` for ``payload`` under ``policy``.
 
     ``none``: the payload as is. ``zstd``: a zstd frame (level 1) unless that is not smaller.
     ``auto``: a zstd frame only if a sample (3 x 16 KiB) and then the whole shrink to at most
-    90%; incompressible data costs one small sample. Raw results are ``payload`` itself.
+    90%; incompressible data costs one small sample. Raw results are ``payload`` itself. A
+    ``Synthetic`` payload is stored raw (its random runs would not shrink).
     """
-    if policy == "none":
+    if policy == "none" or isinstance(payload, Synthetic):
+        if policy not in POLICIES:
+            raise InvalidArgumentError(f"unknown compression policy {policy!r} (one of {POLICIES})")
         return payload, 0
     if policy not in POLICIES:
         raise InvalidArgumentError(f"unknown compression policy {policy!r} (one of {POLICIES})")
@@ -77,7 +80,7 @@ def maybe_compress(payload: BytesLike, policy: CompressionPolicy) -> tuple[Bytes
     return stored, FLAG_ZSTD
 
 
-def decompress(stored: BytesLike, flags: int, raw_len: int) -> BytesLike:
+def decompress(stored: Payload, flags: int, raw_len: int) -> Payload:
     """The inverse of ``maybe_compress``: the ``raw_len`` original bytes.
 
     Raises ``ChunkCorruptError`` if the frame does not decode to exactly ``raw_len`` bytes
@@ -88,11 +91,12 @@ def decompress(stored: BytesLike, flags: int, raw_len: int) -> BytesLike:
     if flags & ~FLAG_ZSTD:
         raise ChunkCorruptError(f"unknown chunk flags {flags:#x}")
     if not flags & FLAG_ZSTD:
-        if memoryview(stored).nbytes != raw_len:
-            raise ChunkCorruptError(
-                f"raw chunk payload of {memoryview(stored).nbytes} bytes, expected {raw_len}"
-            )
+        got = len(stored) if isinstance(stored, Synthetic) else memoryview(stored).nbytes
+        if got != raw_len:
+            raise ChunkCorruptError(f"raw chunk payload of {got} bytes, expected {raw_len}")
         return stored
+    if isinstance(stored, Synthetic):
+        raise ChunkCorruptError("a synthetic chunk is never compressed")
     try:
         # Check the size the frame claims before decoding, so a corrupt header cannot make us
         # allocate an arbitrary amount.

@@ -14,14 +14,16 @@ but the parity it computes.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
 from tectonic_emu.buffers import BytesLike
 from tectonic_emu.coding._gf256 import cauchy_matrix, gf_matmul
 from tectonic_emu.coding._native import isal, pinned
-from tectonic_emu.coding.base import Codec, byte_view, writable_view
+from tectonic_emu.coding.base import Codec, byte_view, real_views, writable_view
 from tectonic_emu.coding.encoding import Encoding
+from tectonic_emu.coding.synthetic import Payload, Synthetic
 from tectonic_emu.errors import DataUnavailableError, InvalidArgumentError
 
 ALIGN = 64  # chunk length granule: keeps every data chunk of an aligned block cache-line aligned
@@ -58,8 +60,10 @@ class ReedSolomonCodec(Codec):
         return data + [s] * self.encoding.parity
 
     def encode(
-        self, block: BytesLike, *, parity_out: Sequence[BytesLike] | None = None
-    ) -> list[BytesLike]:
+        self, block: Payload, *, parity_out: Sequence[BytesLike] | None = None
+    ) -> list[Payload]:
+        if isinstance(block, Synthetic):
+            return self._encode_synthetic(block)
         view = byte_view(block)
         size = len(view)
         s = self._checked_chunk_len(size)
@@ -80,12 +84,16 @@ class ReedSolomonCodec(Codec):
 
     def decode(
         self,
-        chunks: Mapping[int, BytesLike],
+        chunks: Mapping[int, Payload],
         block_len: int,
         *,
         out: BytesLike | None = None,
-    ) -> BytesLike:
-        sizes, good = self._good_chunks(chunks, block_len)
+    ) -> Payload:
+        sizes, mixed = self._good_chunks(chunks, block_len)
+        good = real_views(mixed)
+        if good is None:
+            self._no_out(out)
+            return self._decode_synthetic(mixed, block_len)
         data = range(self._data)
         if all(i in good for i in data):
             # Systematic code: the data chunks are the block.
@@ -119,10 +127,14 @@ class ReedSolomonCodec(Codec):
         return result
 
     def reconstruct(
-        self, chunks: Mapping[int, BytesLike], missing: Sequence[int], block_len: int
-    ) -> dict[int, BytesLike]:
+        self, chunks: Mapping[int, Payload], missing: Sequence[int], block_len: int
+    ) -> dict[int, Payload]:
         missing = self._check_missing(missing)
-        sizes, good = self._good_chunks(chunks, block_len, exclude=missing)
+        sizes, mixed = self._good_chunks(chunks, block_len, exclude=missing)
+        good = real_views(mixed)
+        if good is None:
+            again = self._encode_synthetic(self._decode_synthetic(mixed, block_len))
+            return {i: again[i] for i in missing}
         whole = memoryview(bytearray(sum(sizes[i] for i in missing)))
         rebuilt: dict[int, memoryview] = {}
         pos = 0
@@ -138,7 +150,43 @@ class ReedSolomonCodec(Codec):
                 [rebuilt[i] for i in targets],
                 self.chunk_len(block_len),
             )
-        return dict(rebuilt)
+        return dict[int, Payload](rebuilt)
+
+    # -- synthetic blocks (coding/synthetic.py) ----------------------------------------------
+    def _encode_synthetic(self, block: Synthetic) -> list[Payload]:
+        """Data chunks are slices of the block, as for bytes; parity chunk ``p`` is a
+        ``parity`` segment naming the block."""
+        size = len(block)
+        s = self._checked_chunk_len(size)
+        data = [block[min(size, i * s) : min(size, (i + 1) * s)] for i in range(self._data)]
+        name = self.encoding.name
+        return [*data, *(Synthetic.parity(name, p, block, s) for p in range(self.encoding.parity))]
+
+    def _decode_synthetic(
+        self, good: Mapping[int, memoryview | Synthetic], block_len: int
+    ) -> Synthetic:
+        """The block the good chunks were encoded from: their join when every data chunk is
+        there, else the block a parity chunk names, if it re-encodes to every good chunk.
+        Chunks of different blocks decode to junk, as bytes would (a checksum catches it)."""
+        if all(i in good for i in range(self._data)):
+            return Synthetic.join(good[i] for i in range(self._data))
+        for index in sorted(good):
+            chunk = good[index]
+            if index < self._data or not isinstance(chunk, Synthetic):
+                continue
+            (seg,) = chunk.segments or (None,)
+            if seg is None or seg.kind != "parity" or seg.start != 0:
+                continue
+            block: Synthetic = seg.key[2]
+            if len(block) == block_len and seg.key[0] == self.encoding.name:
+                chunks = self._encode_synthetic(block)
+                if all(chunks[i] == c for i, c in good.items()):
+                    return block
+            break
+        names = b"".join(
+            c.digest() if isinstance(c, Synthetic) else bytes(c) for _, c in sorted(good.items())
+        )
+        return Synthetic.junk(hashlib.blake2b(names, digest_size=16).digest(), block_len)
 
     # -- internals ---------------------------------------------------------------------------
     def _checked_chunk_len(self, block_len: int) -> int:
@@ -216,4 +264,13 @@ def _coding_tables(
     return tables
 
 
-__all__ = ["ALIGN", "ReedSolomonCodec"]
+def parity_bytes(encoding: str, index: int, block: bytes) -> bytes:
+    """Parity chunk ``index`` of ``block`` under ``encoding``, as the real codec makes it:
+    what ``Synthetic.materialize`` needs to make a ``parity`` segment's bytes."""
+    codec = ReedSolomonCodec(Encoding.parse(encoding))
+    chunk = codec.encode(block)[codec.encoding.data + index]
+    assert not isinstance(chunk, Synthetic)
+    return bytes(chunk)
+
+
+__all__ = ["ALIGN", "ReedSolomonCodec", "parity_bytes"]

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import BinaryIO
 
 from tectonic_emu import clock
-from tectonic_emu.chunkstore.base import StorageNode
+from tectonic_emu.chunkstore.base import StorageNode, stored_bytes
 from tectonic_emu.coding import Encoding
 from tectonic_emu.coding.checksum import crc32c
 from tectonic_emu.errors import (
@@ -122,7 +122,7 @@ async def _read(
     for node_id, disk in places:
         try:
             data, _ = await nodes[node_id].read_chunk(disk, chunk_id)
-            return bytes(data)
+            return bytes(stored_bytes(data, node_id))
         except (NodeUnavailableError, ChunkNotFoundError, ChunkCorruptError) as e:
             why = str(e) or type(e).__name__
     raise DataUnavailableError(f"no good copy of {chunk_id} ({why})")

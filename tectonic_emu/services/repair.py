@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tectonic_emu.buffers import BytesLike
 from tectonic_emu.coding import Encoding, codec_for
+from tectonic_emu.coding.synthetic import Payload
 from tectonic_emu.errors import FencedWriterError, NotEnoughNodesError
 from tectonic_emu.intents import ChunkIntent, repair_owner
 from tectonic_emu.metadata.records import BlockRecord, ChunkPlacement
@@ -81,7 +81,7 @@ async def repair_block(cluster: StoreView, rec: BlockRecord, report: RepairRepor
         report.unrecoverable.append(f"{rec.block_id:016x}")
         return
     # A chunk that is only moved is good: it is copied, and is a source for the lost ones.
-    rebuilt: dict[int, BytesLike] = {i: good[i][1] for i in missing if i in good}
+    rebuilt: dict[int, Payload] = {i: good[i][1] for i in missing if i in good}
     lost = [i for i in missing if i not in good]
     if lost and enc.kind == "replication":
         rebuilt.update(dict.fromkeys(lost, next(iter(good.values()))[1]))
