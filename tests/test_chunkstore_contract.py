@@ -40,6 +40,7 @@ from tectonic_emu.chunkstore import (
 )
 from tectonic_emu.chunkstore._format import FLAG_ZSTD, MAGIC, id_crc32c, pack_header
 from tectonic_emu.chunkstore.remote import RemoteNode, fixed_address
+from tectonic_emu.coding.synthetic import Synthetic
 from tectonic_emu.errors import (
     AlreadyExistsError,
     ChunkCorruptError,
@@ -47,6 +48,9 @@ from tectonic_emu.errors import (
     InvalidArgumentError,
     NodeUnavailableError,
 )
+from tectonic_emu.sim.devices import FLASH, Disk
+from tectonic_emu.sim.fabric import Fabric, FabricModel
+from tectonic_emu.sim.node import ModelNode, ModelServer
 from tests.node_thread import SECRET, ThreadedNodeServer
 
 run = asyncio.run
@@ -71,10 +75,14 @@ def make_node(kind: str, root: Path) -> StorageNode:
         return LocalNode(root, node_id=7, disks=DISKS)
     if kind == "memory":
         return MemoryNode(7, DISKS)
+    if kind == "model":  # a projection's node, on a real loop here: its charges are sleeps
+        fabric = Fabric(FabricModel(nic_gbps=100.0, rtt=1e-4))
+        client, host = fabric.add_rack(2)
+        return ModelNode(ModelServer(7, host, [Disk(FLASH) for _ in range(DISKS)]), client, fabric)
     return FaultyNode(LocalNode(root, node_id=7, disks=DISKS, sync=False))
 
 
-@pytest.fixture(params=["local", "memory", "faulty-local", "remote"])
+@pytest.fixture(params=["local", "memory", "faulty-local", "remote", "model"])
 def node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StorageNode]:
     n = make_node(request.param, tmp_path / "node")
     yield n
@@ -281,6 +289,35 @@ def test_random_payloads_round_trip(
         got, info = await node.read_chunk(disk, cid)
         assert bytes(got) == payload
         assert (info.stored_len, info.flags, info.crc32c) == (len(payload), flags, crc(payload))
+
+    run(go())
+
+
+@pytest.mark.parametrize("kind", ["memory", "model"])
+def test_nodes_that_keep_descriptions_round_trip_synthetic_payloads(
+    kind: str, tmp_path: Path
+) -> None:
+    """The payload-free variant of the contract: nodes that keep descriptions (a
+    projection's) store a ``Synthetic`` payload as it is, return it equal, report its
+    length, and refuse it when the writer's checksum is not its own."""
+    node = make_node(kind, tmp_path / "node")
+    data = Synthetic.join([b"head", Synthetic.random(11, 5 << 20)])
+
+    async def go() -> None:
+        await node.write_chunk(1, "syn.0", data, crc32c=data.crc32c())
+        got, info = await node.read_chunk(1, "syn.0")
+        assert (
+            got == data
+            and info.stored_len == len(data) == (await node.stat_chunk(1, "syn.0")).stored_len
+        )
+        assert [c.chunk_id for c in await node.list_chunks(1)] == ["syn.0"]
+        await node.write_chunk(2, "bad.0", data, crc32c=data.crc32c() ^ 1)
+        with pytest.raises(ChunkCorruptError):
+            await node.read_chunk(2, "bad.0")
+        await node.delete_chunk(1, "syn.0")
+        with pytest.raises(ChunkNotFoundError):
+            await node.read_chunk(1, "syn.0")
+        await node.close()
 
     run(go())
 

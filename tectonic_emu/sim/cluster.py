@@ -1,0 +1,90 @@
+"""A projected cluster: modelled servers, disks and network behind the real client.
+
+``ModelCluster`` builds the hardware of a projection: storage servers in racks of their
+own, each with its disks, on one ``Fabric``, and one metadata store (``MemoryKV``) that every
+client shares. ``client_cluster(host)`` is what one client host opens: a real ``Cluster``,
+with its real ``Client``, ``DataPath``, placement and hedging, whose nodes are ``ModelNode``
+handles from that host, and whose CPU and I/O pools run work inline so that threads cannot
+reorder events. Run it under ``clock.run_virtual``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tectonic_emu import clock
+from tectonic_emu.cluster import Cluster
+from tectonic_emu.config import ClusterConfig
+from tectonic_emu.metadata import MemoryKV
+from tectonic_emu.metadata.layers import Metadata
+from tectonic_emu.offload import InlineExecutor
+from tectonic_emu.sim.devices import Disk, DiskModel
+from tectonic_emu.sim.fabric import Fabric, FabricModel, Host
+from tectonic_emu.sim.node import ModelNode, ModelServer
+
+#: Where a projected cluster says it lives: no directory is ever made or read.
+NOWHERE = Path("/projection")
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """What a projection runs on: ``servers`` storage servers of ``disks`` ``disk``s each,
+    ``servers_per_rack`` to a rack, on a ``fabric``."""
+
+    servers: int
+    disks: int
+    disk: DiskModel
+    fabric: FabricModel
+    servers_per_rack: int = 16
+
+
+class ModelCluster:
+    """The servers and fabric of one projection (module docstring)."""
+
+    def __init__(self, hardware: Hardware, config: ClusterConfig) -> None:
+        if config.nodes != hardware.servers or config.disks_per_node != hardware.disks:
+            raise ValueError(
+                f"the config says {config.nodes} nodes of {config.disks_per_node} disks, the "
+                f"hardware {hardware.servers} servers of {hardware.disks}"
+            )
+        self.hardware = hardware
+        self.config = config
+        self.fabric = Fabric(hardware.fabric)
+        self.servers: list[ModelServer] = []
+        while len(self.servers) < hardware.servers:
+            rack = min(hardware.servers_per_rack, hardware.servers - len(self.servers))
+            for host in self.fabric.add_rack(rack):
+                n = len(self.servers)
+                disks = [Disk(hardware.disk, name=f"n{n}d{d}") for d in range(hardware.disks)]
+                self.servers.append(ModelServer(n, host, disks))
+        self.meta = Metadata(MemoryKV())
+        self._rooted = False
+
+    def add_clients(self, hosts: int, *, per_rack: int = 16) -> list[Host]:
+        """``hosts`` client hosts, in racks of ``per_rack`` apart from the servers'."""
+        out: list[Host] = []
+        while len(out) < hosts:
+            out.extend(self.fabric.add_rack(min(per_rack, hosts - len(out))))
+        return out
+
+    async def client_cluster(self, host: Host, *, write_ack: str = "quorum") -> Cluster:
+        """The cluster as the client host ``host`` opens it (a served client's defaults:
+        quorum acknowledgment)."""
+        if not self._rooted:
+            await self.meta.ensure_root(clock.wall())
+            self._rooted = True
+        nodes = [ModelNode(s, host, self.fabric) for s in self.servers]
+        return Cluster(
+            NOWHERE,
+            self.config,
+            self.meta,
+            list(nodes),
+            InlineExecutor(),
+            InlineExecutor(),
+            served=True,
+            write_ack=write_ack,
+        )
+
+
+__all__ = ["NOWHERE", "Hardware", "ModelCluster"]

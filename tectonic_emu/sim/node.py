@@ -1,0 +1,154 @@
+"""Model storage nodes: chunks kept as descriptions, time charged to modelled hardware.
+
+A ``ModelServer`` is one storage server of a projection: a host on the ``Fabric``, its
+``Disk``s, and a ``MemoryNode`` that keeps each chunk's id, length, checksum and
+``Synthetic`` description (real bytes work too, for tests). Clients reach it through a
+``ModelNode``, the ``StorageNode`` one client host holds for it, as a process holds a
+``RemoteNode`` for a served node. Every call is charged as the wire protocol would be
+(``docs/wire-protocol.md``):
+
+- a request frame from the client's host to the server's, carrying a chunk's payload for a
+  write;
+- for a write, the disk's write; for a read, the disk's read;
+- a reply frame back, carrying the payload for a read.
+
+Frames cost ``FRAME_BYTES`` of header and meta on top of their payload; an answer without a
+payload (a reservation, a delete, a stat) costs a round trip and no disk time. The answer
+itself (the chunk stored, the error raised) is the ``MemoryNode``'s: the same errors, the
+same checks, as the contract suite (``tests/test_chunkstore_contract.py``) requires of every
+node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+from tectonic_emu.chunkstore._memory import MemoryNode
+from tectonic_emu.chunkstore.base import ChunkData, ChunkInfo, DiskUsage, Payload, StorageNode
+from tectonic_emu.coding.synthetic import Synthetic
+from tectonic_emu.errors import InvalidArgumentError, NodeUnavailableError
+from tectonic_emu.sim.devices import Disk
+from tectonic_emu.sim.fabric import Fabric, Host
+
+FRAME_BYTES = 64  # a frame's header and meta (wire.py): a chunk id, a disk, flags, a CRC
+T = TypeVar("T")
+
+
+def _nbytes(payload: Payload) -> int:
+    return len(payload) if isinstance(payload, Synthetic) else memoryview(payload).nbytes
+
+
+class ModelServer:
+    """One modelled storage server (module docstring). ``available`` is its power switch,
+    seen by every client's ``ModelNode``."""
+
+    def __init__(
+        self, node_id: int, host: Host, disks: Sequence[Disk], *, capacity: int = 1 << 50
+    ) -> None:
+        if not disks:
+            raise InvalidArgumentError(f"server {node_id} needs at least one disk")
+        self.node_id = node_id
+        self.host = host
+        self.disks = list(disks)
+        self.store = MemoryNode(node_id, len(self.disks), capacity=capacity)
+        self.available = True
+
+    def disk(self, n: int) -> Disk:
+        if not 0 <= n < len(self.disks):
+            raise InvalidArgumentError(f"node {self.node_id} has no disk {n}")
+        return self.disks[n]
+
+
+class ModelNode(StorageNode):
+    """``server`` as seen from the client host ``client`` over ``fabric``."""
+
+    def __init__(self, server: ModelServer, client: Host, fabric: Fabric) -> None:
+        self.server = server
+        self.client = client
+        self.fabric = fabric
+        self.node_id = server.node_id
+        self.disks = len(server.disks)
+        self._closed = False
+
+    @property
+    def available(self) -> bool:
+        return self.server.available
+
+    @available.setter
+    def available(self, up: bool) -> None:
+        self.server.available = up
+
+    def _check_up(self) -> None:
+        if self._closed:
+            raise NodeUnavailableError(f"node {self.node_id}: this handle is closed")
+        if not self.server.available:
+            raise NodeUnavailableError(f"node {self.node_id} is down")
+
+    async def _call(
+        self,
+        answer: Callable[[], Awaitable[T]],
+        *,
+        sent: int = 0,
+        back: Callable[[T], int] = lambda _: 0,
+    ) -> T:
+        """One request and its reply: ``sent`` payload bytes out, the server's ``answer``,
+        ``back(answer)`` payload bytes in (none with an error, which still costs its
+        reply)."""
+        self._check_up()
+        await self.fabric.send(self.client, self.server.host, FRAME_BYTES + sent)
+        self._check_up()  # it may have gone down while the frame was on the wire
+        try:
+            result = await answer()
+        except Exception:
+            await self.fabric.send(self.server.host, self.client, FRAME_BYTES)
+            raise
+        await self.fabric.send(self.server.host, self.client, FRAME_BYTES + back(result))
+        return result
+
+    async def write_chunk(
+        self, disk: int, chunk_id: str, payload: Payload, *, crc32c: int, flags: int = 0
+    ) -> None:
+        store, n = self.server.store, _nbytes(payload)
+
+        async def answer() -> None:
+            await self.server.disk(disk).write(n)
+            await store.write_chunk(disk, chunk_id, payload, crc32c=crc32c, flags=flags)
+
+        await self._call(answer, sent=n)
+
+    async def read_chunk(self, disk: int, chunk_id: str) -> tuple[ChunkData, ChunkInfo]:
+        store = self.server.store
+
+        async def answer() -> tuple[ChunkData, ChunkInfo]:
+            info = await store.stat_chunk(disk, chunk_id)
+            await self.server.disk(disk).read(info.stored_len)
+            return await store.read_chunk(disk, chunk_id)
+
+        return await self._call(answer, back=lambda got: got[1].stored_len)
+
+    async def delete_chunk(self, disk: int, chunk_id: str) -> None:
+        await self._call(lambda: self.server.store.delete_chunk(disk, chunk_id))
+
+    async def stat_chunk(self, disk: int, chunk_id: str) -> ChunkInfo:
+        return await self._call(lambda: self.server.store.stat_chunk(disk, chunk_id))
+
+    async def list_chunks(self, disk: int) -> list[ChunkInfo]:
+        listed = lambda: self.server.store.list_chunks(disk)  # noqa: E731
+        return await self._call(listed, back=lambda chunks: FRAME_BYTES * len(chunks))
+
+    async def usage(self) -> list[DiskUsage]:
+        return await self._call(self.server.store.usage)
+
+    async def reserve(self, nbytes: int) -> None:
+        async def answer() -> None:
+            return None
+
+        await self._call(answer)
+
+    async def close(self) -> None:
+        """This client's handle stops answering; the server and its chunks stay."""
+        self._closed = True
+
+
+__all__ = ["FRAME_BYTES", "ModelNode", "ModelServer"]
