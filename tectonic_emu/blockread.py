@@ -271,7 +271,7 @@ class BlockReader:
                         tasks[asyncio.ensure_future(self.fetch_chunk(c))] = c
                     spare = spare[late:]
                     continue
-                for task in done:
+                for task in [t for t in tasks if t in done]:  # fetch order, every run alike
                     c = tasks.pop(task)
                     exc = task.exception()
                     if exc is None:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
+from tectonic_emu import entropy
 from tectonic_emu.chunkstore.base import StorageNode
 from tectonic_emu.coding import Encoding, codec_for, crc32c, maybe_compress
 from tectonic_emu.coding.synthetic import Payload
@@ -39,7 +39,7 @@ Prepared = tuple[Payload, int, int, int]
 
 def new_chunk_id(block_id: int, index: int) -> str:
     """Unique per write, so a rebuilt chunk never collides with a stale copy of the old one."""
-    return f"{block_id:016x}.{index}.{secrets.token_hex(4)}"
+    return f"{block_id:016x}.{index}.{entropy.token_hex(4)}"
 
 
 @dataclass(slots=True)
@@ -127,7 +127,7 @@ class BlockWriter:
             # shrinks with them, never below ``least``.
             while durable < min(self.ack_quorum(enc), len(tasks) - dropped):
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
+                for task in [t for t in tasks if t in done]:  # chunk order, the same every run
                     if task.exception() is not None:
                         raise task.exception()  # type: ignore[misc]
                     if task.result():
@@ -146,7 +146,7 @@ class BlockWriter:
             await asyncio.shield(self._abandon(tasks, state))
             raise
         state.acked = True
-        for task in pending:
+        for task in [t for t in tasks if t in pending]:
             self.stats.stragglers += 1
             self._stragglers[task] = None
             task.add_done_callback(self._straggler_done)
@@ -176,7 +176,8 @@ class BlockWriter:
         cancel them: repair rebuilds what they did not write)."""
         if not self._stragglers:
             return
-        _, late = await asyncio.wait(set(self._stragglers), timeout=wait)
+        _, pending = await asyncio.wait(set(self._stragglers), timeout=wait)
+        late = [t for t in self._stragglers if t in pending]  # oldest first, every run alike
         for task in late:
             task.cancel()
         if late:

@@ -11,12 +11,11 @@ unreferenced chunks, which repair's garbage collection removes.
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from tectonic_emu import clock
+from tectonic_emu import clock, entropy
 from tectonic_emu.argcheck import bool_arg, buffer_arg, bytes_arg, int_arg
 from tectonic_emu.buffers import BytesLike
 from tectonic_emu.coding import Encoding
@@ -291,7 +290,7 @@ class Client:
         parts = split_path(path)
         if not parts:
             raise IsADirectoryError_("is a directory", "/")
-        token = secrets.token_hex(8)
+        token = entropy.token_hex(8)
         now = clock.wall()
         async with self.meta.transaction() as m:
             parent, inherited = await self._walk(m, parts[:-1], path=path, want_encoding=True)
@@ -359,7 +358,7 @@ class Client:
         parts = split_path(path)
         if not parts:
             raise IsADirectoryError_("is a directory", "/")
-        token = secrets.token_hex(8)
+        token = entropy.token_hex(8)
         now = clock.wall()
         async with self.meta.transaction() as m:
             parent, inherited = await self._walk(m, parts[:-1], path=path, want_encoding=True)

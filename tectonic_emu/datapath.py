@@ -28,10 +28,10 @@ reads, rebuilds) and ``hedging.py`` (the counters, and when a read is late or a 
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Executor
 
+from tectonic_emu import entropy
 from tectonic_emu.blockread import BlockReader
 from tectonic_emu.blockwrite import MAX_STRAGGLERS, BlockWriter, new_chunk_id
 from tectonic_emu.chunkstore.base import StorageNode
@@ -78,7 +78,7 @@ class DataPath:
             raise ValueError(f"write_ack must be 'all' or 'quorum', not {write_ack!r}")
         self._stats = HedgeStats()
         # One random source for placement and replica order, so one seed fixes a run.
-        self._rng = random.Random()
+        self._rng = entropy.new_rng()
         self._placement = Placement(
             nodes, disks_per_node=disks_per_node, domains=domains, rng=self._rng
         )

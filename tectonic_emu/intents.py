@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 from types import TracebackType
 
-from tectonic_emu import clock
+from tectonic_emu import clock, entropy
 from tectonic_emu.errors import FencedWriterError
 from tectonic_emu.metadata.layers import Metadata, MetaTxn
 from tectonic_emu.metadata.records import REPAIR_OWNER, IntentRecord
@@ -32,7 +31,7 @@ WRITE_LEASE = 30.0
 
 def repair_owner() -> str:
     """A fresh owner name for one repair of one block."""
-    return REPAIR_OWNER + secrets.token_hex(8)
+    return REPAIR_OWNER + entropy.token_hex(8)
 
 
 class ChunkIntent:

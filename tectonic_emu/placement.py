@@ -156,7 +156,9 @@ class Placement:
         try:
             while pending and not self._enough(accepted, candidates, failed, enc.width):
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for ask in done:
+                # In candidate order, not the sets' (which follows memory addresses), so that
+                # answers at one moment are taken in the same order on every run.
+                for ask in [a for a in asks if a in done]:
                     exc = ask.exception()
                     if exc is None:
                         accepted.append(asks[ask])

@@ -20,11 +20,11 @@ Ids are unsigned 64-bit integers, big-endian in keys so that they sort numerical
 from __future__ import annotations
 
 import hashlib
-import secrets
 import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from tectonic_emu import entropy
 from tectonic_emu.metadata.kv import KVStore, Transaction
 from tectonic_emu.metadata.records import (
     HOLE_BLOCK_ID,
@@ -46,7 +46,7 @@ _FILE_BLOCK = b"\x01"
 
 def new_id() -> int:
     """A random 63-bit id (never 0, ``HOLE_BLOCK_ID``, or the root's id)."""
-    while (i := secrets.randbits(63)) <= max(ROOT_DIR_ID, HOLE_BLOCK_ID):
+    while (i := entropy.randbits(63)) <= max(ROOT_DIR_ID, HOLE_BLOCK_ID):
         pass
     return i
 
