@@ -17,8 +17,8 @@ INLINE_CPU_BYTES = 256 << 10
 async def offload(cpu: Executor, size: int, fn: Callable[..., T], *args: object) -> T:
     """``fn(*args)``, on a worker of ``cpu`` when it touches ``size`` bytes or more (so the
     loop keeps serving other ranks meanwhile), inline when that is cheaper than the hop."""
-    if size < INLINE_CPU_BYTES:
-        return fn(*args)
+    if size < INLINE_CPU_BYTES or isinstance(cpu, InlineExecutor):
+        return fn(*args)  # (an inline pool would run it here anyway, a loop hop later)
     return await asyncio.get_running_loop().run_in_executor(cpu, fn, *args)
 
 

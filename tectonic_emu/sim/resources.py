@@ -114,7 +114,11 @@ class SharedResource(Resource):
         job = (self._level + amount, next(self._order), done, amount)
         heapq.heappush(self._ends, job)
         done.add_done_callback(lambda f: self._withdraw(job) if f.cancelled() else None)
-        self._arm(loop)
+        if self._timer is None or self._ends[0] is job:
+            self._arm(loop)
+        # Else the timer stays: a job that does not end first only delays the others' ends,
+        # so the timer fires early and re-arms then (one wake-up for a burst of arrivals,
+        # not a new timer each).
         return done
 
     def _advance(self, now: float) -> None:
@@ -134,9 +138,13 @@ class SharedResource(Resource):
     def _finish(self, loop: asyncio.AbstractEventLoop) -> None:
         self._timer = None
         self._advance(loop.time())
-        # The timer is always the current earliest end's (every change re-arms it), so that
-        # job is done whatever the rounding; others end with it when within rounding.
-        self._level = max(self._level, self._ends[0][0])
+        if not self._ends:
+            return
+        left = (self._ends[0][0] - self._level) * len(self._ends) / self.rate
+        if left > _EPS * max(1.0, loop.time()):  # early: jobs came since it was set
+            self._arm(loop)
+            return
+        self._level = max(self._level, self._ends[0][0])  # reached, up to rounding
         reached = self._level * (1 + _EPS)
         while self._ends and self._ends[0][0] <= reached:
             _, _, done, amount = heapq.heappop(self._ends)
