@@ -1,7 +1,7 @@
 """``tectonic-emu bench checkpoint``: MLPerf Storage v2.0's checkpointing workload, through
 every path a user could take, in one run.
 
-The files are those DLIO writes for the model (``bench/models.py``: fp16 weights, fp32
+The files are those DLIO writes for the model (``clients/ckpt_models.py``: fp16 weights, fp32
 optimizer state, the TP/PP/DP layout and ZeRO stage of MLPerf's llama3 configs), every file
 scaled by ``scale``, filled from one buffer of random bytes (so no path can compress or skip
 zeros). The run is ``runs`` x ``writes`` rounds; in each round every path in turn:
@@ -97,8 +97,8 @@ from bench.ckpt_report import (
     targets_table,
 )
 from bench.ckpt_workload import GB, BenchError, Payload
-from bench.models import checkpoint_plan
 from bench.store import drop_caches
+from clients.ckpt_models import checkpoint_plan
 from tectonic_emu import Cluster
 from tectonic_emu.coding import Encoding
 

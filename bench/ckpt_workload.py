@@ -1,4 +1,4 @@
-"""The bytes of ``bench checkpoint``: the plan's files (``bench/models.py``: MLPerf Storage
+"""The bytes of ``bench checkpoint``: the plan's files (``clients/ckpt_models.py``: MLPerf Storage
 v2.0's checkpoint of a model, its files and their sizes per rank) laid end to end in one buffer
 of random bytes, and the buffer that reads land in.
 
@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.models import CheckpointFile, CheckpointPlan
 from bench.store import aligned_buffer
+from clients.ckpt_models import CheckpointFile, CheckpointPlan
 from tectonic_emu.config import parse_size
 
 GB = 1e9

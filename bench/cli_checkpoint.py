@@ -11,7 +11,7 @@ import click
 
 from bench.checkpoint import DEFAULT_PATHS
 from bench.cli_common import csv_list, dir_option, emit, int_list, plot_option, run_bench
-from bench.models import MODELS
+from clients.ckpt_models import MODELS
 from tectonic_emu.coding import Encoding
 from tectonic_emu.config import parse_size
 

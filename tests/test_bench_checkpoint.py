@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from bench import checkpoint as ck
 from bench.cli import bench
-from bench.models import checkpoint_plan
+from clients.ckpt_models import checkpoint_plan
 
 TINY = 0.00005  # llama3-8b: about 5.6 MB in 16 files over 8 ranks
 

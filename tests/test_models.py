@@ -1,4 +1,4 @@
-"""The checkpoint maths of bench/models.py against MLPerf Storage v2.0's published sizes and
+"""The checkpoint maths of clients/ckpt_models.py against MLPerf Storage v2.0's published sizes and
 DLIO's rules for who writes what. Pure arithmetic: no cluster, no files."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.models import (
+from clients.ckpt_models import (
     MODELS,
     CheckpointModel,
     CheckpointPlan,
