@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -55,6 +54,7 @@ from clients.ckpt_load import Loader
 from clients.ckpt_parts import ARENA_BYTES as ARENA_BYTES
 from clients.ckpt_save import PendingSave, Saver, SaveResult
 from clients.ckpt_stage import PART_BYTES, StagingPool
+from tectonic_emu import entropy
 from tectonic_emu.argcheck import (
     bool_arg,
     int_arg,
@@ -120,7 +120,7 @@ class Checkpointer:
             keep_last=keep_last,
             timeout=timeout,
             writers=writers,
-            writer_id=secrets.token_hex(4),
+            writer_id=entropy.token_hex(4),
             committed=self._committed,
         )
         self._saver = Saver(

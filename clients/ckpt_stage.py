@@ -13,6 +13,7 @@ import numpy as np
 
 from clients.ckpt_format import CheckpointError, Entry, Kind, Shard, Value
 from tectonic_emu.chunkstore.remote import aligned_buffer
+from tectonic_emu.coding.synthetic import Payload, Synthetic
 
 PART_BYTES = 4 << 20  # values are cut into parts of whole rows of at most this many bytes
 _POOLED = 4096  # free staging buffers kept per size
@@ -24,7 +25,7 @@ class Item:
     of each part, and each part's rows."""
 
     entry: Entry
-    pieces: list[memoryview]
+    pieces: list[Payload]  # memoryviews, or a Synthetic value (a projection's) whole
     rows: list[tuple[int, int]]
 
 
@@ -105,6 +106,8 @@ def _stage(
         at: tuple[tuple[int, ...], tuple[int, ...]] = (value.global_shape, value.offset)
     elif isinstance(value, np.ndarray):
         arr, kind, at = value, "array", ((), ())
+    elif isinstance(value, Synthetic):  # a projection's bytes (docs/simulate.md): no copy
+        return Item(Entry(rank, name, "bytes"), [value], [(0, 0)])
     elif isinstance(value, (bytes, bytearray, memoryview)):
         raw = memoryview(value).cast("B")
         if pool is not None:

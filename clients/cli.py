@@ -17,6 +17,8 @@ from rich.table import Table
 
 from clients.checkpoint import Checkpointer
 from clients.ckpt_format import Manifest, step_of_dir
+from clients.ckpt_models import MODELS
+from clients.projection import PRESETS as _PRESETS
 from clients.workloads import WORKLOADS
 from tectonic_emu.cli import (
     cluster_option,
@@ -31,6 +33,7 @@ from tectonic_emu.cluster import Cluster
 from tectonic_emu.errors import NotFoundError
 
 F = TypeVar("F", bound=Callable[..., Any])
+PRESET_NAMES = tuple(_PRESETS)
 
 
 def _reader(cluster: Cluster, root: str) -> Checkpointer:
@@ -425,3 +428,106 @@ async def _ensure_dataset(cluster: Cluster, workload: str, scale: float, path: s
 
 
 __all__ = ["ckpt", "data", "simulate"]
+
+
+@simulate.command("checkpoint")
+@click.option(
+    "--preset",
+    type=click.Choice(sorted(PRESET_NAMES)),
+    default="small-flash",
+    show_default=True,
+    help="The cluster to project onto (docs/simulate.md lists each figure and its source).",
+)
+@click.option(
+    "--model",
+    type=click.Choice(sorted(MODELS)),
+    default="llama3-8b",
+    show_default=True,
+    help="Whose checkpoint: DLIO's files for the model (clients/ckpt_models.py).",
+)
+@click.option(
+    "--ranks",
+    type=click.IntRange(1, 1 << 20),
+    default=None,
+    help="Ranks saving (default: the model's MLPerf count); a multiple of its TP x PP.",
+)
+@click.option("--encoding", default="rs-6-3", show_default=True, help="r1, r3, rs-6-3, rs-9-6...")
+@click.option(
+    "--servers",
+    type=click.IntRange(1, 1 << 20),
+    default=None,
+    help="Storage servers (default: the preset's).",
+)
+@click.option(
+    "--seed", default=1, show_default=True, help="The run's seed: the same seed, the same run."
+)
+@json_option
+def simulate_checkpoint(
+    preset: str,
+    model: str,
+    ranks: int | None,
+    encoding: str,
+    servers: int | None,
+    seed: int,
+    as_json: bool,
+) -> None:
+    """Project one checkpoint save of MODEL onto a modelled cluster, in virtual time: the
+    real Checkpointer, client, placement and commit protocol on model servers, disks and
+    network, with synthetic payloads. Reports the save's duration (the slowest rank), each
+    rank's p50/p99/max, throughput beside the hardware's lower bound, and the utilisation
+    of client NICs, server NICs and disks.
+
+    \b
+    Example:
+      tectonic-emu simulate checkpoint --model llama3-70b --ranks 64 --encoding rs-6-3
+      tectonic-emu simulate checkpoint --model llama3-8b --servers 36 --json
+    """
+    import dataclasses
+
+    from clients.ckpt_models import get_model
+    from clients.projection import PRESETS, Scenario, project_checkpoint
+    from tectonic_emu.coding import Encoding
+    from tectonic_emu.errors import InvalidArgumentError
+
+    p = PRESETS[preset]
+    hardware = p.hardware if servers is None else dataclasses.replace(p.hardware, servers=servers)
+    try:
+        Encoding.parse(encoding)
+        count = get_model(model).ranks if ranks is None else ranks
+        scenario = Scenario(
+            model, count, encoding, hardware, ranks_per_host=p.ranks_per_host,
+            block_size=p.block_size, seed=seed,
+        )  # fmt: skip
+        with progress_bar(None) as bar:
+            task = bar.add_task(f"projecting {model} on {count} ranks", total=None)
+            result = project_checkpoint(
+                scenario, lambda done, total: bar.update(task, completed=done, total=total)
+            )
+    except InvalidArgumentError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if as_json:
+        print_json(result.to_json())
+        return
+    gb = 1e9
+    click.echo(
+        f"{model} on {result.ranks} ranks ({result.hosts} hosts), {result.servers} servers, "
+        f"{encoding}: {result.bytes / gb:,.0f} GB ({result.stored_bytes / gb:,.0f} GB stored)"
+    )
+    click.echo(
+        f"save {result.duration_s:.2f} s (ranks p50 {result.rank_p50_s:.2f}, p99 "
+        f"{result.rank_p99_s:.2f}, max {result.rank_max_s:.2f}): {result.throughput_gb_s:,.1f} GB/s"
+    )
+    click.echo(
+        f"into the servers: peak {result.peak_gb_s:,.1f} GB/s, sustained "
+        f"{result.sustained_gb_s:,.1f} GB/s"
+    )
+    click.echo(
+        f"lower bound {result.lower_bound_s:.2f} s ({result.bound_by}); busiest: {result.busiest}"
+    )
+    table = Table(box=None)
+    for col in ("resources", "members", "mean use", "max use"):
+        table.add_column(col, justify="left" if col == "resources" else "right")
+    for u in result.use:
+        table.add_row(u.name, str(u.members), f"{u.mean:.0%}", f"{u.max:.0%}")
+    Console().print(table)
+    click.echo(f"({result.wall_s:.1f} s of wall time; preset {preset}: see docs/simulate.md)")

@@ -193,11 +193,12 @@ class Client:
                 await m.names.link(dir_id, Entry(name, "dir", new))
                 dir_id = new
 
-    async def listdir(self, path: str = "/") -> list[str]:
-        """Names in a directory, sorted."""
-        return [e.name for e in await self.scandir(path)]
+    async def listdir(self, path: str = "/", *, prefix: str = "") -> list[str]:
+        """Names in a directory, sorted; with ``prefix``, those that start with it (read as
+        one range: a poll for a few names in a directory of thousands reads a few)."""
+        return [e.name for e in await self.scandir(path, prefix=prefix)]
 
-    async def scandir(self, path: str = "/") -> list[Entry]:
+    async def scandir(self, path: str = "/", *, prefix: str = "") -> list[Entry]:
         parts = split_path(path)
         async with self.meta.transaction() as m:
             if parts:
@@ -207,7 +208,7 @@ class Client:
                 dir_id = e.id
             else:
                 dir_id = ROOT_DIR_ID
-            return sorted(await m.names.entries(dir_id), key=lambda e: e.name)
+            return sorted(await m.names.entries(dir_id, prefix=prefix), key=lambda e: e.name)
 
     # -- stat --------------------------------------------------------------------------------
     async def stat(self, path: str) -> Stat:

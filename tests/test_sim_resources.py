@@ -208,3 +208,33 @@ def test_a_queue_serves_in_arrival_order_on_its_servers(
         s = min(range(servers), key=lambda s: free[s])
         free[s] = want[k] = max(at, free[s]) + amount / rate
     assert got == pytest.approx(want, rel=1e-9, abs=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(jobs=jobs_strategy, rate=st.floats(0.1, 100), probe=st.floats(0, 20))
+def test_served_so_far_counts_jobs_in_service_as_far_as_they_got(
+    jobs: list[tuple[float, float]], rate: float, probe: float
+) -> None:
+    """What a shared resource has served by any moment is the rate times its busy time so
+    far: it grows smoothly through jobs in service, not in steps at their ends."""
+
+    async def main() -> float:
+        r = SharedResource(rate)
+
+        async def one(at: float, amount: float) -> None:
+            await asyncio.sleep(at)
+            await r.use(amount)
+
+        tasks = [asyncio.ensure_future(one(a, n)) for a, n in jobs]
+        await asyncio.sleep(probe)
+        got = r.served_so_far()
+        await asyncio.gather(*tasks)
+        return got
+
+    got = clock.run_virtual(main())
+    free = busy = 0.0
+    for at, amount in sorted(jobs):  # the busy time before ``probe``, as in the contract
+        start = max(free, at)
+        free = start + amount / rate
+        busy += max(0.0, min(free, probe) - min(start, probe))
+    assert got == pytest.approx(busy * rate, rel=1e-6, abs=1e-6)

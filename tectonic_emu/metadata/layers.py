@@ -110,11 +110,18 @@ class NameLayer:
     async def unlink(self, dir_id: int, name: str) -> None:
         await self._txn.delete(entry_key(dir_id, name))
 
-    async def entries(self, dir_id: int, *, limit: int | None = None) -> list[Entry]:
-        prefix = dir_key(dir_id)
-        # Names are never empty, so the directory's own record (the bare prefix) sorts first.
-        rows = await self._txn.scan(prefix, start=prefix + b"\x01", limit=limit)
-        return [Entry.decode(k[len(prefix) :].decode(), v) for k, v in rows]
+    async def entries(
+        self, dir_id: int, *, limit: int | None = None, prefix: str = ""
+    ) -> list[Entry]:
+        """The directory's entries in name order; with ``prefix``, only names that start
+        with it (one range of keys: a few names of a big directory cost a few rows)."""
+        key = dir_key(dir_id)
+        if prefix:
+            rows = await self._txn.scan(key + prefix.encode(), limit=limit)
+        else:
+            # Names are never empty, so the directory's own record (the bare key) sorts first.
+            rows = await self._txn.scan(key, start=key + b"\x01", limit=limit)
+        return [Entry.decode(k[len(key) :].decode(), v) for k, v in rows]
 
 
 class FileLayer:

@@ -63,6 +63,11 @@ class Resource(abc.ABC):
         """Amounts per second when every server is busy."""
         return self.rate
 
+    def served_so_far(self) -> float:
+        """Amounts served until now, jobs in service included as far as they got (a
+        ``QueueResource`` counts finished jobs only)."""
+        return self.served
+
     def utilisation(self, elapsed: float) -> float:
         """The share of its capacity over ``elapsed`` seconds that finished jobs used."""
         return self.served / (self.capacity * elapsed) if elapsed > 0 else 0.0
@@ -96,6 +101,7 @@ class SharedResource(Resource):
         super().__init__(rate, name=name)
         self._level = 0.0  # service each job in service has had, since the last idle moment
         self._at = 0.0  # loop time of _level
+        self._starts = 0.0  # the sum of the level at which each job in service began
         self._ends: list[_Job] = []  # a heap: the earliest end first
         self._order = itertools.count()  # equal ends finish in the order they came
         self._timer: asyncio.TimerHandle | None = None
@@ -103,6 +109,12 @@ class SharedResource(Resource):
     @property
     def in_service(self) -> int:
         return len(self._ends)
+
+    def served_so_far(self) -> float:
+        level = self._level
+        if self._ends:
+            level += (asyncio.get_running_loop().time() - self._at) * self.rate / len(self._ends)
+        return self.served + len(self._ends) * level - self._starts
 
     def begin(self, amount: float) -> asyncio.Future[None]:
         amount = self._check(amount)
@@ -113,6 +125,7 @@ class SharedResource(Resource):
         done: asyncio.Future[None] = loop.create_future()
         job = (self._level + amount, next(self._order), done, amount)
         heapq.heappush(self._ends, job)
+        self._starts += self._level
         done.add_done_callback(lambda f: self._withdraw(job) if f.cancelled() else None)
         if self._timer is None or self._ends[0] is job:
             self._arm(loop)
@@ -147,10 +160,11 @@ class SharedResource(Resource):
         self._level = max(self._level, self._ends[0][0])  # reached, up to rounding
         reached = self._level * (1 + _EPS)
         while self._ends and self._ends[0][0] <= reached:
-            _, _, done, amount = heapq.heappop(self._ends)
+            end, _, done, amount = heapq.heappop(self._ends)
+            self._starts -= end - amount
             self._finished(done, amount)
         if not self._ends:
-            self._level = 0.0  # a fresh level for each busy period keeps the floats small
+            self._level = self._starts = 0.0  # fresh for each busy period: small floats
         self._arm(loop)
 
     def _withdraw(self, job: _Job) -> None:
@@ -159,8 +173,10 @@ class SharedResource(Resource):
             self._advance(loop.time())
             self._ends.remove(job)
             heapq.heapify(self._ends)
+            self._starts -= job[0] - job[3]
+            self.served += self._level - (job[0] - job[3])  # what it had is served all the same
             if not self._ends:
-                self._level = 0.0
+                self._level = self._starts = 0.0
             self._arm(loop)
 
 

@@ -1,0 +1,283 @@
+"""``simulate checkpoint``: a checkpoint save of a model projected to a cluster's scale.
+
+Every rank saves its DLIO files (``ckpt_models.py``) as ``Synthetic`` payloads through the
+real ``Checkpointer`` of its host. A host of ``ranks_per_host`` ranks holds one
+``Checkpointer`` over its own real ``Cluster`` client. The ranks meet through the store, as
+processes on many hosts do: index files, then rank 0's host publishes the manifest. All of
+it runs on the model servers, disks and network of a ``ModelCluster``
+(``tectonic_emu/sim/``), in virtual time.
+
+The report, as MLPerf Storage reports a checkpoint:
+
+- the save's duration: the slowest rank's, from the common start to its commit;
+- each rank's duration as p50, p99 and max;
+- the throughput: the checkpoint's bytes over that duration, with the peak and sustained
+  rates of bytes into the servers (chunks and frames, every ``SAMPLE_S``);
+- the utilisation of each class of resource (client NICs, server NICs, disks), and the one
+  that bounded the run;
+- the physical lower bound from the hardware's own figures: the bytes stored (times the
+  encoding's overhead) over the slowest class's aggregate bandwidth.
+
+What is not modelled yet (docs/simulate.md): metadata shard limits, client CPU, switches
+beyond ToR uplinks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from clients.checkpoint import Checkpointer
+from clients.ckpt_models import CheckpointPlan, checkpoint_plan
+from tectonic_emu import clock, entropy
+from tectonic_emu.coding import Encoding
+from tectonic_emu.coding.synthetic import Synthetic
+from tectonic_emu.config import ClusterConfig
+from tectonic_emu.errors import InvalidArgumentError
+from tectonic_emu.sim.cluster import Hardware, ModelCluster
+from tectonic_emu.sim.devices import FLASH
+from tectonic_emu.sim.fabric import FabricModel
+from tectonic_emu.sim.resources import Resource
+
+ROOT = "/checkpoints"
+SAMPLE_S = 0.05  # virtual seconds between samples of the bytes into the servers
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    """A cluster to project onto, with the source of each figure (``sources``)."""
+
+    name: str
+    hardware: Hardware
+    ranks_per_host: int
+    block_size: int
+    sources: tuple[str, ...]
+
+
+PRESETS = {
+    p.name: p
+    for p in (
+        Preset(
+            "meta-genai-24k",
+            Hardware(
+                servers=7500,
+                disks=4,
+                disk=FLASH,
+                fabric=FabricModel(nic_gbps=100.0, rtt=1e-4, oversubscription=1.0),
+                servers_per_rack=16,
+            ),
+            ranks_per_host=8,
+            block_size=72 << 20,
+            sources=(
+                "7,500 storage servers: the Llama 3 paper (arXiv 2407.21783), section 3.3.1",
+                "8 GPUs (ranks) per host, 24,576 GPUs: 'Building Meta's GenAI "
+                "Infrastructure', engineering.fb.com, 2024-03",
+                "72 MiB blocks (8 MiB chunks at rs-9-6): Tectonic-Shift, USENIX ATC'23",
+                "DRAFT, assumed and not yet sourced: 4 flash devices per server (the flash "
+                "preset's figures), 100 Gb/s NICs, 0.1 ms round trips, non-blocking racks of "
+                "16; not yet checked against the paper's 2 TB/s sustained and 7 TB/s peak",
+            ),
+        ),
+        Preset(
+            "small-flash",
+            Hardware(
+                servers=18,
+                disks=2,
+                disk=FLASH,
+                fabric=FabricModel(nic_gbps=100.0, rtt=1e-4),
+                servers_per_rack=9,
+            ),
+            ranks_per_host=8,
+            block_size=72 << 20,
+            sources=("assumed: a small flash cluster for trying the command out",),
+        ),
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """One projected save: ``model``'s checkpoint on ``ranks`` ranks, ``ranks_per_host`` to a
+    client host, stored with ``encoding`` in blocks of ``block_size`` on ``hardware``."""
+
+    model: str
+    ranks: int
+    encoding: str
+    hardware: Hardware
+    ranks_per_host: int = 8
+    hosts_per_rack: int = 16
+    block_size: int = 72 << 20
+    seed: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ClassUse:
+    """Utilisation of one class of resources over the save: mean and most loaded member."""
+
+    name: str
+    members: int
+    mean: float
+    max: float
+
+
+@dataclass(frozen=True, slots=True)
+class Projection:
+    model: str
+    ranks: int
+    hosts: int
+    servers: int
+    encoding: str
+    bytes: int  # the checkpoint's bytes, as DLIO counts them
+    stored_bytes: int  # times the encoding's overhead
+    duration_s: float  # the slowest rank, start to commit
+    rank_p50_s: float
+    rank_p99_s: float
+    rank_max_s: float
+    throughput_gb_s: float  # bytes / duration
+    peak_gb_s: float  # most bytes into the servers in one sample interval, per second
+    sustained_gb_s: float  # stored bytes / duration
+    lower_bound_s: float
+    bound_by: str  # the class whose aggregate bandwidth makes the lower bound
+    busiest: str  # the class most used during the save
+    use: tuple[ClassUse, ...]
+    timeline: tuple[tuple[float, float], ...]  # (virtual s, GB/s into the servers) per sample
+    wall_s: float = field(compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def lower_bound(sc: Scenario, stored: int, hosts: int) -> tuple[float, str]:
+    """Seconds no save can beat on this hardware, and the class that sets them: the stored
+    bytes over the aggregate bandwidth of the client NICs, the server NICs and the disks."""
+    hw = sc.hardware
+    nic = hw.fabric.nic_rate
+    classes = {
+        "client NICs": hosts * nic,
+        "server NICs": hw.servers * nic,
+        "disks": hw.servers * hw.disks * hw.disk.write_bw,
+    }
+    name = min(classes, key=lambda k: classes[k])
+    return stored / classes[name], name
+
+
+def _percentile(xs: Sequence[float], q: float) -> float:
+    ordered = sorted(xs)
+    k = max(0, math.ceil(q / 100 * len(ordered)) - 1)
+    return ordered[k]
+
+
+def _use(name: str, members: Sequence[Resource], elapsed: float) -> ClassUse:
+    shares = [r.utilisation(elapsed) for r in members] or [0.0]
+    return ClassUse(name, len(members), sum(shares) / len(shares), max(shares))
+
+
+Progress = Callable[[int, int], None]  # (bytes into the servers so far, of stored bytes)
+
+
+async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -> Projection:
+    hw = sc.hardware
+    config = ClusterConfig(
+        nodes=hw.servers, disks_per_node=hw.disks, encoding=sc.encoding, block_size=sc.block_size
+    )
+    mc = ModelCluster(hw, config)
+    hosts = mc.add_clients(-(-sc.ranks // sc.ranks_per_host), per_rack=sc.hosts_per_rack)
+    ckpts = []
+    for host in hosts:
+        cluster = await mc.client_cluster(host)
+        ckpts.append(
+            Checkpointer(cluster.client(), ROOT, world_size=sc.ranks, encoding=sc.encoding)
+        )
+    disks = [d for s in mc.servers for d in s.disks]
+    inbound = [s.host.ingress for s in mc.servers]
+    samples: list[tuple[float, float]] = []
+    start = clock.monotonic()
+    stored = round(plan.total * Encoding.parse(sc.encoding).overhead)
+
+    async def sample() -> None:
+        last = 0
+        while True:
+            await asyncio.sleep(SAMPLE_S)
+            now = round(sum(r.served_so_far() for r in inbound))
+            samples.append((round(clock.monotonic() - start, 9), (now - last) / SAMPLE_S / 1e9))
+            last = now
+            if progress is not None:
+                progress(now, stored)
+
+    durations = [0.0] * sc.ranks
+
+    async def rank(r: int) -> None:
+        files = plan.per_rank[r].files
+        state = {f.name: Synthetic.random(r << 16 | i, f.size) for i, f in enumerate(files)}
+        await ckpts[r // sc.ranks_per_host].save(1, r, state)
+        durations[r] = clock.monotonic() - start
+
+    sampler = asyncio.ensure_future(sample())
+    try:
+        await asyncio.gather(*(rank(r) for r in range(sc.ranks)))
+    finally:
+        sampler.cancel()
+    elapsed = max(durations)
+    bound, bound_by = lower_bound(sc, stored, len(hosts))
+    use = (
+        _use("client NICs", [h.egress for h in hosts], elapsed),
+        _use("server NICs", [s.host.ingress for s in mc.servers], elapsed),
+        _use("disks", [d.time for d in disks], elapsed),
+    )
+    return Projection(
+        model=sc.model,
+        ranks=sc.ranks,
+        hosts=len(hosts),
+        servers=hw.servers,
+        encoding=sc.encoding,
+        bytes=plan.total,
+        stored_bytes=stored,
+        duration_s=elapsed,
+        rank_p50_s=_percentile(durations, 50),
+        rank_p99_s=_percentile(durations, 99),
+        rank_max_s=elapsed,
+        throughput_gb_s=plan.total / elapsed / 1e9,
+        peak_gb_s=max((rate for _, rate in samples), default=0.0),
+        sustained_gb_s=stored / elapsed / 1e9,
+        lower_bound_s=bound,
+        bound_by=bound_by,
+        busiest=max(use, key=lambda u: u.mean).name,
+        use=use,
+        timeline=tuple(samples),
+        wall_s=0.0,
+    )
+
+
+def project_checkpoint(sc: Scenario, progress: Progress | None = None) -> Projection:
+    """Run ``sc`` in virtual time, seeded (the same scenario gives the same projection);
+    ``progress(done, total)`` hears of the bytes into the servers as it goes."""
+    if sc.ranks < 1 or sc.ranks_per_host < 1:
+        raise InvalidArgumentError("a projection needs at least one rank and one rank per host")
+    plan = checkpoint_plan(sc.model, sc.ranks, 1.0)
+    t0 = time.monotonic()
+    with entropy.seeded(sc.seed):
+        result = clock.run_virtual(_save(sc, plan, progress))
+    return _with_wall(result, time.monotonic() - t0)
+
+
+def _with_wall(p: Projection, wall: float) -> Projection:
+    fields = p.to_json()
+    fields["use"] = p.use
+    fields["timeline"] = p.timeline
+    fields["wall_s"] = round(wall, 3)
+    return Projection(**fields)
+
+
+__all__ = [
+    "PRESETS",
+    "ClassUse",
+    "Preset",
+    "Projection",
+    "Scenario",
+    "lower_bound",
+    "project_checkpoint",
+]
