@@ -91,7 +91,8 @@ class BlockWriter:
     async def reserve_targets(self, enc: Encoding, nbytes: int) -> list[Target]:
         """``enc.width`` targets on distinct nodes; with spare live nodes, the first to accept
         a reservation among ``hedge_extra`` more than needed (``Placement.reserve``)."""
-        extra = min(self.hedge_extra, len(self.placement.live_nodes()) - enc.width)
+        live = self.placement.live_up_to(enc.width + self.hedge_extra)
+        extra = min(self.hedge_extra, live - enc.width)
         if extra <= 0:  # no spare nodes, maybe too few: degraded down to the minimum
             return self.placement.place(
                 enc, enc.width, at_least=self.placement.min_write_chunks(enc)

@@ -94,6 +94,33 @@ class Placement:
     def live_nodes(self) -> list[int]:
         return [n.node_id for n in self.nodes if n.available]
 
+    def live_up_to(self, cap: int) -> int:
+        """How many nodes are live, counted up to ``cap``: one look at each node only until
+        ``cap`` live ones are found (a few, when most are up), not a walk of all of them."""
+        found = 0
+        for node in self.nodes:
+            if found >= cap:
+                break
+            found += node.available
+        return found
+
+    def _sample_live(self, count: int, avoid: set[int]) -> list[int] | None:
+        """``count`` distinct live nodes outside ``avoid``, drawn uniformly without walking
+        every node (as a shuffle of the live ones would, which costs milliseconds per block
+        with thousands of nodes). None when the draws keep meeting dead or avoided nodes:
+        the caller then walks them all."""
+        chosen: list[int] = []
+        seen = set(avoid)
+        for _ in range(4 * count + 16):
+            if len(chosen) == count:
+                return chosen
+            node = self.nodes[self._rng.randrange(len(self.nodes))]
+            if node.node_id not in seen:
+                seen.add(node.node_id)
+                if node.available:
+                    chosen.append(node.node_id)
+        return chosen if len(chosen) == count else None
+
     def place(
         self,
         enc: Encoding,
@@ -110,6 +137,13 @@ class Placement:
         names how many chunks could be placed and how many were needed).
         """
         avoid_set = set(avoid)
+        if self.domains is None and 8 * (count + len(avoid_set)) <= len(self.nodes):
+            # Many nodes, few wanted: draw them (the same distribution as the walk below:
+            # distinct live nodes in random order, each on a random disk).
+            picked = self._sample_live(count, avoid_set)
+            least = self.min_write_chunks(enc)
+            if picked is not None and self.live_up_to(least) >= least:
+                return [(n, self._rng.randrange(self.disks_per_node)) for n in picked]
         all_live = self.live_nodes()
         live = [n for n in all_live if n not in avoid_set]
         self._rng.shuffle(live)
