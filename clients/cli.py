@@ -518,7 +518,7 @@ def simulate_checkpoint(
         f"{result.rank_p99_s:.2f}, max {result.rank_max_s:.2f}): {result.throughput_gb_s:,.1f} GB/s"
     )
     click.echo(
-        f"into the servers: peak {result.peak_gb_s:,.1f} GB/s, sustained "
+        f"durable on the disks: peak {result.peak_gb_s:,.1f} GB/s, sustained "
         f"{result.sustained_gb_s:,.1f} GB/s"
     )
     click.echo(

@@ -22,7 +22,7 @@ import logging
 import os
 import secrets
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -159,7 +159,7 @@ class Cluster:
         path: Path,
         config: ClusterConfig,
         meta: Metadata,
-        nodes: list[StorageNode],
+        nodes: Sequence[StorageNode],
         io_pool: ThreadPoolExecutor,
         cpu_pool: ThreadPoolExecutor,
         *,

@@ -21,7 +21,7 @@ from tectonic_emu.metadata.layers import Metadata
 from tectonic_emu.offload import InlineExecutor
 from tectonic_emu.sim.devices import Disk, DiskModel
 from tectonic_emu.sim.fabric import Fabric, FabricModel, Host
-from tectonic_emu.sim.node import ModelNode, ModelServer
+from tectonic_emu.sim.node import ModelNodes, ModelServer
 
 #: Where a projected cluster says it lives: no directory is ever made or read.
 NOWHERE = Path("/projection")
@@ -74,12 +74,11 @@ class ModelCluster:
         if not self._rooted:
             await self.meta.ensure_root(clock.wall())
             self._rooted = True
-        nodes = [ModelNode(s, host, self.fabric) for s in self.servers]
         return Cluster(
             NOWHERE,
             self.config,
             self.meta,
-            list(nodes),
+            ModelNodes(self.servers, host, self.fabric),
             InlineExecutor(),
             InlineExecutor(),
             served=True,

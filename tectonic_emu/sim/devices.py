@@ -112,11 +112,22 @@ class Disk:
         await self._io(nbytes, write=True)
         self.bytes_written += nbytes
 
+    def written_so_far(self) -> float:
+        """Bytes written until now, writes in progress as far as they got (with a shared
+        device-time resource; otherwise counted as each write ends)."""
+        if isinstance(self.time, SharedResource):
+            return self.time.worth_so_far()
+        return float(self.bytes_written)
+
     async def _io(self, nbytes: int, *, write: bool) -> None:
         async with self._slots:
             if self.model.latency:
                 await asyncio.sleep(self.model.latency)
-            await self.time.use(self.model.service(nbytes, write=write))
+            service = self.model.service(nbytes, write=write)
+            if isinstance(self.time, SharedResource):
+                await self.time.begin(service, worth=nbytes if write else 0.0)
+            else:
+                await self.time.use(service)
         self.ops += 1
 
 

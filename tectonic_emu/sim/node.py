@@ -22,7 +22,7 @@ node.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import TypeVar, overload
 
 from tectonic_emu.chunkstore._memory import MemoryNode
 from tectonic_emu.chunkstore.base import ChunkData, ChunkInfo, DiskUsage, Payload, StorageNode
@@ -62,6 +62,8 @@ class ModelServer:
 
 class ModelNode(StorageNode):
     """``server`` as seen from the client host ``client`` over ``fabric``."""
+
+    __slots__ = ("_closed", "client", "disks", "fabric", "node_id", "server")
 
     def __init__(self, server: ModelServer, client: Host, fabric: Fabric) -> None:
         self.server = server
@@ -151,4 +153,30 @@ class ModelNode(StorageNode):
         self._closed = True
 
 
-__all__ = ["FRAME_BYTES", "ModelNode", "ModelServer"]
+class ModelNodes(Sequence[StorageNode]):
+    """Every server as one client host sees it: a ``ModelNode`` made when asked for, not
+    kept. 3,072 hosts each holding a handle on each of 7,500 servers would be 23 million
+    objects (4.8 GB) before a byte is written; a handle is three references, cheaper to make
+    than to keep. (So a handle closed here is forgotten; the server stays.)"""
+
+    def __init__(self, servers: Sequence[ModelServer], client: Host, fabric: Fabric) -> None:
+        self.servers = servers
+        self.client = client
+        self.fabric = fabric
+
+    def __len__(self) -> int:
+        return len(self.servers)
+
+    @overload
+    def __getitem__(self, index: int) -> StorageNode: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[StorageNode]: ...
+
+    def __getitem__(self, index: int | slice) -> StorageNode | Sequence[StorageNode]:
+        if isinstance(index, slice):
+            return [ModelNode(s, self.client, self.fabric) for s in self.servers[index]]
+        return ModelNode(self.servers[index], self.client, self.fabric)
+
+
+__all__ = ["FRAME_BYTES", "ModelNode", "ModelNodes", "ModelServer"]

@@ -91,7 +91,8 @@ class Resource(abc.ABC):
         return done
 
 
-_Job = tuple[float, int, asyncio.Future[None], float]  # end level, order, future, amount
+# end level, order, future, amount, worth per unit of amount
+_Job = tuple[float, int, asyncio.Future[None], float, float]
 
 
 class SharedResource(Resource):
@@ -102,6 +103,9 @@ class SharedResource(Resource):
         self._level = 0.0  # service each job in service has had, since the last idle moment
         self._at = 0.0  # loop time of _level
         self._starts = 0.0  # the sum of the level at which each job in service began
+        # The same weighted by each job's worth per unit (``begin(worth=)``), and their sum.
+        self._worth_rate = self._worth_starts = 0.0
+        self.worth_done = 0.0  # the worth of finished jobs
         self._ends: list[_Job] = []  # a heap: the earliest end first
         self._order = itertools.count()  # equal ends finish in the order they came
         self._timer: asyncio.TimerHandle | None = None
@@ -110,22 +114,36 @@ class SharedResource(Resource):
     def in_service(self) -> int:
         return len(self._ends)
 
-    def served_so_far(self) -> float:
+    def _level_now(self) -> float:
         level = self._level
         if self._ends:
             level += (asyncio.get_running_loop().time() - self._at) * self.rate / len(self._ends)
-        return self.served + len(self._ends) * level - self._starts
+        return level
 
-    def begin(self, amount: float) -> asyncio.Future[None]:
+    def served_so_far(self) -> float:
+        return self.served + len(self._ends) * self._level_now() - self._starts
+
+    def worth_so_far(self) -> float:
+        """The worth (``begin(worth=)``) of what was served until now, jobs in service as
+        far as they got: a disk's bytes, where its amounts are device-seconds."""
+        return self.worth_done + self._worth_rate * self._level_now() - self._worth_starts
+
+    def begin(self, amount: float, *, worth: float | None = None) -> asyncio.Future[None]:
+        """``Resource.begin``; ``worth``: what the whole job counts for in
+        ``worth_so_far`` (default: its amount)."""
         amount = self._check(amount)
         loop = asyncio.get_running_loop()
         if amount == 0:
+            self.worth_done += worth or 0.0
             return self._done_now(loop)
         self._advance(loop.time())
         done: asyncio.Future[None] = loop.create_future()
-        job = (self._level + amount, next(self._order), done, amount)
+        per = 1.0 if worth is None else worth / amount
+        job = (self._level + amount, next(self._order), done, amount, per)
         heapq.heappush(self._ends, job)
         self._starts += self._level
+        self._worth_rate += per
+        self._worth_starts += per * self._level
         done.add_done_callback(lambda f: self._withdraw(job) if f.cancelled() else None)
         if self._timer is None or self._ends[0] is job:
             self._arm(loop)
@@ -160,11 +178,12 @@ class SharedResource(Resource):
         self._level = max(self._level, self._ends[0][0])  # reached, up to rounding
         reached = self._level * (1 + _EPS)
         while self._ends and self._ends[0][0] <= reached:
-            end, _, done, amount = heapq.heappop(self._ends)
-            self._starts -= end - amount
+            end, _, done, amount, per = heapq.heappop(self._ends)
+            self._gone(end - amount, per)
+            self.worth_done += per * amount
             self._finished(done, amount)
         if not self._ends:
-            self._level = self._starts = 0.0  # fresh for each busy period: small floats
+            self._idle()
         self._arm(loop)
 
     def _withdraw(self, job: _Job) -> None:
@@ -173,11 +192,23 @@ class SharedResource(Resource):
             self._advance(loop.time())
             self._ends.remove(job)
             heapq.heapify(self._ends)
-            self._starts -= job[0] - job[3]
-            self.served += self._level - (job[0] - job[3])  # what it had is served all the same
+            start, per = job[0] - job[3], job[4]
+            self._gone(start, per)
+            self.served += self._level - start  # what it had is served all the same
+            self.worth_done += per * (self._level - start)
             if not self._ends:
-                self._level = self._starts = 0.0
+                self._idle()
             self._arm(loop)
+
+    def _gone(self, start: float, per: float) -> None:
+        """A job that began at level ``start`` left service."""
+        self._starts -= start
+        self._worth_rate -= per
+        self._worth_starts -= per * start
+
+    def _idle(self) -> None:
+        """Nothing in service: fresh sums for the next busy period keep the floats small."""
+        self._level = self._starts = self._worth_rate = self._worth_starts = 0.0
 
 
 class QueueResource(Resource):
