@@ -20,6 +20,12 @@ log = logging.getLogger("tectonic_emu.datapath")
 _LATENCY_SAMPLES = 256
 _MIN_SAMPLES = 20
 _NODE_SAMPLES = 4  # per node and size class, for slow-node detection
+# Up to this many nodes with full windows of a size class, a read's node is compared with
+# the others' median exactly; beyond, with a median of all of them refreshed every
+# _MEDIAN_EVERY reads of the class (one node among hundreds barely moves it, and a fresh one
+# per read cost a walk of every node's window per chunk read: O(nodes) at 7,500 nodes).
+_EXACT_NODES = 64
+_MEDIAN_EVERY = 256
 # Before that, a chunk read this slow is raced anyway (a cold client meeting a stuck node).
 DEFAULT_HEDGE_AFTER = 1.0
 # Over the hedge share, a read still hedges once it is this many times the hedge delay late.
@@ -67,6 +73,8 @@ class ReadHedging:
         self._slow_until: dict[int, float] = {}
         self._node_latency: dict[tuple[int, int], collections.deque[float]] = {}
         self._latency: dict[int, collections.deque[float]] = {}
+        self._full: dict[int, set[int]] = {}  # per size class: nodes with a full window
+        self._median: dict[int, tuple[float, int]] = {}  # per class: (median, reads left)
 
     def record(self, node: int, size: int, seconds: float) -> None:
         """One chunk read's latency, for the hedge delay of its size class and for the
@@ -84,19 +92,34 @@ class ReadHedging:
         mine.append(seconds)
         if len(mine) < _NODE_SAMPLES:
             return  # judge a node on a full window only: first reads include connecting
+        full = self._full.setdefault(size_class, set())
+        full.add(node)
         # Even its fastest recent read is well over what the other nodes' fastest reads take:
         # a delay the node adds to everything. Queueing (in the client, the network, the
         # disks) raises every node's fastest read alike and leaves the comparison alone.
-        others = [
-            min(window)
-            for (n, c), window in self._node_latency.items()
-            if c == size_class and n != node and len(window) == _NODE_SAMPLES
-        ]
-        if len(others) < 3:
-            return
-        others.sort()
-        if min(mine) > SLOW_FACTOR * others[len(others) // 2] + SLOW_MIN:
+        if len(full) <= _EXACT_NODES:
+            others = sorted(
+                min(self._node_latency[(n, size_class)]) for n in full if n != node
+            )
+            if len(others) < 3:
+                return
+            median = others[len(others) // 2]
+        else:
+            median = self._median_of(size_class, full)
+        if min(mine) > SLOW_FACTOR * median + SLOW_MIN:
             self.mark_slow(node)
+
+    def _median_of(self, size_class: int, full: set[int]) -> float:
+        """The median of every full window's fastest read in ``size_class``, kept for
+        ``_MEDIAN_EVERY`` reads."""
+        cached = self._median.get(size_class)
+        if cached is not None and cached[1] > 0:
+            self._median[size_class] = (cached[0], cached[1] - 1)
+            return cached[0]
+        fastest = sorted(min(self._node_latency[(n, size_class)]) for n in full)
+        median = fastest[len(fastest) // 2]
+        self._median[size_class] = (median, _MEDIAN_EVERY)
+        return median
 
     def is_slow(self, node: int, now: float | None = None) -> bool:
         """Marked slow lately (and read hedging is on)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -21,6 +22,7 @@ from tectonic_emu.chunkstore import FaultyNode, MemoryNode
 from tectonic_emu.coding import Encoding
 from tectonic_emu.datapath import DataPath
 from tectonic_emu.errors import NotEnoughNodesError
+from tectonic_emu.hedging import HedgeStats, ReadHedging
 
 T = TypeVar("T")
 SLOW = 60.0  # seconds a slow node takes per call: far beyond any bound below
@@ -298,3 +300,18 @@ def test_placement_spreads_a_block_over_failure_domains(
         if len(live) > e.width:
             won = run(lambda: dp._reserve_targets(e, 1000))
             assert len({domains[k] for k, _ in won}) == possible
+
+
+@pytest.mark.parametrize("nodes", [8, 300])
+def test_a_slow_node_among_many_is_marked_and_no_fast_one_is(nodes: int) -> None:
+    """Slow-node detection compares a node's fastest recent read with the others' median:
+    exactly among a few nodes, against a median refreshed every few hundred reads among
+    hundreds (``hedging._EXACT_NODES``). Either way the one node 50x slower is marked and
+    none of the others."""
+    h = ReadHedging(HedgeStats(), percentile=95.0, share=0.05, enabled=True)
+    rng = random.Random(4)
+    for _ in range(6):
+        for n in range(nodes):
+            base = 0.05 if n == 3 else 0.001
+            h.record(n, 8 << 20, base * (1 + rng.random() / 10))
+    assert [n for n in range(nodes) if h.is_slow(n)] == [3]
