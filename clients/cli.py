@@ -459,6 +459,19 @@ __all__ = ["ckpt", "data", "simulate"]
     help="Storage servers (default: the preset's).",
 )
 @click.option(
+    "--metadata-shards",
+    type=click.IntRange(1, 1 << 20),
+    default=None,
+    help="Charge metadata to this many shards (default: metadata costs nothing).",
+)
+@click.option(
+    "--metadata-qps",
+    type=click.FloatRange(1, 1e9),
+    default=10_000.0,
+    show_default=True,
+    help="Operations per second of each shard (Tectonic FAST'21: about 10,000).",
+)
+@click.option(
     "--seed", default=1, show_default=True, help="The run's seed: the same seed, the same run."
 )
 @json_option
@@ -468,6 +481,8 @@ def simulate_checkpoint(
     ranks: int | None,
     encoding: str,
     servers: int | None,
+    metadata_shards: int | None,
+    metadata_qps: float,
     seed: int,
     as_json: bool,
 ) -> None:
@@ -481,6 +496,7 @@ def simulate_checkpoint(
     Example:
       tectonic-emu simulate checkpoint --model llama3-70b --ranks 64 --encoding rs-6-3
       tectonic-emu simulate checkpoint --model llama3-8b --servers 36 --json
+      tectonic-emu simulate checkpoint --ranks 4096 --metadata-shards 64
     """
     import dataclasses
 
@@ -488,9 +504,13 @@ def simulate_checkpoint(
     from clients.projection import PRESETS, Scenario, project_checkpoint
     from tectonic_emu.coding import Encoding
     from tectonic_emu.errors import InvalidArgumentError
+    from tectonic_emu.sim.metadata import MetadataModel
 
     p = PRESETS[preset]
     hardware = p.hardware if servers is None else dataclasses.replace(p.hardware, servers=servers)
+    if metadata_shards is not None:
+        meta = MetadataModel(shards=metadata_shards, qps=metadata_qps, rtt=hardware.fabric.rtt)
+        hardware = dataclasses.replace(hardware, metadata=meta)
     try:
         Encoding.parse(encoding)
         count = get_model(model).ranks if ranks is None else ranks

@@ -21,8 +21,9 @@ The report, as MLPerf Storage reports a checkpoint:
 - the physical lower bound from the hardware's own figures: the bytes stored (times the
   encoding's overhead) over the slowest class's aggregate bandwidth.
 
-What is not modelled yet (docs/simulate.md): metadata shard limits, client CPU, switches
-beyond ToR uplinks.
+Metadata costs time when the hardware has a ``MetadataModel`` (``--metadata-shards``):
+then the shards are a class of their own in the report. Not modelled yet
+(docs/simulate.md): client CPU, switches beyond ToR uplinks.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from tectonic_emu.errors import InvalidArgumentError
 from tectonic_emu.sim.cluster import Hardware, ModelCluster
 from tectonic_emu.sim.devices import FLASH
 from tectonic_emu.sim.fabric import FabricModel
+from tectonic_emu.sim.metadata import ModelKV
 from tectonic_emu.sim.resources import Resource
 
 ROOT = "/checkpoints"
@@ -230,6 +232,8 @@ async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -
         _use("server NICs", [s.host.ingress for s in mc.servers], elapsed),
         _use("disks", [d.time for d in disks], elapsed),
     )
+    if isinstance(mc.kv, ModelKV):
+        use += (_use("metadata shards", mc.kv.shards, elapsed),)
     return Projection(
         model=sc.model,
         ranks=sc.ranks,

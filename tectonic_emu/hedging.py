@@ -98,9 +98,7 @@ class ReadHedging:
         # a delay the node adds to everything. Queueing (in the client, the network, the
         # disks) raises every node's fastest read alike and leaves the comparison alone.
         if len(full) <= _EXACT_NODES:
-            others = sorted(
-                min(self._node_latency[(n, size_class)]) for n in full if n != node
-            )
+            others = sorted(min(self._node_latency[(n, size_class)]) for n in full if n != node)
             if len(others) < 3:
                 return
             median = others[len(others) // 2]

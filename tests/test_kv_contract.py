@@ -22,6 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 from tectonic_emu.metadata import KVStore, MemoryKV, PostgresKV, SQLiteKV, prefix_end
 from tectonic_emu.metadata._common import overlay, pending_in_range
+from tectonic_emu.sim.metadata import MetadataModel, ModelKV
 from tests.conftest import fresh_table
 
 T = TypeVar("T")
@@ -39,11 +40,13 @@ def run(coro: Awaitable[T]) -> T:
     return asyncio.run(main())
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
+@pytest.fixture(params=["memory", "sqlite", "postgres", "model"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KVStore]:
     s: KVStore
     if request.param == "memory":
         s = MemoryKV()
+    elif request.param == "model":  # a projection's metadata, on a real loop: tiny sleeps
+        s = ModelKV(MetadataModel(shards=4, qps=1e6, rtt=1e-5))
     elif request.param == "sqlite":
         s = SQLiteKV(tmp_path / "m.db")
     else:
@@ -807,6 +810,17 @@ class SQLiteKVMachine(KVMachine):
 
 _machine_settings = settings(max_examples=50, stateful_step_count=30, deadline=None)
 TestMemoryKVMachine = MemoryKVMachine.TestCase
+
+
+class ModelKVMachine(KVMachine):
+    """A projection's metadata (``sim/metadata.py``) against the same model."""
+
+    def make_store(self) -> KVStore:
+        return ModelKV(MetadataModel(shards=3, qps=1e7))
+
+
+TestModelKVMachine = ModelKVMachine.TestCase
+TestModelKVMachine.settings = _machine_settings
 TestMemoryKVMachine.settings = _machine_settings
 TestSQLiteKVMachine = SQLiteKVMachine.TestCase
 TestSQLiteKVMachine.settings = _machine_settings

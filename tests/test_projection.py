@@ -119,3 +119,19 @@ def test_a_4096_rank_projection_of_about_100_gb() -> None:
     assert p.ranks == 4096 and p.hosts == 512 and 100e9 < p.bytes < 120e9
     assert p.lower_bound_s <= p.duration_s == p.rank_max_s
     assert p.bound_by == "disks"
+
+
+def test_charged_metadata_is_a_class_of_its_own() -> None:
+    """With metadata shards in the hardware (``--metadata-shards``), the report has them:
+    every rank's files live in one step directory, whose names share one shard, so the
+    busiest shard works several times harder than the mean."""
+    from tectonic_emu.sim.metadata import MetadataModel
+
+    hw = dataclasses.replace(SMALL, metadata=MetadataModel(shards=16, qps=10_000.0, rtt=1e-4))
+    p = project_checkpoint(Scenario("llama3-8b", 256, "rs-6-3", hw))
+    (meta,) = [u for u in p.use if u.name == "metadata shards"]
+    assert meta.members == 16 and 0 < meta.mean < meta.max <= 1 + 1e-9
+    assert meta.max > 2 * meta.mean
+    free = project_checkpoint(Scenario("llama3-8b", 256, "rs-6-3", SMALL))
+    assert p.duration_s >= free.duration_s
+    assert "metadata shards" not in {u.name for u in free.use}

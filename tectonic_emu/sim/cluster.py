@@ -1,11 +1,12 @@
 """A projected cluster: modelled servers, disks and network behind the real client.
 
 ``ModelCluster`` builds the hardware of a projection: storage servers in racks of their
-own, each with its disks, on one ``Fabric``, and one metadata store (``MemoryKV``) that every
-client shares. ``client_cluster(host)`` is what one client host opens: a real ``Cluster``,
-with its real ``Client``, ``DataPath``, placement and hedging, whose nodes are ``ModelNode``
-handles from that host, and whose CPU and I/O pools run work inline so that threads cannot
-reorder events. Run it under ``clock.run_virtual``.
+own, each with its disks, on one ``Fabric``, and one metadata store that every client
+shares: a ``MemoryKV``, or with a ``MetadataModel`` a ``ModelKV`` that charges each
+transaction to its shards (``sim/metadata.py``). ``client_cluster(host)`` is what one
+client host opens: a real ``Cluster``, with its real ``Client``, ``DataPath``, placement and
+hedging, whose nodes are ``ModelNode`` handles from that host, and whose CPU and I/O pools
+run work inline so that threads cannot reorder events. Run it under ``clock.run_virtual``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tectonic_emu.metadata.layers import Metadata
 from tectonic_emu.offload import InlineExecutor
 from tectonic_emu.sim.devices import Disk, DiskModel
 from tectonic_emu.sim.fabric import Fabric, FabricModel, Host
+from tectonic_emu.sim.metadata import MetadataModel, ModelKV
 from tectonic_emu.sim.node import ModelNodes, ModelServer
 
 #: Where a projected cluster says it lives: no directory is ever made or read.
@@ -37,6 +39,7 @@ class Hardware:
     disk: DiskModel
     fabric: FabricModel
     servers_per_rack: int = 16
+    metadata: MetadataModel | None = None  # None: metadata operations cost nothing
 
 
 class ModelCluster:
@@ -58,7 +61,10 @@ class ModelCluster:
                 n = len(self.servers)
                 disks = [Disk(hardware.disk, name=f"n{n}d{d}") for d in range(hardware.disks)]
                 self.servers.append(ModelServer(n, host, disks))
-        self.meta = Metadata(MemoryKV())
+        self.kv: MemoryKV | ModelKV = (
+            MemoryKV() if hardware.metadata is None else ModelKV(hardware.metadata)
+        )
+        self.meta = Metadata(self.kv)
         self._rooted = False
 
     def add_clients(self, hosts: int, *, per_rack: int = 16) -> list[Host]:

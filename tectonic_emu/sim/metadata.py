@@ -1,0 +1,136 @@
+"""Modelled metadata: the real layers on ``MemoryKV``, each transaction charged to its shards.
+
+Tectonic keeps its Name, File and Block layers in ZippyDB, hash-partitioned into shards
+(FAST'21, section 4). So do the layers here: every key starts with a layer tag and a 2-byte
+hash of the id that owns it (``metadata/layers.py``), and that hash names the key's shard
+(``shard_of``). ``ModelKV`` is a ``KVStore`` over a ``MemoryKV``. Each transaction runs on
+the ``MemoryKV`` as it is, then, once the store is released, waits for its charges:
+
+- an operation on each shard its keys touched: a ``get``, ``put`` or ``delete`` is one; a
+  ``scan`` is one plus one for every ``SCAN_ROWS`` rows it returned;
+- each shard serves ``qps`` operations a second, shared among the clients that use it;
+- one round trip, ``rtt``, for the transaction.
+
+Charging after the store is released keeps one client's wait from holding every other
+client. ``MemoryKV`` runs transactions one at a time, and holding it through the charge
+would make one shard of the whole cluster. The price: another client may see a commit
+slightly before its writer is done waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+
+from tectonic_emu.metadata import MemoryKV
+from tectonic_emu.metadata.kv import KVStore, Transaction
+from tectonic_emu.sim.resources import Resource, SharedResource, use_all
+
+SCAN_ROWS = 64  # rows a scan returns for the price of one operation
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataModel:
+    """``shards`` shards of ``qps`` operations per second each, ``rtt`` seconds a
+    transaction."""
+
+    shards: int
+    qps: float
+    rtt: float = 0.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.shards < 1:
+            raise ValueError(f"metadata needs at least one shard, not {self.shards}")
+        if not (math.isfinite(self.qps) and self.qps > 0):
+            raise ValueError(f"a shard's rate must be positive, not {self.qps}")
+        if not (math.isfinite(self.rtt) and self.rtt >= 0):
+            raise ValueError(f"a round trip cannot be negative: {self.rtt}")
+
+
+def shard_of(key: bytes, shards: int) -> int:
+    """The shard of a layer key: its 2-byte hash after the layer tag (shard 0 for what is
+    not bytes, which the store then refuses)."""
+    if not isinstance(key, bytes):
+        return 0
+    return int.from_bytes(key[1:3], "big") % shards
+
+
+class ModelKV(KVStore):
+    """A ``MemoryKV`` whose transactions are charged to its shards (module docstring)."""
+
+    def __init__(
+        self,
+        model: MetadataModel,
+        *,
+        inner: MemoryKV | None = None,
+        discipline: Callable[..., Resource] = SharedResource,
+    ) -> None:
+        self.model = model
+        self.inner = inner if inner is not None else MemoryKV()
+        self.shards = [discipline(model.qps, name=f"meta{k}") for k in range(model.shards)]
+        self.transactions = 0
+
+    def transaction(self, *, durable: bool = True) -> _ChargedTransaction:
+        return _ChargedTransaction(self, durable)
+
+    async def sync(self) -> None:
+        await self.inner.sync()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+class _ChargedTransaction(Transaction):
+    def __init__(self, store: ModelKV, durable: bool) -> None:
+        self._store = store
+        self._inner = store.inner.transaction(durable=durable)
+        self._txn: Transaction | None = None
+        self._ops: Counter[int] = Counter()
+
+    async def __aenter__(self) -> _ChargedTransaction:
+        self._txn = await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._inner.__aexit__(exc_type, exc, tb)
+        if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
+            return
+        store = self._store
+        store.transactions += 1
+        await use_all([store.shards[k].begin(n) for k, n in sorted(self._ops.items())])
+        if store.model.rtt:
+            await asyncio.sleep(store.model.rtt)
+
+    def _open(self, key: bytes, ops: int = 1) -> Transaction:
+        assert self._txn is not None, "use the transaction inside its async with block"
+        self._ops[shard_of(key, len(self._store.shards))] += ops
+        return self._txn
+
+    async def get(self, key: bytes) -> bytes | None:
+        return await self._open(key).get(key)
+
+    async def scan(
+        self, prefix: bytes, *, start: bytes | None = None, limit: int | None = None
+    ) -> list[tuple[bytes, bytes]]:
+        rows = await self._open(prefix).scan(prefix, start=start, limit=limit)
+        self._ops[shard_of(prefix, len(self._store.shards))] += len(rows) // SCAN_ROWS
+        return rows
+
+    async def put(self, key: bytes, value: bytes) -> None:
+        await self._open(key).put(key, value)
+
+    async def delete(self, key: bytes) -> None:
+        await self._open(key).delete(key)
+
+
+__all__ = ["SCAN_ROWS", "MetadataModel", "ModelKV", "shard_of"]
