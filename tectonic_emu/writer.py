@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from tectonic_emu.argcheck import bytes_arg, int_arg
 from tectonic_emu.bufpool import copy_into, recycled, uninitialised
 from tectonic_emu.coding import Encoding
-from tectonic_emu.coding.synthetic import Payload, Synthetic
+from tectonic_emu.coding.synthetic import Payload, Synthetic, nbytes
 from tectonic_emu.config import MAX_SIZE, ClusterConfig
 from tectonic_emu.datapath import DataPath
 from tectonic_emu.errors import (
@@ -235,7 +235,7 @@ class FileWriter:
 
     async def _append_many(self, pieces: Sequence[Payload]) -> None:
         await self._client.check_token(self.file_id, self._token, self.path)
-        if sum(_nbytes(p) for p in pieces) >= self._block_size // 8:
+        if sum(nbytes(p) for p in pieces) >= self._block_size // 8:
             self._streaming = True  # as for one big piece: whole blocks, not grown by doubling
         for piece in pieces:
             await self._add(piece)
@@ -275,7 +275,7 @@ class FileWriter:
             held = [] if self._buf is None else [bytes(self._buf[: self._fill])]
             self._described, self._buf, self._fill = Synthetic.join(held), None, 0
         pending = Synthetic.join([self._described, data])
-        self.offset += _nbytes(data)
+        self.offset += nbytes(data)
         bs = self._block_size
         while len(pending) >= bs:
             await self._pipeline.submit(pending[:bs])
@@ -427,10 +427,6 @@ class WriterOpener:
     ) -> None:
         assert self._writer is not None
         await self._writer.__aexit__(exc_type, exc, tb)
-
-
-def _nbytes(piece: Payload) -> int:
-    return len(piece) if isinstance(piece, Synthetic) else memoryview(piece).nbytes
 
 
 __all__ = ["BlockPipeline", "Committer", "FileWriter", "VersionWriter", "WriterOpener"]

@@ -14,9 +14,8 @@ import asyncio
 from collections import Counter
 from typing import Protocol, runtime_checkable
 
-from tectonic_emu.chunkstore._format import as_byte_view
 from tectonic_emu.chunkstore.base import ChunkData, ChunkInfo, DiskUsage, Payload, StorageNode
-from tectonic_emu.coding.synthetic import Synthetic
+from tectonic_emu.coding.synthetic import nbytes
 from tectonic_emu.errors import ChunkCorruptError, NodeUnavailableError
 
 
@@ -72,10 +71,7 @@ class FaultyNode(StorageNode):
         if self.crash_writes > 0:
             self.crash_writes -= 1
             if isinstance(self.inner, SupportsTornWrite):
-                keep = (
-                    len(payload) if isinstance(payload, Synthetic) else as_byte_view(payload).nbytes
-                )
-                keep //= 2
+                keep = nbytes(payload) // 2
                 await self.inner.write_torn_chunk(
                     disk, chunk_id, payload, crc32c=crc32c, flags=flags, keep=keep
                 )

@@ -240,6 +240,11 @@ def _stream(seed: int, start: int, length: int) -> bytes:
 Payload = BytesLike | Synthetic
 
 
+def nbytes(payload: Payload) -> int:
+    """The bytes ``payload`` holds or describes."""
+    return len(payload) if isinstance(payload, Synthetic) else memoryview(payload).nbytes
+
+
 def sliced(payload: Payload, lo: int, hi: int) -> Payload:
     """``payload[lo:hi]`` without copying: a memoryview of bytes, a ``Synthetic``'s slice."""
     if isinstance(payload, Synthetic):
@@ -272,4 +277,13 @@ def put_into(dest: memoryview, payload: Payload) -> None:
     dest[:] = payload
 
 
-__all__ = ["Payload", "Segment", "Synthetic", "joined", "put_into", "real_bytes", "sliced"]
+__all__ = [
+    "Payload",
+    "Segment",
+    "Synthetic",
+    "joined",
+    "nbytes",
+    "put_into",
+    "real_bytes",
+    "sliced",
+]

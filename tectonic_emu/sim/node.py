@@ -26,17 +26,13 @@ from typing import TypeVar, overload
 
 from tectonic_emu.chunkstore._memory import MemoryNode
 from tectonic_emu.chunkstore.base import ChunkData, ChunkInfo, DiskUsage, Payload, StorageNode
-from tectonic_emu.coding.synthetic import Synthetic
+from tectonic_emu.coding.synthetic import nbytes
 from tectonic_emu.errors import InvalidArgumentError, NodeUnavailableError
 from tectonic_emu.sim.devices import Disk
 from tectonic_emu.sim.fabric import Fabric, Host
 
 FRAME_BYTES = 64  # a frame's header and meta (wire.py): a chunk id, a disk, flags, a CRC
 T = TypeVar("T")
-
-
-def _nbytes(payload: Payload) -> int:
-    return len(payload) if isinstance(payload, Synthetic) else memoryview(payload).nbytes
 
 
 class ModelServer:
@@ -111,7 +107,7 @@ class ModelNode(StorageNode):
     async def write_chunk(
         self, disk: int, chunk_id: str, payload: Payload, *, crc32c: int, flags: int = 0
     ) -> None:
-        store, n = self.server.store, _nbytes(payload)
+        store, n = self.server.store, nbytes(payload)
 
         async def answer() -> None:
             await self.server.disk(disk).write(n)
