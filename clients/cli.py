@@ -472,6 +472,20 @@ __all__ = ["ckpt", "data", "simulate"]
     help="Operations per second of each shard (Tectonic FAST'21: about 10,000).",
 )
 @click.option(
+    "--fail-servers",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="Servers (drawn from the seed) that go down during the save.",
+)
+@click.option(
+    "--fail-at",
+    type=click.FloatRange(0),
+    default=0.0,
+    show_default=True,
+    help="Virtual seconds into the save when they go down (0: down from the start).",
+)
+@click.option(
     "--seed", default=1, show_default=True, help="The run's seed: the same seed, the same run."
 )
 @json_option
@@ -483,6 +497,8 @@ def simulate_checkpoint(
     servers: int | None,
     metadata_shards: int | None,
     metadata_qps: float,
+    fail_servers: int,
+    fail_at: float,
     seed: int,
     as_json: bool,
 ) -> None:
@@ -497,6 +513,7 @@ def simulate_checkpoint(
       tectonic-emu simulate checkpoint --model llama3-70b --ranks 64 --encoding rs-6-3
       tectonic-emu simulate checkpoint --model llama3-8b --servers 36 --json
       tectonic-emu simulate checkpoint --ranks 4096 --metadata-shards 64
+      tectonic-emu simulate checkpoint --ranks 64 --fail-servers 2 --fail-at 0.5
     """
     import dataclasses
 
@@ -516,7 +533,7 @@ def simulate_checkpoint(
         count = get_model(model).ranks if ranks is None else ranks
         scenario = Scenario(
             model, count, encoding, hardware, ranks_per_host=p.ranks_per_host,
-            block_size=p.block_size, seed=seed,
+            block_size=p.block_size, seed=seed, fail_servers=fail_servers, fail_at=fail_at,
         )  # fmt: skip
         with progress_bar(None) as bar:
             task = bar.add_task(f"projecting {model} on {count} ranks", total=None)
@@ -533,6 +550,9 @@ def simulate_checkpoint(
         f"{model} on {result.ranks} ranks ({result.hosts} hosts), {result.servers} servers, "
         f"{encoding}: {result.bytes / gb:,.0f} GB ({result.stored_bytes / gb:,.0f} GB stored)"
     )
+    if result.failed_servers:
+        when = f"at {fail_at:g} s" if fail_at else "from the start"
+        click.echo(f"servers down {when}: {', '.join(map(str, result.failed_servers))}")
     click.echo(
         f"save {result.duration_s:.2f} s (ranks p50 {result.rank_p50_s:.2f}, p99 "
         f"{result.rank_p99_s:.2f}, max {result.rank_max_s:.2f}): {result.throughput_gb_s:,.1f} GB/s"

@@ -107,7 +107,9 @@ PRESETS = {
 @dataclass(frozen=True, slots=True)
 class Scenario:
     """One projected save: ``model``'s checkpoint on ``ranks`` ranks, ``ranks_per_host`` to a
-    client host, stored with ``encoding`` in blocks of ``block_size`` on ``hardware``."""
+    client host, stored with ``encoding`` in blocks of ``block_size`` on ``hardware``;
+    ``fail_servers`` servers, drawn from the seed, go down ``fail_at`` virtual seconds into
+    the save (0: down from the start)."""
 
     model: str
     ranks: int
@@ -117,6 +119,8 @@ class Scenario:
     hosts_per_rack: int = 16
     block_size: int = 72 << 20
     seed: int = 1
+    fail_servers: int = 0
+    fail_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +140,7 @@ class Projection:
     hosts: int
     servers: int
     encoding: str
+    failed_servers: tuple[int, ...]  # down from fail_at on
     bytes: int  # the checkpoint's bytes, as DLIO counts them
     stored_bytes: int  # times the encoding's overhead
     duration_s: float  # the slowest rank, start to commit
@@ -220,6 +225,16 @@ async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -
         await ckpts[r // sc.ranks_per_host].save(1, r, state)
         durations[r] = clock.monotonic() - start
 
+    failed = sorted(entropy.new_rng().sample(range(hw.servers), sc.fail_servers))
+
+    def fail() -> None:
+        for n in failed:
+            mc.servers[n].available = False
+
+    if sc.fail_at <= 0:
+        fail()
+    else:
+        asyncio.get_running_loop().call_later(sc.fail_at, fail)
     sampler = asyncio.ensure_future(sample())
     try:
         await asyncio.gather(*(rank(r) for r in range(sc.ranks)))
@@ -240,6 +255,7 @@ async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -
         hosts=len(hosts),
         servers=hw.servers,
         encoding=sc.encoding,
+        failed_servers=tuple(failed),
         bytes=plan.total,
         stored_bytes=stored,
         duration_s=elapsed,
@@ -263,6 +279,13 @@ def project_checkpoint(sc: Scenario, progress: Progress | None = None) -> Projec
     ``progress(done, total)`` hears of the bytes made durable as it goes."""
     if sc.ranks < 1 or sc.ranks_per_host < 1:
         raise InvalidArgumentError("a projection needs at least one rank and one rank per host")
+    if not 0 <= sc.fail_servers < sc.hardware.servers:
+        raise InvalidArgumentError(
+            f"--fail-servers takes 0 to {sc.hardware.servers - 1} of {sc.hardware.servers} "
+            f"servers, not {sc.fail_servers}"
+        )
+    if not (math.isfinite(sc.fail_at) and sc.fail_at >= 0):
+        raise InvalidArgumentError(f"--fail-at is 0 or more seconds, not {sc.fail_at}")
     plan = checkpoint_plan(sc.model, sc.ranks, 1.0)
     t0 = time.monotonic()
     with entropy.seeded(sc.seed):
@@ -274,6 +297,7 @@ def _with_wall(p: Projection, wall: float) -> Projection:
     fields = p.to_json()
     fields["use"] = p.use
     fields["timeline"] = p.timeline
+    fields["failed_servers"] = p.failed_servers
     fields["wall_s"] = round(wall, 3)
     return Projection(**fields)
 

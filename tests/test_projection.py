@@ -19,6 +19,7 @@ from tectonic_emu import clock, entropy
 from tectonic_emu.cli import cli as cli_main
 from tectonic_emu.coding.synthetic import Synthetic
 from tectonic_emu.config import ClusterConfig
+from tectonic_emu.errors import InvalidArgumentError
 from tectonic_emu.sim.cluster import ModelCluster
 
 SMALL = PRESETS["small-flash"].hardware
@@ -135,3 +136,17 @@ def test_charged_metadata_is_a_class_of_its_own() -> None:
     free = project_checkpoint(Scenario("llama3-8b", 256, "rs-6-3", SMALL))
     assert p.duration_s >= free.duration_s
     assert "metadata shards" not in {u.name for u in free.use}
+
+
+def test_servers_killed_mid_save_slow_it_but_every_rank_commits() -> None:
+    """Two of 18 servers go down 0.5 s into a 64-rank save: the real client's chunk writes
+    to them fail and are placed again (or left to repair past the quorum), every rank still
+    commits, later than without the failure; the same seed downs the same servers."""
+    base = Scenario("llama3-8b", 64, "rs-6-3", SMALL)
+    hit = dataclasses.replace(base, fail_servers=2, fail_at=0.5)
+    ok, failed = project_checkpoint(base), project_checkpoint(hit)
+    assert ok.failed_servers == () and len(set(failed.failed_servers)) == 2
+    assert failed.duration_s > ok.duration_s and failed.rank_p50_s > 0
+    assert project_checkpoint(hit).failed_servers == failed.failed_servers
+    with pytest.raises(InvalidArgumentError):
+        project_checkpoint(dataclasses.replace(base, fail_servers=18))
