@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -17,8 +18,8 @@ from rich.table import Table
 
 from clients.checkpoint import Checkpointer
 from clients.ckpt_format import Manifest, step_of_dir
-from clients.ckpt_models import MODELS
-from clients.projection import PRESETS as _PRESETS
+from clients.ckpt_models import MODELS, get_model
+from clients.projection import PRESETS, Scenario, project_checkpoint
 from clients.workloads import WORKLOADS
 from tectonic_emu.cli import (
     cluster_option,
@@ -30,10 +31,11 @@ from tectonic_emu.cli import (
     with_cluster,
 )
 from tectonic_emu.cluster import Cluster
-from tectonic_emu.errors import NotFoundError
+from tectonic_emu.coding import Encoding
+from tectonic_emu.errors import InvalidArgumentError, NotFoundError
+from tectonic_emu.sim.metadata import MetadataModel
 
 F = TypeVar("F", bound=Callable[..., Any])
-PRESET_NAMES = tuple(_PRESETS)
 
 
 def _reader(cluster: Cluster, root: str) -> Checkpointer:
@@ -433,7 +435,7 @@ __all__ = ["ckpt", "data", "simulate"]
 @simulate.command("checkpoint")
 @click.option(
     "--preset",
-    type=click.Choice(sorted(PRESET_NAMES)),
+    type=click.Choice(sorted(PRESETS)),
     default="small-flash",
     show_default=True,
     help="The cluster to project onto (docs/simulate.md lists each figure and its source).",
@@ -515,14 +517,6 @@ def simulate_checkpoint(
       tectonic-emu simulate checkpoint --ranks 4096 --metadata-shards 64
       tectonic-emu simulate checkpoint --ranks 64 --fail-servers 2 --fail-at 0.5
     """
-    import dataclasses
-
-    from clients.ckpt_models import get_model
-    from clients.projection import PRESETS, Scenario, project_checkpoint
-    from tectonic_emu.coding import Encoding
-    from tectonic_emu.errors import InvalidArgumentError
-    from tectonic_emu.sim.metadata import MetadataModel
-
     p = PRESETS[preset]
     hardware = p.hardware if servers is None else dataclasses.replace(p.hardware, servers=servers)
     if metadata_shards is not None:

@@ -29,6 +29,7 @@ then the shards are a class of their own in the report. Not modelled yet
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -290,16 +291,7 @@ def project_checkpoint(sc: Scenario, progress: Progress | None = None) -> Projec
     t0 = time.monotonic()
     with entropy.seeded(sc.seed):
         result = clock.run_virtual(_save(sc, plan, progress))
-    return _with_wall(result, time.monotonic() - t0)
-
-
-def _with_wall(p: Projection, wall: float) -> Projection:
-    fields = p.to_json()
-    fields["use"] = p.use
-    fields["timeline"] = p.timeline
-    fields["failed_servers"] = p.failed_servers
-    fields["wall_s"] = round(wall, 3)
-    return Projection(**fields)
+    return dataclasses.replace(result, wall_s=round(time.monotonic() - t0, 3))
 
 
 __all__ = [

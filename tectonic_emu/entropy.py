@@ -40,10 +40,6 @@ def new_rng() -> random.Random:
     return random.Random() if rng is None else random.Random(rng.getrandbits(64))
 
 
-def is_seeded() -> bool:
-    return _SEEDED.get() is not None
-
-
 @contextlib.contextmanager
 def seeded(seed: int) -> Iterator[None]:
     """Draw from a generator seeded with ``seed`` inside the block (module docstring)."""
@@ -54,4 +50,4 @@ def seeded(seed: int) -> Iterator[None]:
         _SEEDED.reset(token)
 
 
-__all__ = ["is_seeded", "new_rng", "randbits", "seeded", "token_hex"]
+__all__ = ["new_rng", "randbits", "seeded", "token_hex"]

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import google_crc32c
 import pytest
@@ -61,9 +62,12 @@ def database(hosts: netns.Hosts) -> Iterator[str]:
         server.stop()
 
 
-def test_a_host_cut_off_mid_write_loses_nothing_acknowledged(
-    tmp_path: Path, hosts: netns.Hosts, database: str
-) -> None:
+def served_cluster(
+    tmp_path: Path, hosts: netns.Hosts, database: str, port: int, **options: Any
+) -> Path:
+    """An r3 cluster of one node on each of NODE_HOSTS at ``port``, metadata in
+    ``database``, created in ``tmp_path/template`` with ``options`` and served on every
+    host; returns the template, once every node listens."""
     template = tmp_path / "template"
     Cluster.create(
         template,
@@ -72,14 +76,21 @@ def test_a_host_cut_off_mid_write_loses_nothing_acknowledged(
         block_size=SMALL_BLOCK,
         metadata=database,
         metadata_table=fresh_table(),
-        node_addresses=tuple(f"{hosts.ip[h]}:{PORT}" for h in NODE_HOSTS),
-        nic_gbps=1.0,
-        rtt_ms=RTT_MS,
-        loss=0.0002,
+        node_addresses=tuple(f"{hosts.ip[h]}:{port}" for h in NODE_HOSTS),
+        **options,
     )
     netns.serve_nodes(hosts, template, tmp_path, NODE_HOSTS)
     for h in NODE_HOSTS:
-        until(lambda h=h: netns.listening(hosts.ip[h], PORT), f"node on {h} listens", 30)
+        until(lambda h=h: netns.listening(hosts.ip[h], port), f"node on {h} listens", 30)
+    return template
+
+
+def test_a_host_cut_off_mid_write_loses_nothing_acknowledged(
+    tmp_path: Path, hosts: netns.Hosts, database: str
+) -> None:
+    template = served_cluster(
+        tmp_path, hosts, database, PORT, nic_gbps=1.0, rtt_ms=RTT_MS, loss=0.0002
+    )
     client_root = netns.host_copy(template, tmp_path / "client")
     stop = tmp_path / "stop"
     progress = [tmp_path / f"progress-{i}" for i in range(2)]
@@ -155,19 +166,7 @@ def test_another_uid_on_another_host_can_do_nothing(
     host are unchanged and the file reads back. (Links across namespaces are not loopback:
     their tags cover payloads.)"""
     port = PORT + 50  # the other test's nodes may still listen on PORT
-    template = tmp_path / "template"
-    Cluster.create(
-        template,
-        nodes=len(NODE_HOSTS),
-        encoding="r3",
-        block_size=SMALL_BLOCK,
-        metadata=database,
-        metadata_table=fresh_table(),
-        node_addresses=tuple(f"{hosts.ip[h]}:{port}" for h in NODE_HOSTS),
-    )
-    netns.serve_nodes(hosts, template, tmp_path, NODE_HOSTS)
-    for h in NODE_HOSTS:
-        until(lambda h=h: netns.listening(hosts.ip[h], port), f"node on {h} listens", 30)
+    template = served_cluster(tmp_path, hosts, database, port)
     here = netns.host_copy(template, tmp_path / "reader")
     data = bytes(range(256)) * (3 * SMALL_BLOCK // 256 + 7)
 
@@ -227,20 +226,7 @@ def test_tls_links_across_hosts(tmp_path: Path, hosts: netns.Hosts, database: st
     it sends hold none of the file (a relay records them), and a client without TLS is
     refused."""
     port = PORT + 100  # the other tests' nodes may still listen on theirs
-    template = tmp_path / "template"
-    Cluster.create(
-        template,
-        nodes=len(NODE_HOSTS),
-        encoding="r3",
-        block_size=SMALL_BLOCK,
-        metadata=database,
-        metadata_table=fresh_table(),
-        node_addresses=tuple(f"{hosts.ip[h]}:{port}" for h in NODE_HOSTS),
-        tls=True,
-    )
-    netns.serve_nodes(hosts, template, tmp_path, NODE_HOSTS)
-    for h in NODE_HOSTS:
-        until(lambda h=h: netns.listening(hosts.ip[h], port), f"node on {h} listens", 30)
+    template = served_cluster(tmp_path, hosts, database, port, tls=True)
     here = netns.host_copy(template, tmp_path / "reader")
     data = os.urandom(3 * SMALL_BLOCK + 7)
 

@@ -113,21 +113,16 @@ class Disk:
         self.bytes_written += nbytes
 
     def written_so_far(self) -> float:
-        """Bytes written until now, writes in progress as far as they got (with a shared
-        device-time resource; otherwise counted as each write ends)."""
-        if isinstance(self.time, SharedResource):
-            return self.time.worth_so_far()
-        return float(self.bytes_written)
+        """Bytes written until now, writes in progress as far as they got (as far as the
+        device-time resource tells: a ``QueueResource`` counts each as it ends)."""
+        return self.time.worth_so_far()
 
     async def _io(self, nbytes: int, *, write: bool) -> None:
         async with self._slots:
             if self.model.latency:
                 await asyncio.sleep(self.model.latency)
             service = self.model.service(nbytes, write=write)
-            if isinstance(self.time, SharedResource):
-                await self.time.begin(service, worth=nbytes if write else 0.0)
-            else:
-                await self.time.use(service)
+            await self.time.begin(service, worth=nbytes if write else 0.0)
         self.ops += 1
 
 

@@ -131,14 +131,5 @@ class Fabric:
         src.sent += nbytes
         dst.received += nbytes
 
-    def resources(self) -> list[Resource]:
-        """Every hop, for utilisation reports."""
-        out: list[Resource] = []
-        for rack in self.racks:
-            out.extend(r for r in (rack.uplink, rack.downlink) if r is not None)
-        for host in self.hosts:
-            out.extend((host.egress, host.ingress))
-        return out
-
 
 __all__ = ["SMALL_MESSAGE", "Fabric", "FabricModel", "Host", "Rack"]

@@ -73,7 +73,6 @@ class ModelKV(KVStore):
         self.model = model
         self.inner = inner if inner is not None else MemoryKV()
         self.shards = [discipline(model.qps, name=f"meta{k}") for k in range(model.shards)]
-        self.transactions = 0
 
     def transaction(self, *, durable: bool = True) -> _ChargedTransaction:
         return _ChargedTransaction(self, durable)
@@ -106,7 +105,6 @@ class _ChargedTransaction(Transaction):
         if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
             return
         store = self._store
-        store.transactions += 1
         await use_all([store.shards[k].begin(n) for k, n in sorted(self._ops.items())])
         if store.model.rtt:
             await asyncio.sleep(store.model.rtt)

@@ -139,10 +139,7 @@ class ModelNode(StorageNode):
         return await self._call(self.server.store.usage)
 
     async def reserve(self, nbytes: int) -> None:
-        async def answer() -> None:
-            return None
-
-        await self._call(answer)
+        await self._call(lambda: self.server.store.reserve(nbytes))
 
     async def close(self) -> None:
         """This client's handle stops answering; the server and its chunks stay."""

@@ -46,13 +46,15 @@ class Resource(abc.ABC):
         self.rate = float(rate)
         self.name = name
         self.served = 0.0  # amounts of finished jobs, in total
+        self.worth_done = 0.0  # the worth (``begin(worth=)``) of finished jobs
         self.jobs = 0  # jobs finished
 
     @abc.abstractmethod
-    def begin(self, amount: float) -> asyncio.Future[None]:
+    def begin(self, amount: float, *, worth: float | None = None) -> asyncio.Future[None]:
         """Start serving ``amount``; the future is done once it has been served. Cancelling
-        the future withdraws the job. Raises ValueError for a negative or non-finite
-        amount."""
+        the future withdraws the job. ``worth``: what the whole job counts for in
+        ``worth_so_far`` (default: its amount), such as a disk write's bytes where its
+        amount is device-seconds. Raises ValueError for a negative or non-finite amount."""
 
     async def use(self, amount: float) -> None:
         """Wait until ``amount`` has been served."""
@@ -63,17 +65,18 @@ class Resource(abc.ABC):
         """Amounts per second when every server is busy."""
         return self.rate
 
-    def served_so_far(self) -> float:
-        """Amounts served until now, jobs in service included as far as they got (a
-        ``QueueResource`` counts finished jobs only)."""
-        return self.served
+    def worth_so_far(self) -> float:
+        """The worth of what was served until now. This counts finished jobs; a
+        ``SharedResource`` adds jobs in service as far as they got."""
+        return self.worth_done
 
     def utilisation(self, elapsed: float) -> float:
         """The share of its capacity over ``elapsed`` seconds that finished jobs used."""
         return self.served / (self.capacity * elapsed) if elapsed > 0 else 0.0
 
-    def _finished(self, done: asyncio.Future[None], amount: float) -> None:
+    def _finished(self, done: asyncio.Future[None], amount: float, worth: float) -> None:
         self.served += amount
+        self.worth_done += worth
         self.jobs += 1
         if not done.done():
             done.set_result(None)
@@ -84,8 +87,10 @@ class Resource(abc.ABC):
             raise ValueError(f"an amount must be finite and not negative, not {amount}")
         return float(amount)
 
-    @staticmethod
-    def _done_now(loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+    def _done_now(
+        self, loop: asyncio.AbstractEventLoop, worth: float | None
+    ) -> asyncio.Future[None]:
+        self.worth_done += worth or 0.0
         done = loop.create_future()
         done.set_result(None)
         return done
@@ -102,10 +107,9 @@ class SharedResource(Resource):
         super().__init__(rate, name=name)
         self._level = 0.0  # service each job in service has had, since the last idle moment
         self._at = 0.0  # loop time of _level
-        self._starts = 0.0  # the sum of the level at which each job in service began
-        # The same weighted by each job's worth per unit (``begin(worth=)``), and their sum.
+        # For worth_so_far: the sum over jobs in service of their worth per unit of amount,
+        # and of that times the level at which each began.
         self._worth_rate = self._worth_starts = 0.0
-        self.worth_done = 0.0  # the worth of finished jobs
         self._ends: list[_Job] = []  # a heap: the earliest end first
         self._order = itertools.count()  # equal ends finish in the order they came
         self._timer: asyncio.TimerHandle | None = None
@@ -120,28 +124,19 @@ class SharedResource(Resource):
             level += (asyncio.get_running_loop().time() - self._at) * self.rate / len(self._ends)
         return level
 
-    def served_so_far(self) -> float:
-        return self.served + len(self._ends) * self._level_now() - self._starts
-
     def worth_so_far(self) -> float:
-        """The worth (``begin(worth=)``) of what was served until now, jobs in service as
-        far as they got: a disk's bytes, where its amounts are device-seconds."""
         return self.worth_done + self._worth_rate * self._level_now() - self._worth_starts
 
     def begin(self, amount: float, *, worth: float | None = None) -> asyncio.Future[None]:
-        """``Resource.begin``; ``worth``: what the whole job counts for in
-        ``worth_so_far`` (default: its amount)."""
         amount = self._check(amount)
         loop = asyncio.get_running_loop()
         if amount == 0:
-            self.worth_done += worth or 0.0
-            return self._done_now(loop)
+            return self._done_now(loop, worth)
         self._advance(loop.time())
         done: asyncio.Future[None] = loop.create_future()
         per = 1.0 if worth is None else worth / amount
         job = (self._level + amount, next(self._order), done, amount, per)
         heapq.heappush(self._ends, job)
-        self._starts += self._level
         self._worth_rate += per
         self._worth_starts += per * self._level
         done.add_done_callback(lambda f: self._withdraw(job) if f.cancelled() else None)
@@ -180,8 +175,7 @@ class SharedResource(Resource):
         while self._ends and self._ends[0][0] <= reached:
             end, _, done, amount, per = heapq.heappop(self._ends)
             self._gone(end - amount, per)
-            self.worth_done += per * amount
-            self._finished(done, amount)
+            self._finished(done, amount, per * amount)
         if not self._ends:
             self._idle()
         self._arm(loop)
@@ -202,13 +196,12 @@ class SharedResource(Resource):
 
     def _gone(self, start: float, per: float) -> None:
         """A job that began at level ``start`` left service."""
-        self._starts -= start
         self._worth_rate -= per
         self._worth_starts -= per * start
 
     def _idle(self) -> None:
         """Nothing in service: fresh sums for the next busy period keep the floats small."""
-        self._level = self._starts = self._worth_rate = self._worth_starts = 0.0
+        self._level = self._worth_rate = self._worth_starts = 0.0
 
 
 class QueueResource(Resource):
@@ -226,15 +219,15 @@ class QueueResource(Resource):
     def capacity(self) -> float:
         return self.rate * self.servers
 
-    def begin(self, amount: float) -> asyncio.Future[None]:
+    def begin(self, amount: float, *, worth: float | None = None) -> asyncio.Future[None]:
         amount = self._check(amount)
         loop = asyncio.get_running_loop()
         if amount == 0:
-            return self._done_now(loop)
+            return self._done_now(loop, worth)
         end = max(loop.time(), self._free[0]) + amount / self.rate
         heapq.heapreplace(self._free, end)
         done: asyncio.Future[None] = loop.create_future()
-        loop.call_at(end, self._finished, done, amount)
+        loop.call_at(end, self._finished, done, amount, amount if worth is None else worth)
         return done
 
 
