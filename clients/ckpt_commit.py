@@ -36,8 +36,9 @@ from clients.ckpt_gc import mark_retirement
 from clients.ckpt_reads import FileReaders
 from clients.ckpt_stage import Staged, StagingPool
 from tectonic_emu import clock
+from tectonic_emu.coding import work
 from tectonic_emu.coding.checksum import crc32c, crc32c_each
-from tectonic_emu.coding.synthetic import Payload, Synthetic
+from tectonic_emu.coding.synthetic import Payload, Synthetic, nbytes
 from tectonic_emu.errors import NotFoundError
 
 WRITERS = 2  # data files a batch of ranks is written to at once
@@ -317,10 +318,10 @@ async def _checksums(pieces: list[Payload]) -> list[int]:
 
 
 async def _digest(piece: Payload) -> str:
-    if isinstance(piece, Synthetic):  # its structure names its bytes (coding/synthetic.py)
-        return piece.digest().hex()
-
     def run() -> str:
+        work.count("blake2b", nbytes(piece))
+        if isinstance(piece, Synthetic):  # its structure names its bytes (coding/synthetic.py)
+            return piece.digest().hex()
         return hashlib.blake2b(piece, digest_size=16).hexdigest()
 
     return await asyncio.to_thread(run) if len(piece) >= 1 << 20 else run()

@@ -11,7 +11,8 @@ expires at once, and the same program gives the same timeline.
 When nothing is ready and no work is out on a thread, it jumps the clock to the next timer
 instead of sleeping. While work runs on a thread (``run_in_executor``, ``asyncio.to_thread``),
 the clock stands still and the loop waits for it in real time, so work outside the loop takes
-no virtual time; what it should cost is charged by the models that stand in for devices.
+no virtual time; what it should cost is charged by the models that stand in for devices and
+for a host's CPU (a job's counted work, ``coding/work.py``, before its result is seen).
 Its default executor is ``InlineExecutor`` (offload.py), which runs the work at once on the
 loop's thread, so thread timing cannot reorder events. Real I/O (sockets) still works, but
 its time is real and a run that waits on it is not deterministic.
@@ -26,10 +27,11 @@ import abc
 import asyncio
 import selectors
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
+from tectonic_emu.coding import work
 from tectonic_emu.offload import InlineExecutor
 
 T = TypeVar("T")
@@ -149,10 +151,20 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         future = super().run_in_executor(executor, func, *args)
         self.outside += 1
         future.add_done_callback(self._back)
-        return future
+        tally = work.Tally.current()
+        if tally is None or not tally.due():
+            return future
+        return self.create_task(_settled(tally.claim(), future))  # CPU charged: coding/work.py
 
     def _back(self, _future: asyncio.Future[Any] | Future[Any]) -> None:
         self.outside -= 1
+
+
+async def _settled(charged: Awaitable[None], job: asyncio.Future[T]) -> T:
+    """``job``'s result once the work it did (on an inline executor, done already) has been
+    ``charged``."""
+    await charged
+    return await job
 
 
 def run_virtual(main: Coroutine[Any, Any, T], *, clock: VirtualClock | None = None) -> T:

@@ -8,6 +8,8 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from tectonic_emu.coding import work
+
 T = TypeVar("T")
 
 # Below this many bytes a checksum or copy is cheaper than a hop to a worker thread.
@@ -18,7 +20,9 @@ async def offload(cpu: Executor, size: int, fn: Callable[..., T], *args: object)
     """``fn(*args)``, on a worker of ``cpu`` when it touches ``size`` bytes or more (so the
     loop keeps serving other ranks meanwhile), inline when that is cheaper than the hop."""
     if size < INLINE_CPU_BYTES or isinstance(cpu, InlineExecutor):
-        return fn(*args)  # (an inline pool would run it here anyway, a loop hop later)
+        result = fn(*args)  # (an inline pool would run it here anyway, a loop hop later)
+        await work.settle()  # a projection's host charges the work here (coding/work.py)
+        return result
     return await asyncio.get_running_loop().run_in_executor(cpu, fn, *args)
 
 

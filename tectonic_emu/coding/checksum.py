@@ -7,6 +7,7 @@ from typing import Any
 
 import google_crc32c
 
+from tectonic_emu.coding import work
 from tectonic_emu.coding._native import crc32c_extend, pinned
 from tectonic_emu.coding.synthetic import Payload, Synthetic
 from tectonic_emu.errors import InvalidArgumentError
@@ -30,14 +31,17 @@ def crc32c(data: Payload, value: int = 0) -> int:
     if isinstance(data, Synthetic):
         if value:
             raise InvalidArgumentError("a synthetic payload's checksum has no start value")
+        work.count("crc32c", len(data))
         return data.crc32c()
     native = crc32c_extend()
     if native is None or (isinstance(data, bytes) and len(data) < _SMALL_BYTES):
         if not isinstance(data, bytes):
             data = bytes(data)  # only without the native library: google-crc32c takes bytes
+        work.count("crc32c", len(data))
         return int(google_crc32c.extend(value, data))
     try:
         with pinned([data]) as [(address, nbytes)]:
+            work.count("crc32c", nbytes)
             fn = native[0] if nbytes >= _RELEASE_GIL_FROM else native[1]
             return fn(value, address, nbytes)
     except BufferError as exc:
@@ -52,6 +56,7 @@ def crc32c_many(data: Payload, spans: Sequence[tuple[int, int]]) -> list[int]:
         for at, n in spans:
             if at < 0 or n < 0 or at + n > len(data):
                 raise InvalidArgumentError(f"span ({at}, {n}) outside {len(data)} bytes")
+        work.count("crc32c", sum(n for _, n in spans))
         return [data[at : at + n].crc32c() for at, n in spans]
     native = crc32c_extend()
     view = memoryview(data).cast("B")
@@ -60,6 +65,7 @@ def crc32c_many(data: Payload, spans: Sequence[tuple[int, int]]) -> list[int]:
             raise InvalidArgumentError(f"span ({at}, {n}) outside {view.nbytes} bytes")
     if native is None:
         return [crc32c(view[at : at + n]) for at, n in spans]
+    work.count("crc32c", sum(n for _, n in spans))
     try:
         with pinned([view]) as [(address, _)]:
             return _checksum_spans(native, [(address + at, n) for at, n in spans])
@@ -77,6 +83,7 @@ def crc32c_each(pieces: Sequence[Payload]) -> list[int]:
         return [crc32c(p) for p in pieces]
     try:
         with pinned(real) as spans:
+            work.count("crc32c", sum(n for _, n in spans))
             return _checksum_spans(native, spans)
     except BufferError as exc:
         raise InvalidArgumentError(f"cannot checksum a non-contiguous buffer: {exc}") from exc

@@ -19,11 +19,12 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
 from tectonic_emu.buffers import BytesLike
+from tectonic_emu.coding import work
 from tectonic_emu.coding._gf256 import cauchy_matrix, gf_matmul
 from tectonic_emu.coding._native import isal, pinned
 from tectonic_emu.coding.base import Codec, byte_view, real_views, writable_view
 from tectonic_emu.coding.encoding import Encoding
-from tectonic_emu.coding.synthetic import Payload, Synthetic
+from tectonic_emu.coding.synthetic import Payload, Synthetic, nbytes
 from tectonic_emu.errors import DataUnavailableError, InvalidArgumentError
 
 ALIGN = 64  # chunk length granule: keeps every data chunk of an aligned block cache-line aligned
@@ -62,6 +63,7 @@ class ReedSolomonCodec(Codec):
     def encode(
         self, block: Payload, *, parity_out: Sequence[BytesLike] | None = None
     ) -> list[Payload]:
+        work.count("rs-encode", nbytes(block))
         if isinstance(block, Synthetic):
             return self._encode_synthetic(block)
         view = byte_view(block)
@@ -90,6 +92,7 @@ class ReedSolomonCodec(Codec):
         out: BytesLike | None = None,
     ) -> Payload:
         sizes, mixed = self._good_chunks(chunks, block_len)
+        work.count("rs-decode", block_len)
         good = real_views(mixed)
         if good is None:
             self._no_out(out)
@@ -131,6 +134,7 @@ class ReedSolomonCodec(Codec):
     ) -> dict[int, Payload]:
         missing = self._check_missing(missing)
         sizes, mixed = self._good_chunks(chunks, block_len, exclude=missing)
+        work.count("rs-decode", block_len)
         good = real_views(mixed)
         if good is None:
             again = self._encode_synthetic(self._decode_synthetic(mixed, block_len))

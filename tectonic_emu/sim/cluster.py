@@ -1,12 +1,13 @@
 """A projected cluster: modelled servers, disks and network behind the real client.
 
 ``ModelCluster`` builds the hardware of a projection: storage servers in racks of their
-own, each with its disks, on one ``Fabric``, and one metadata store that every client
-shares: a ``MemoryKV``, or with a ``MetadataModel`` a ``ModelKV`` that charges each
-transaction to its shards (``sim/metadata.py``). ``client_cluster(host)`` is what one
-client host opens: a real ``Cluster``, with its real ``Client``, ``DataPath``, placement and
-hedging, whose nodes are ``ModelNode`` handles from that host, and whose CPU and I/O pools
-run work inline so that threads cannot reorder events. Run it under ``clock.run_virtual``.
+own, each with its disks, on one ``Fabric``; client hosts, each with its CPU
+(``sim/cpu.py``); and one metadata store that every client shares: a ``MemoryKV``, or with
+a ``MetadataModel`` a ``ModelKV`` that charges each transaction to its shards
+(``sim/metadata.py``). ``client_cluster(host)`` is what one client host opens: a real
+``Cluster``, with its real ``Client``, ``DataPath``, placement and hedging, whose nodes are
+``ModelNode`` handles from that host, and whose CPU and I/O pools run work inline so that
+threads cannot reorder events. Run it under ``clock.run_virtual``.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from pathlib import Path
 
 from tectonic_emu import clock
 from tectonic_emu.cluster import Cluster
+from tectonic_emu.coding.work import Tally
 from tectonic_emu.config import ClusterConfig
 from tectonic_emu.metadata import MemoryKV
 from tectonic_emu.metadata.layers import Metadata
 from tectonic_emu.offload import InlineExecutor
+from tectonic_emu.sim.cpu import CpuModel, HostCpu
 from tectonic_emu.sim.devices import Disk, DiskModel
 from tectonic_emu.sim.fabric import Fabric, FabricModel, Host
 from tectonic_emu.sim.metadata import MetadataModel, ModelKV
@@ -40,6 +43,7 @@ class Hardware:
     fabric: FabricModel
     servers_per_rack: int = 16
     metadata: MetadataModel | None = None  # None: metadata operations cost nothing
+    cpu: CpuModel | None = None  # each client host's; None: its work is counted, not charged
 
 
 class ModelCluster:
@@ -65,13 +69,18 @@ class ModelCluster:
             MemoryKV() if hardware.metadata is None else ModelKV(hardware.metadata)
         )
         self.meta = Metadata(self.kv)
+        self.cpus: dict[Host, Tally] = {}  # each client host's CPU
         self._rooted = False
 
     def add_clients(self, hosts: int, *, per_rack: int = 16) -> list[Host]:
-        """``hosts`` client hosts, in racks of ``per_rack`` apart from the servers'."""
+        """``hosts`` client hosts, in racks of ``per_rack`` apart from the servers', each
+        with its CPU (``cpus``): make it current (``Tally.active``) in the host's tasks."""
         out: list[Host] = []
         while len(out) < hosts:
             out.extend(self.fabric.add_rack(min(per_rack, hosts - len(out))))
+        cpu = self.hardware.cpu
+        for h in out:
+            self.cpus[h] = Tally() if cpu is None else HostCpu(cpu, name=f"cpu of host {h.index}")
         return out
 
     async def client_cluster(self, host: Host, *, write_ack: str = "quorum") -> Cluster:

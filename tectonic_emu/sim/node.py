@@ -26,6 +26,7 @@ from typing import TypeVar, overload
 
 from tectonic_emu.chunkstore._memory import MemoryNode
 from tectonic_emu.chunkstore.base import ChunkData, ChunkInfo, DiskUsage, Payload, StorageNode
+from tectonic_emu.coding import work
 from tectonic_emu.coding.synthetic import nbytes
 from tectonic_emu.errors import InvalidArgumentError, NodeUnavailableError
 from tectonic_emu.sim.devices import Disk
@@ -92,8 +93,12 @@ class ModelNode(StorageNode):
     ) -> T:
         """One request and its reply: ``sent`` payload bytes out, the server's ``answer``,
         ``back(answer)`` payload bytes in (none with an error, which still costs its
-        reply)."""
+        reply). The client's CPU work for each frame (its MAC and socket copy, and the check
+        of a payload received, as ``RemoteNode`` does them) is counted and charged to the
+        client host (coding/work.py)."""
         self._check_up()
+        work.count("wire", FRAME_BYTES + sent)
+        await work.settle()
         await self.fabric.send(self.client, self.server.host, FRAME_BYTES + sent)
         self._check_up()  # it may have gone down while the frame was on the wire
         try:
@@ -101,7 +106,12 @@ class ModelNode(StorageNode):
         except Exception:
             await self.fabric.send(self.server.host, self.client, FRAME_BYTES)
             raise
-        await self.fabric.send(self.server.host, self.client, FRAME_BYTES + back(result))
+        received = back(result)
+        await self.fabric.send(self.server.host, self.client, FRAME_BYTES + received)
+        work.count("wire", FRAME_BYTES + received)
+        if received:
+            work.count("crc32c", received)
+        await work.settle()
         return result
 
     async def write_chunk(

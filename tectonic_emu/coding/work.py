@@ -1,0 +1,87 @@
+"""CPU work counted where the data path does it, so that a projection can charge it.
+
+The functions that spend CPU per byte (CRC32C, Reed-Solomon encode and decode, the
+checkpoint digests, the wire's MACs) call ``count(kind, nbytes)``. Nothing is counted unless
+a ``Tally`` is current (``Tally.current``): in a real run ``count`` is one ContextVar read.
+A projection makes each client host's ``sim.cpu.HostCpu`` (a ``Tally``) current in that
+host's tasks. The work is charged when the job that did it settles (``settle``): at the
+end of each ``offload`` and of each executor job on a virtual loop (``clock.VirtualLoop``),
+which is where the real code hands that work to a thread.
+
+Counting happens on real bytes and on ``Synthetic`` ones alike, so a tally of a projected
+run and of a real run of the same calls agree (``tests/test_sim_cpu.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+#: The kinds of work counted, each in bytes.
+KINDS = ("crc32c", "rs-encode", "rs-decode", "blake2b", "wire")
+
+_CURRENT: ContextVar[Tally | None] = ContextVar("tectonic_cpu_tally", default=None)
+
+
+class Tally:
+    """Bytes of each kind of work done (``total``). This class only counts; a subclass
+    charges the work too (``sim.cpu.HostCpu``): ``add`` puts it in ``owed`` seconds, and
+    ``claim`` charges them."""
+
+    def __init__(self) -> None:
+        self.total: dict[str, int] = {}
+        self.owed = 0.0  # seconds of work not charged yet
+
+    @staticmethod
+    def current() -> Tally | None:
+        return _CURRENT.get()
+
+    @contextmanager
+    def active(self) -> Iterator[Tally]:
+        """Count the work of this context (and of the tasks it starts) here."""
+        token = _CURRENT.set(self)
+        try:
+            yield self
+        finally:
+            _CURRENT.reset(token)
+
+    def add(self, kind: str, nbytes: int) -> None:
+        self.total[kind] = self.total.get(kind, 0) + nbytes
+
+    def due(self) -> bool:
+        """Whether enough is owed to be worth charging now (``SETTLE_FROM``)."""
+        return self.owed >= SETTLE_FROM
+
+    def claim(self) -> Awaitable[None]:
+        """Take what is owed now, and return what waits until it has been charged (here,
+        nothing). Taken at once, not when awaited, so that work done meanwhile by other
+        jobs of the host is theirs to wait for."""
+        self.owed = 0.0
+        return _nothing()
+
+
+async def _nothing() -> None:
+    pass
+
+
+#: Less work than this (seconds) stays owed until more is done: a timer per small frame
+#: would cost more than the whole projection of its bytes. It is charged later, not lost.
+SETTLE_FROM = 1e-6
+
+
+def count(kind: str, nbytes: int) -> None:
+    """``nbytes`` of ``kind`` (one of ``KINDS``) done now, in the current tally if any."""
+    tally = _CURRENT.get()
+    if tally is not None:
+        tally.add(kind, nbytes)
+
+
+async def settle() -> None:
+    """Charge the current tally's owed work, if a tally is current and it is due."""
+    tally = _CURRENT.get()
+    if tally is not None and tally.due():
+        await tally.claim()
+
+
+__all__ = ["KINDS", "SETTLE_FROM", "Tally", "count", "settle"]

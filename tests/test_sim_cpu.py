@@ -1,0 +1,143 @@
+"""Client CPU in a projection: work counted where the real code does it (coding/work.py),
+charged to a host's cores (sim/cpu.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clients.projection import PRESETS, Scenario, project_checkpoint
+from tectonic_emu import clock
+from tectonic_emu.coding import Encoding, codec_for, crc32c, crc32c_each, crc32c_many, work
+from tectonic_emu.coding.synthetic import Synthetic
+from tectonic_emu.offload import InlineExecutor, offload
+from tectonic_emu.sim.cpu import ASSUMED_SERVER_CORE, CpuModel, HostCpu
+
+ONE_GBPS = {kind: 1.0 for kind in work.KINDS}
+
+
+def _tally_of(fn, payload) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    tally = work.Tally()
+    with tally.active():
+        fn(payload)
+    return tally.total
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(0, 300_000),
+    enc=st.sampled_from(["rs-6-3", "rs-3-3", "r3"]),
+    lost=st.integers(0, 3),
+)
+def test_real_and_synthetic_bytes_count_the_same_work(n: int, enc: str, lost: int) -> None:
+    """Each counted function counts the same bytes for a Synthetic payload as for the bytes
+    it describes: a projection charges what a real run would do."""
+    synthetic = Synthetic.random(7, n)
+    real = synthetic.materialize()
+    codec = codec_for(Encoding.parse(enc))
+
+    def checks(p):  # type: ignore[no-untyped-def]
+        crc32c(p)
+        crc32c_many(p, [(0, n // 2), (n // 2, n - n // 2)])
+        crc32c_each([p, p])
+
+    def codes(p):  # type: ignore[no-untyped-def]
+        chunks = codec.encode(p)
+        width = Encoding.parse(enc).width
+        kept = {i: c for i, c in enumerate(chunks) if i >= min(lost, width - 1)}
+        codec.decode(kept, n)
+
+    for fn in (checks, codes):
+        assert _tally_of(fn, synthetic) == _tally_of(fn, real)
+    assert _tally_of(checks, real) == {"crc32c": 4 * n}
+
+
+def test_nothing_is_counted_without_a_tally() -> None:
+    assert work.Tally.current() is None
+    crc32c(b"x" * 1000)  # no error, nowhere to count
+    tally = work.Tally()
+    with tally.active():
+        assert work.Tally.current() is tally
+    assert work.Tally.current() is None
+
+
+def test_offloaded_and_threaded_work_is_charged_to_the_host_first_come_first_served() -> None:
+    """A 1 GB checksum at 1 GB/s takes one virtual second of a core; three at once on two
+    cores end at 1, 1 and 2 s, whether the real code offloads them or hands them to
+    ``asyncio.to_thread``. Work outside any tally costs nothing."""
+    gb = Synthetic.random(1, 10**9)
+
+    async def main() -> list[float]:
+        cpu = HostCpu(CpuModel(2, ONE_GBPS), name="host")
+        ends: list[float] = []
+
+        async def job(k: int) -> None:
+            with cpu.active():
+                if k % 2:
+                    await asyncio.to_thread(crc32c, gb)
+                else:
+                    await offload(InlineExecutor(), len(gb), crc32c, gb)
+            ends.append(clock.monotonic())
+
+        t0 = clock.monotonic()
+        await asyncio.gather(*(job(k) for k in range(3)))
+        free = clock.monotonic()
+        await offload(InlineExecutor(), len(gb), crc32c, gb)  # no tally: free
+        assert clock.monotonic() == free
+        assert cpu.total == {"crc32c": 3 * 10**9}
+        assert cpu.cores.utilisation(2.0) == pytest.approx(0.75)
+        return [round(e - t0, 9) for e in ends]
+
+    assert sorted(clock.run_virtual(main())) == [1.0, 1.0, 2.0]
+
+
+def test_small_work_stays_owed_until_it_is_worth_a_timer() -> None:
+    async def main() -> None:
+        cpu = HostCpu(CpuModel(1, ONE_GBPS))
+        with cpu.active():
+            crc32c(b"x" * 100)  # 100 ns of work
+            t0 = clock.monotonic()
+            await work.settle()
+            assert clock.monotonic() == t0 and cpu.owed == pytest.approx(1e-7)
+            crc32c(b"x" * 1000)
+            await work.settle()
+            assert clock.monotonic() - t0 == pytest.approx(1.1e-6)
+            assert cpu.owed == 0
+
+    clock.run_virtual(main())
+
+
+def test_a_cpu_model_needs_every_rate_and_a_core() -> None:
+    with pytest.raises(ValueError, match="at least one core"):
+        CpuModel(0, ONE_GBPS)
+    with pytest.raises(ValueError, match="rs-decode"):
+        CpuModel(1, {k: 1.0 for k in work.KINDS if k != "rs-decode"})
+    assert CpuModel(4, ASSUMED_SERVER_CORE).seconds({"crc32c": 20 * 10**9}) == 1.0
+
+
+def test_measured_rates_are_this_machines() -> None:
+    model = CpuModel.measure(repeat=1)
+    assert model.cores >= 1
+    assert set(model.gbps) == set(work.KINDS)
+    assert all(0.01 < rate < 1000 for rate in model.gbps.values())
+
+
+def test_slow_client_cpus_bound_the_save_and_the_report_says_so() -> None:
+    """The same 64-rank save on hosts of one slow core is bound by the client CPUs: the
+    report names them, the lower bound is theirs, and the save takes longer than it."""
+    small = PRESETS["small-flash"].hardware
+    fast = Scenario("llama3-8b", 64, "rs-6-3", small)
+    slow_cpu = CpuModel(1, {k: 0.5 for k in work.KINDS})
+    slow = dataclasses.replace(fast, hardware=dataclasses.replace(small, cpu=slow_cpu))
+    a, b = project_checkpoint(fast), project_checkpoint(slow)
+    assert b.bound_by == "client CPUs" and b.busiest == "client CPUs"
+    assert b.duration_s > 3 * a.duration_s
+    assert b.lower_bound_s <= b.duration_s
+    # The same work (to a part in 10^4: timing changes hedged reservations and metadata),
+    # charged at another rate; every byte encoded once, with the files' small headers.
+    assert b.cpu_work == {k: pytest.approx(n, rel=1e-4) for k, n in a.cpu_work.items()}
+    assert b.cpu_work["rs-encode"] == pytest.approx(b.bytes, rel=1e-3)
