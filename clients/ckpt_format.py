@@ -35,7 +35,9 @@ _MANIFEST = re.compile(r"^manifest-(\d{12})\.json$")
 _JSON = json.JSONEncoder(separators=(",", ":"))
 _str = json.encoder.encode_basestring_ascii  # a JSON string, as _JSON writes it
 
-Kind = Literal["shard", "array", "bytes"]
+# "synthetic": bytes described by a seed, not made (a projection's, docs/simulate.md); such
+# a value loads as the ``Synthetic`` that was saved.
+Kind = Literal["shard", "array", "bytes", "synthetic"]
 
 
 class CheckpointError(TectonicError):
@@ -96,7 +98,7 @@ class Shard:
                 )
 
 
-Value = Any  # a state's value: a numpy array, a bytes-like, or a Shard
+Value = Any  # a state's value: a numpy array, a bytes-like, a Shard, or a Synthetic
 
 
 class Part(NamedTuple):

@@ -212,7 +212,7 @@ class Loader:
                     raise CheckpointNotFoundError(f"rank {rank} saved no {name!r}", self.root)
             elif not _alike(entries):
                 raise CheckpointError(f"{name!r} differs between ranks: pass rank=", self.root)
-            if entries[0].kind == "bytes":
+            if entries[0].kind in ("bytes", "synthetic"):
                 value = await self.parts.value(ix, entries[0], sem)
                 return value if index is None else value[index]
             entries = entries[:1]
@@ -273,9 +273,15 @@ class Loader:
                     placed.append((e, dest))
                 else:
                     wanted.append((out, name, e))
+        sem = asyncio.Semaphore(READS_IN_FLIGHT)
+        reads = [  # a projection's synthetic values: no buffer to lay them out in
+            self._described(ix, out, name, e, sem)
+            for out, name, e in wanted
+            if e.kind == "synthetic"
+        ]
+        wanted = [w for w in wanted if w[2].kind != "synthetic"]
         entries = [e for _, _, e in wanted]
         laid_out, scattered = arenas(entries)
-        reads = []
         for arena in laid_out:
             buf = uninitialised(arena.length)
             for k, at in arena.members:
@@ -283,7 +289,6 @@ class Loader:
                 out[name] = as_value(e, buf[at : at + e.nbytes])
             members = [entries[k] for k, _ in arena.members]
             reads.append(self.parts.read_arena(ix, arena, members, buf))
-        sem = asyncio.Semaphore(READS_IN_FLIGHT)
         for k in scattered:  # parts in several files: run by run, as load does
             out, name, e = wanted[k]
             value, runs = empty_value(e)
@@ -298,6 +303,11 @@ class Loader:
             if isinstance(value, (bytearray, memoryview)):
                 out[name] = bytes(value)
         return outs
+
+    async def _described(
+        self, ix: Indexed, out: dict[str, Value], name: str, e: Entry, sem: asyncio.Semaphore
+    ) -> None:
+        out[name] = await self.parts.described(ix, e, sem)
 
     async def verify(
         self, step: int | None = None, *, progress: Callable[[int], None] | None = None

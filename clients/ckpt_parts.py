@@ -29,6 +29,7 @@ from clients.ckpt_region import Box, RowRead, plan
 from tectonic_emu._malloc import MMAP_THRESHOLD
 from tectonic_emu.bufpool import PAGE
 from tectonic_emu.coding.checksum import crc32c, crc32c_many
+from tectonic_emu.coding.synthetic import Payload, joined, nbytes
 from tectonic_emu.errors import TectonicError
 
 READS_IN_FLIGHT = 16  # reads of one load (or read, or verify) at once
@@ -66,6 +67,8 @@ class PartReader:
     ) -> Value:
         """One rank's whole value, every part checked; read into ``dest`` (see
         ``ckpt_select.destination``) when given."""
+        if e.kind == "synthetic":
+            return await self.described(ix, e, sem)
         value, runs = empty_value(e) if dest is None else (dest[0], runs_of(e, dest[1]))
         await asyncio.gather(*(self.read_parts(ix, e, run, into, sem) for run, into in runs))
         return bytes(value) if dest is None and isinstance(value, bytearray) else value
@@ -110,14 +113,36 @@ class PartReader:
                 path = self.catalog.path(first.file)
                 n = await self._reader.read(path, first.pos, dest, ix.files)
             except TectonicError as exc:
-                raise CheckpointCorruptError(
-                    f"step {m.step}, rank {e.rank}, {e.name!r}: cannot read {first.file}: {exc}",
-                    self.catalog.root,
-                ) from exc
+                raise self._unreadable(m, e, first, exc) from exc
         await self._check_parts(m, e, parts, dest, n)
 
+    async def described(self, ix: Indexed, e: Entry, sem: asyncio.Semaphore) -> Payload:
+        """A synthetic value (a projection's): its runs read as the store returns them
+        (``FileReader.read``: a description is not read into a buffer), each part checked as
+        ``read_parts`` checks, and joined back into the ``Synthetic`` that was saved."""
+        m = ix.manifest
+
+        async def run(parts: list[Part]) -> Payload:
+            first = parts[0]
+            async with sem:
+                try:
+                    path = self.catalog.path(first.file)
+                    got = await ix.files.read(path, first.pos, sum(p.length for p in parts))
+                except TectonicError as exc:
+                    raise self._unreadable(m, e, first, exc) from exc
+            await self._check_parts(m, e, parts, got, nbytes(got))
+            return got
+
+        return joined(await asyncio.gather(*(run(parts) for parts in _runs(e))))
+
+    def _unreadable(self, m: Manifest, e: Entry, p: Part, exc: Exception) -> Exception:
+        return CheckpointCorruptError(
+            f"step {m.step}, rank {e.rank}, {e.name!r}: cannot read {p.file}: {exc}",
+            self.catalog.root,
+        )
+
     async def _check_parts(
-        self, m: Manifest, e: Entry, parts: list[Part], dest: memoryview, n: int
+        self, m: Manifest, e: Entry, parts: list[Part], dest: Payload, n: int
     ) -> None:
         """Each of ``parts``, read back to back into ``dest`` (``n`` bytes of it), against
         its CRC32C; CheckpointCorruptError names the first that does not match."""
@@ -228,8 +253,20 @@ def empty_value(e: Entry) -> tuple[Any, list[tuple[list[Part], memoryview]]]:
 
 
 def runs_of(e: Entry, view: memoryview) -> list[tuple[list[Part], memoryview]]:
-    """``e``'s parts in runs that lie back to back in one file (one read each, at most
-    RUN_BYTES), each with the slice of ``view`` (the value's bytes) it fills."""
+    """``e``'s parts in runs (``_runs``), each with the slice of ``view`` (the value's
+    bytes) it fills."""
+    out = []
+    at = 0
+    for run in _runs(e):
+        n = sum(p.length for p in run)
+        out.append((run, view[at : at + n]))
+        at += n
+    return out
+
+
+def _runs(e: Entry) -> list[list[Part]]:
+    """``e``'s parts in runs that lie back to back in one file: one read each, at most
+    RUN_BYTES."""
     runs: list[list[Part]] = []
     for p in e.parts:
         last = runs[-1][-1] if runs else None
@@ -242,16 +279,10 @@ def runs_of(e: Entry, view: memoryview) -> list[tuple[list[Part], memoryview]]:
             runs[-1].append(p)
         else:
             runs.append([p])
-    out = []
-    at = 0
-    for run in runs:
-        n = sum(p.length for p in run)
-        out.append((run, view[at : at + n]))
-        at += n
-    return out
+    return runs
 
 
-def _first_bad(parts: list[Part], dest: memoryview, n: int) -> Part | None:
+def _first_bad(parts: list[Part], dest: Payload, n: int) -> Part | None:
     """The first of ``parts`` (back to back in ``dest``, ``n`` bytes of it read) that is
     short or does not match its CRC32C."""
     at = 0

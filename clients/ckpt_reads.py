@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from tectonic_emu.chunkstore.remote import aligned_buffer
 from tectonic_emu.client import Client
+from tectonic_emu.coding.synthetic import Synthetic
 from tectonic_emu.reader import FileReader
 
 MERGE_BYTES = 64 << 20  # the largest merged read
@@ -36,17 +37,24 @@ class FileReaders:
         self._open: dict[str, asyncio.Future[FileReader]] = {}
 
     async def read_into(self, path: str, pos: int, dest: memoryview) -> int:
-        """``Client.read_into`` through the file's reader. A failed opening is not kept."""
+        """``Client.read_into`` through the file's reader."""
+        return await (await self._reader(path)).read_into(pos, dest)
+
+    async def read(self, path: str, pos: int, size: int) -> bytes | Synthetic:
+        """``Client.read`` through the file's reader."""
+        return await (await self._reader(path)).read(pos, size)
+
+    async def _reader(self, path: str) -> FileReader:
+        """The file's reader, opened once. A failed opening is not kept."""
         flight = self._open.get(path)
         if flight is None:
             flight = self._open[path] = asyncio.ensure_future(self.client.reader(path))
         try:
-            reader = await asyncio.shield(flight)
+            return await asyncio.shield(flight)
         except Exception:
             if self._open.get(path) is flight:
                 del self._open[path]
             raise
-        return await reader.read_into(pos, dest)
 
 
 @dataclass(slots=True)

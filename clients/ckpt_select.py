@@ -46,6 +46,8 @@ def destination(e: Entry, given: Any) -> tuple[Any, memoryview]:
     """``given`` (``load``'s ``into``) checked as a place for ``e``'s value: the value to
     return (the array, or the buffer for bytes) and its bytes, to read into."""
     what = f"{e.name!r} of rank {e.rank}"
+    if e.kind == "synthetic":
+        raise CheckpointError(f"{what}: a synthetic value is not read into a buffer (no into=)")
     if e.kind == "bytes":
         try:
             view = memoryview(given).cast("B")

@@ -107,7 +107,7 @@ def _stage(
     elif isinstance(value, np.ndarray):
         arr, kind, at = value, "array", ((), ())
     elif isinstance(value, Synthetic):  # a projection's bytes (docs/simulate.md): no copy
-        return Item(Entry(rank, name, "bytes"), [value], [(0, 0)])
+        return Item(Entry(rank, name, "synthetic"), [value], [(0, 0)])
     elif isinstance(value, (bytes, bytearray, memoryview)):
         raw = memoryview(value).cast("B")
         if pool is not None:

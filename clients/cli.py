@@ -488,6 +488,9 @@ __all__ = ["ckpt", "data", "simulate"]
     help="Virtual seconds into the save when they go down (0: down from the start).",
 )
 @click.option(
+    "--save-only", is_flag=True, help="Project the save only, not the load that follows it."
+)
+@click.option(
     "--seed", default=1, show_default=True, help="The run's seed: the same seed, the same run."
 )
 @json_option
@@ -501,14 +504,15 @@ def simulate_checkpoint(
     metadata_qps: float,
     fail_servers: int,
     fail_at: float,
+    save_only: bool,
     seed: int,
     as_json: bool,
 ) -> None:
-    """Project one checkpoint save of MODEL onto a modelled cluster, in virtual time: the
-    real Checkpointer, client, placement and commit protocol on model servers, disks and
-    network, with synthetic payloads. Reports the save's duration (the slowest rank), each
-    rank's p50/p99/max, throughput beside the hardware's lower bound, and the utilisation
-    of client NICs, server NICs and disks.
+    """Project one checkpoint save of MODEL onto a modelled cluster, then every rank's
+    load of it, in virtual time: the real Checkpointer, client, placement and commit
+    protocol on model servers, disks, network and client CPUs, with synthetic payloads.
+    Reports each phase's duration (the slowest rank), each rank's p50/p99, throughput beside
+    the hardware's lower bound, and the save's utilisation of each class of resource.
 
     \b
     Example:
@@ -528,6 +532,7 @@ def simulate_checkpoint(
         scenario = Scenario(
             model, count, encoding, hardware, ranks_per_host=p.ranks_per_host,
             block_size=p.block_size, seed=seed, fail_servers=fail_servers, fail_at=fail_at,
+            load=not save_only,
         )  # fmt: skip
         with progress_bar(None) as bar:
             task = bar.add_task(f"projecting {model} on {count} ranks", total=None)
@@ -558,6 +563,12 @@ def simulate_checkpoint(
     click.echo(
         f"lower bound {result.lower_bound_s:.2f} s ({result.bound_by}); busiest: {result.busiest}"
     )
+    if (ld := result.load) is not None:
+        click.echo(
+            f"load {ld.duration_s:.2f} s (ranks p50 {ld.rank_p50_s:.2f}, p99 {ld.rank_p99_s:.2f})"
+            f": {ld.throughput_gb_s:,.1f} GB/s\n"
+            f"load's lower bound {ld.lower_bound_s:.2f} s ({ld.bound_by})"
+        )
     table = Table(box=None)
     for col in ("resources", "members", "mean use", "max use"):
         table.add_column(col, justify="left" if col == "resources" else "right")

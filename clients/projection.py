@@ -38,17 +38,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from clients.checkpoint import Checkpointer
+from clients.ckpt_format import CheckpointCorruptError
 from clients.ckpt_models import CheckpointPlan, checkpoint_plan
 from tectonic_emu import clock, entropy
 from tectonic_emu.coding import Encoding
 from tectonic_emu.coding.synthetic import Synthetic
-from tectonic_emu.coding.work import KINDS
+from tectonic_emu.coding.work import KINDS, Tally
 from tectonic_emu.config import ClusterConfig
 from tectonic_emu.errors import InvalidArgumentError
 from tectonic_emu.sim.cluster import Hardware, ModelCluster
 from tectonic_emu.sim.cpu import ASSUMED_SERVER_CORE, CpuModel, HostCpu
 from tectonic_emu.sim.devices import FLASH
-from tectonic_emu.sim.fabric import FabricModel
+from tectonic_emu.sim.fabric import FabricModel, Host
 from tectonic_emu.sim.metadata import ModelKV
 from tectonic_emu.sim.resources import Resource
 
@@ -128,6 +129,7 @@ class Scenario:
     seed: int = 1
     fail_servers: int = 0
     fail_at: float = 0.0
+    load: bool = True  # then every rank loads what it saved, once all have saved
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +140,20 @@ class ClassUse:
     members: int
     mean: float
     max: float
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """A phase after the save (the load): its duration (the slowest rank, from the phase's
+    common start), each rank's p50 and p99, the bytes over the duration, and the lower
+    bound from the hardware's figures."""
+
+    duration_s: float
+    rank_p50_s: float
+    rank_p99_s: float
+    throughput_gb_s: float
+    lower_bound_s: float
+    bound_by: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +176,7 @@ class Projection:
     lower_bound_s: float
     bound_by: str  # the class whose aggregate bandwidth makes the lower bound
     busiest: str  # the class most used during the save
+    load: Phase | None  # every rank loading what it saved, after the save (None: not run)
     use: tuple[ClassUse, ...]
     cpu_work: dict[str, int]  # bytes of each kind of client CPU work (coding/work.py)
     timeline: tuple[tuple[float, float], ...]  # (virtual s, GB/s made durable) per sample
@@ -170,18 +187,19 @@ class Projection:
 
 
 def lower_bound(
-    sc: Scenario, stored: int, hosts: int, cpu_seconds: float = 0.0
+    sc: Scenario, nbytes: int, hosts: int, cpu_seconds: float = 0.0, *, write: bool = True
 ) -> tuple[float, str]:
-    """Seconds no save can beat on this hardware, and the class that sets them: the stored
-    bytes over the aggregate bandwidth of the client NICs, the server NICs and the disks,
-    and, with a CPU model, the ``cpu_seconds`` of work the clients did over all their
-    cores."""
+    """Seconds no save (``write``) or load of ``nbytes`` stored bytes can beat on this
+    hardware, and the class that sets them: the bytes over the aggregate bandwidth of the
+    client NICs, the server NICs and the disks, and, with a CPU model, the ``cpu_seconds``
+    of work the clients did over all their cores."""
     hw = sc.hardware
     nic = hw.fabric.nic_rate
+    disk = hw.disk.write_bw if write else hw.disk.read_bw
     bounds = {
-        "client NICs": stored / (hosts * nic),
-        "server NICs": stored / (hw.servers * nic),
-        "disks": stored / (hw.servers * hw.disks * hw.disk.write_bw),
+        "client NICs": nbytes / (hosts * nic),
+        "server NICs": nbytes / (hw.servers * nic),
+        "disks": nbytes / (hw.servers * hw.disks * disk),
     }
     if hw.cpu is not None:
         bounds["client CPUs"] = cpu_seconds / (hosts * hw.cpu.cores)
@@ -234,10 +252,8 @@ async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -
     durations = [0.0] * sc.ranks
 
     async def rank(r: int) -> None:
-        files = plan.per_rank[r].files
-        state = {f.name: Synthetic.random(r << 16 | i, f.size) for i, f in enumerate(files)}
         with mc.cpus[hosts[r // sc.ranks_per_host]].active():
-            await ckpts[r // sc.ranks_per_host].save(1, r, state)
+            await ckpts[r // sc.ranks_per_host].save(1, r, _state(plan, r))
         durations[r] = clock.monotonic() - start
 
     failed = sorted(entropy.new_rng().sample(range(hw.servers), sc.fail_servers))
@@ -257,9 +273,8 @@ async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -
         sampler.cancel()
     elapsed = max(durations)
     tallies = [mc.cpus[h] for h in hosts]
-    cpu_work = {k: sum(t.total.get(k, 0) for t in tallies) for k in KINDS}
-    cpu_seconds = hw.cpu.seconds(cpu_work) if hw.cpu is not None else 0.0
-    bound, bound_by = lower_bound(sc, stored, len(hosts), cpu_seconds)
+    cpu_work = _work(tallies)
+    bound, bound_by = lower_bound(sc, stored, len(hosts), _seconds(hw, cpu_work))
     use = (
         _use("client NICs", [h.egress for h in hosts], elapsed),
         _use("server NICs", [s.host.ingress for s in mc.servers], elapsed),
@@ -269,6 +284,7 @@ async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -
         use += (_use("client CPUs", [t.cores for t in tallies if isinstance(t, HostCpu)], elapsed),)
     if isinstance(mc.kv, ModelKV):
         use += (_use("metadata shards", mc.kv.shards, elapsed),)
+    load = await _load(sc, plan, mc, hosts, ckpts) if sc.load else None
     return Projection(
         model=sc.model,
         ranks=sc.ranks,
@@ -288,11 +304,64 @@ async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -
         lower_bound_s=bound,
         bound_by=bound_by,
         busiest=max(use, key=lambda u: u.mean).name,
+        load=load,
         use=use,
         cpu_work=cpu_work,
         timeline=tuple(samples),
         wall_s=0.0,
     )
+
+
+async def _load(
+    sc: Scenario,
+    plan: CheckpointPlan,
+    mc: ModelCluster,
+    hosts: list[Host],
+    ckpts: list[Checkpointer],
+) -> Phase:
+    """Every rank loads the step it saved through its host's Checkpointer, all at once,
+    and gets back the descriptions it saved (checked here: a wrong value is an error)."""
+    tallies = [mc.cpus[h] for h in hosts]
+    before = _work(tallies)
+    durations = [0.0] * sc.ranks
+    start = clock.monotonic()
+
+    async def rank(r: int) -> None:
+        host = r // sc.ranks_per_host
+        with mc.cpus[hosts[host]].active():
+            state = await ckpts[host].load(r, 1)
+        durations[r] = clock.monotonic() - start
+        if state != _state(plan, r):  # the chain checks each part; this checks the whole
+            raise CheckpointCorruptError(f"rank {r} loaded other values than it saved", ROOT)
+
+    await asyncio.gather(*(rank(r) for r in range(sc.ranks)))
+    elapsed = max(durations)
+    done = {k: n - before[k] for k, n in _work(tallies).items()}
+    bound, bound_by = lower_bound(
+        sc, plan.total, len(hosts), _seconds(sc.hardware, done), write=False
+    )
+    return Phase(
+        duration_s=elapsed,
+        rank_p50_s=_percentile(durations, 50),
+        rank_p99_s=_percentile(durations, 99),
+        throughput_gb_s=plan.total / elapsed / 1e9,
+        lower_bound_s=bound,
+        bound_by=bound_by,
+    )
+
+
+def _state(plan: CheckpointPlan, r: int) -> dict[str, Synthetic]:
+    """Rank ``r``'s DLIO files as synthetic values, each seeded by its rank and index."""
+    files = plan.per_rank[r].files
+    return {f.name: Synthetic.random(r << 16 | i, f.size) for i, f in enumerate(files)}
+
+
+def _work(tallies: Sequence[Tally]) -> dict[str, int]:
+    return {k: sum(t.total.get(k, 0) for t in tallies) for k in KINDS}
+
+
+def _seconds(hw: Hardware, done: dict[str, int]) -> float:
+    return hw.cpu.seconds(done) if hw.cpu is not None else 0.0
 
 
 def project_checkpoint(sc: Scenario, progress: Progress | None = None) -> Projection:
@@ -317,6 +386,7 @@ def project_checkpoint(sc: Scenario, progress: Progress | None = None) -> Projec
 __all__ = [
     "PRESETS",
     "ClassUse",
+    "Phase",
     "Preset",
     "Projection",
     "Scenario",

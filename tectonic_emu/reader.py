@@ -29,7 +29,7 @@ from typing import Protocol
 
 from tectonic_emu.argcheck import buffer_arg, int_arg
 from tectonic_emu.buffers import BytesLike
-from tectonic_emu.coding.synthetic import Payload, put_into
+from tectonic_emu.coding.synthetic import Payload, Synthetic, joined, put_into
 from tectonic_emu.datapath import DataPath
 from tectonic_emu.errors import (
     DataUnavailableError,
@@ -241,12 +241,31 @@ class FileReader:
         end = min(self.size, offset + len(out))
         if end <= offset:
             return 0
-        blocks = self._covering(offset, end)
         into = out[: end - offset]
 
         def place(at: int, piece: Payload) -> None:
             put_into(into[at - offset : at - offset + len(piece)], piece)
 
+        await self._read(offset, end, place, into)
+        return end - offset
+
+    async def read(self, offset: int, size: int) -> bytes | Synthetic:
+        """Up to ``size`` bytes from ``offset``, as ``Client.read`` returns them: short at
+        ``size``'s end, a ``Synthetic`` where they were written as one (a projection's).
+        Raises as ``read_into`` does."""
+        int_arg("FileReader.read", "offset", offset, at_least=0)
+        int_arg("FileReader.read", "size", size, at_least=0)
+        end = min(self.size, offset + size)
+        if end <= offset:
+            return b""
+        parts: dict[int, Payload] = {}
+        await self._read(offset, end, parts.__setitem__, None)
+        return joined(parts[k] for k in sorted(parts))
+
+    async def _read(
+        self, offset: int, end: int, place: Callable[[int, Payload], None], into: memoryview | None
+    ) -> None:
+        blocks = self._covering(offset, end)
         records = await self._records_for(blocks)
         try:
             await self.client.read_blocks(blocks, records, offset, end, place, into=into)
@@ -256,7 +275,6 @@ class FileReader:
                 self._records.pop(b.block_id, None)
             records = await self._records_for(blocks)
             await self.client.read_blocks(blocks, records, offset, end, place, into=into)
-        return end - offset
 
 
 __all__ = [

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from clients.checkpoint import Checkpointer
+from clients.ckpt_format import CheckpointError
 from clients.ckpt_models import checkpoint_plan
 from clients.projection import PRESETS, Scenario, project_checkpoint
 from tectonic_emu import clock, entropy
@@ -41,9 +42,7 @@ def test_a_projected_checkpoint_commits_and_lists_through_the_same_calls() -> No
         ]
 
         async def rank(r: int) -> None:
-            files = plan.per_rank[r].files
-            state = {f.name: Synthetic.random(r * 100 + i, f.size) for i, f in enumerate(files)}
-            await ckpts[r // 8].save(1, r, state)
+            await ckpts[r // 8].save(1, r, _state(plan, r))
 
         await asyncio.gather(*(rank(r) for r in range(16)))
         assert await ckpts[2].steps() == [1]
@@ -53,9 +52,26 @@ def test_a_projected_checkpoint_commits_and_lists_through_the_same_calls() -> No
         for e in m.entries:
             whole = Synthetic.random(e.rank * 100 + _index(plan, e.rank, e.name), e.nbytes)
             assert [p.crc32c for p in e.parts] == [whole.crc32c()]
+            assert e.kind == "synthetic"
+        # Loads, one rank at a time, batched, and as load_many, give back what was saved;
+        # verify reads every part and checks it; a region is a slice of the description.
+        reader = ckpts[2]
+        for r, state in enumerate(await asyncio.gather(*(reader.load(r) for r in range(16)))):
+            assert state == _state(plan, r)
+        assert await reader.load_many([3, 11]) == [_state(plan, 3), _state(plan, 11)]
+        assert (await reader.verify(1)).step == 1
+        name = plan.per_rank[5].files[0].name
+        assert await reader.read(1, name, slice(10, 20), rank=5) == _state(plan, 5)[name][10:20]
+        with pytest.raises(CheckpointError, match="not read into a buffer"):
+            await reader.load(5, into={name: bytearray(10)})
 
     with entropy.seeded(3):
         clock.run_virtual(main())
+
+
+def _state(plan: object, rank: int) -> dict[str, Synthetic]:
+    files = plan.per_rank[rank].files  # type: ignore[attr-defined]
+    return {f.name: Synthetic.random(rank * 100 + i, f.size) for i, f in enumerate(files)}
 
 
 def _index(plan: object, rank: int, name: str) -> int:
@@ -88,6 +104,9 @@ def test_a_projection_never_beats_its_lower_bound(enc: str, ranks: int, servers:
     assert 0 < p.peak_gb_s <= servers * hw.fabric.nic_rate / 1e9 * (1 + 1e-9)
     assert all(0 <= u.mean <= u.max <= 1 + 1e-9 for u in p.use)
     assert p.busiest in {u.name for u in p.use}
+    load = p.load  # every rank loaded what it saved (the projection checks the values)
+    assert load is not None and load.duration_s >= load.lower_bound_s > 0
+    assert load.rank_p50_s <= load.rank_p99_s <= load.duration_s
 
 
 def test_the_command_reports_and_refuses_bad_input() -> None:
@@ -116,7 +135,7 @@ def test_a_4096_rank_projection_of_about_100_gb() -> None:
     servers (about 9 s of wall time here; ``bench sim`` times it). Every rank commits, the
     slowest last, and the disks bound it, as the lower bound says."""
     hw = dataclasses.replace(SMALL, servers=64)
-    p = project_checkpoint(Scenario("llama3-8b", 4096, "rs-6-3", hw))
+    p = project_checkpoint(Scenario("llama3-8b", 4096, "rs-6-3", hw, load=False))
     assert p.ranks == 4096 and p.hosts == 512 and 100e9 < p.bytes < 120e9
     assert p.lower_bound_s <= p.duration_s == p.rank_max_s
     assert p.bound_by == "disks"
@@ -147,6 +166,9 @@ def test_servers_killed_mid_save_slow_it_but_every_rank_commits() -> None:
     ok, failed = project_checkpoint(base), project_checkpoint(hit)
     assert ok.failed_servers == () and len(set(failed.failed_servers)) == 2
     assert failed.duration_s > ok.duration_s and failed.rank_p50_s > 0
+    # The load reads around the two down servers (RS decodes), and still gets every value.
+    assert failed.load is not None and ok.load is not None
+    assert failed.load.duration_s > ok.load.duration_s
     assert project_checkpoint(hit).failed_servers == failed.failed_servers
     with pytest.raises(InvalidArgumentError):
         project_checkpoint(dataclasses.replace(base, fail_servers=18))
