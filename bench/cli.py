@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from bench.cli_checkpoint import checkpoint_cmd, ckpt, scale_cmd, train_cmd
+from bench.cli_checkpoint import checkpoint_cmd, ckpt, scale_cmd, sim_cmd, train_cmd
 from bench.cli_common import (
     EtaColumn,
     bar_columns,
@@ -46,6 +46,7 @@ SCHEMA_MODULES = (
     "metadata",
     "scale",
     "net",
+    "sim",
 )
 
 
@@ -147,7 +148,18 @@ def all_cmd(
     click.echo(f"wrote {report} and {len(sections)} benches' JSON and plots in {assets}")
 
 
-for command in (store, hedge, net, fuse, ckpt, checkpoint_cmd, train_cmd, metadata_cmd, scale_cmd):
+for command in (
+    store,
+    hedge,
+    net,
+    fuse,
+    ckpt,
+    checkpoint_cmd,
+    train_cmd,
+    metadata_cmd,
+    scale_cmd,
+    sim_cmd,
+):
     bench.add_command(command)
 
 __all__ = [

@@ -1,6 +1,7 @@
-"""The checkpoint and training benches' commands: ``bench ckpt``, ``checkpoint``, ``scale``
-and ``train`` (a synchronized save of many ranks, MLPerf Storage's checkpointing through every
-path, the cost of ranks, the accelerators kept busy). Each imports its bench only when run.
+"""The checkpoint and training benches' commands: ``bench ckpt``, ``checkpoint``, ``scale``,
+``train`` and ``sim`` (a synchronized save of many ranks, MLPerf Storage's checkpointing
+through every path, the cost of ranks, the accelerators kept busy, projections beside real
+runs). Each imports its bench only when run.
 """
 
 from __future__ import annotations
@@ -259,3 +260,46 @@ def scale_cmd(
 
 
 __all__ = ["checkpoint_cmd", "ckpt", "scale_cmd", "train_cmd"]
+
+
+@click.command("sim")
+@click.option("--scale", default=0.01, show_default=True, help="llama3-8b's DLIO files times this.")
+@click.option("--encodings", default="r1,r3,rs-6-3", show_default=True, help="Comma-separated.")
+@click.option("--ranks", default="16,1024", show_default=True, help="Rank counts, comma-separated.")
+@click.option("--runs", default=3, show_default=True, help="Rounds of real runs, interleaved.")
+@click.option("--no-fail", is_flag=True, help="Leave out the save with a node stopped.")
+@dir_option("Where the real runs' clusters go.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@plot_option
+def sim_cmd(
+    scale: float,
+    encodings: str,
+    ranks: str,
+    runs: int,
+    no_fail: bool,
+    directory: Path,
+    as_json: bool,
+    plot_dir: Path | None,
+) -> None:
+    """Projections beside real runs on this machine: measures the this-machine preset
+    (device, node calls, metadata, CPU), then runs each checkpoint save and load for real
+    on an embedded cluster and projected in virtual time, and reports the ratio.
+
+    \b
+    Example:
+      tectonic-emu bench sim --scale 0.01 --runs 3
+      tectonic-emu bench sim --encodings rs-6-3 --ranks 16 --runs 1 --json
+    """
+    from bench import sim as mod
+
+    result = run_bench(
+        "sim",
+        mod.run_sim_bench,
+        directory=directory,
+        scale=scale,
+        runs=runs,
+        encodings=[Encoding.parse(e).name for e in csv_list(encodings)],
+        ranks=int_list(ranks, "--ranks"),
+        fail=not no_fail,
+    )
+    emit(result, as_json, plot_dir, mod)

@@ -156,6 +156,17 @@ BENCHES: tuple[BenchRun, ...] = (
         "The emulated network (issue 8): a node process and a client, each pacing its NIC, "
         "measured against the link's settings.",
     ),
+    BenchRun(
+        "sim",
+        "sim",
+        "run_sim_bench",
+        "tectonic-emu bench sim --scale 0.01 --runs 3",
+        {"scale": 0.01, "runs": 3},
+        {"scale": 0.0005, "runs": 1, "encodings": ["rs-6-3"], "ranks": [16], "fail": False},
+        "Projections (issue 20) beside real runs on this machine: the this-machine preset "
+        "measured, then checkpoint saves and loads run for real and projected; target: "
+        "within 15% of the real median.",
+    ),
 )
 NAMES = tuple(b.name for b in BENCHES)
 

@@ -42,7 +42,7 @@ import contextlib
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
-from clients.ckpt_catalog import Catalog
+from clients.ckpt_catalog import Catalog, SharedIndexes
 from clients.ckpt_commit import WRITERS, StepWriter
 from clients.ckpt_format import CheckpointAbortedError as CheckpointAbortedError
 from clients.ckpt_format import CheckpointCorruptError as CheckpointCorruptError
@@ -72,6 +72,8 @@ class Checkpointer:
 
     One instance serves every rank of its process; other processes (and hosts) make their own
     over the same cluster. Use it as an async context manager, or ``await close()``.
+    ``shared``: decoded manifests to share with the other Checkpointers of ``root`` in this
+    process, as a projection's hosts do (``clients/ckpt_catalog.py``).
     """
 
     def __init__(
@@ -85,6 +87,7 @@ class Checkpointer:
         timeout: float = 300.0,
         part_bytes: int = PART_BYTES,
         writers: int = WRITERS,
+        shared: SharedIndexes | None = None,
     ) -> None:
         with _as_checkpoint_error():
             where = "Checkpointer"
@@ -110,7 +113,7 @@ class Checkpointer:
         self.part_bytes = part_bytes
         self.writers = writers
         self._cleanup: asyncio.Future[None] | None = None  # retention after the last commit
-        self._catalog = Catalog(client, self.root)
+        self._catalog = Catalog(client, self.root, shared)
         pool = StagingPool()
         self._writer = StepWriter(
             self._catalog,

@@ -5,6 +5,11 @@ What is committed and visible is decided by one listing of the root (``RootView`
 moment, decoded, indexed by name and by (name, rank) (``Indexed``) and kept while its file is
 the same: 4,096 ranks loading at once read and decode it once. The save path, the load path
 and the garbage collector all look at the root through one ``Catalog``.
+
+Catalogs of one root in one process may share their decoded manifests (``SharedIndexes``):
+each still lists the root and stats the manifest, as a process of its own would, but only
+the first reads, decodes and indexes it. A projection's 3,072 hosts each reading and
+decoding a 24,576-rank manifest at once held 3,072 copies of it (docs/simulate.md).
 """
 
 from __future__ import annotations
@@ -20,14 +25,12 @@ from tectonic_emu.errors import NotFoundError
 MANIFESTS_KEPT = 4  # decoded manifests a Catalog keeps (the newest steps asked for)
 
 
-class Indexed:
-    """A committed manifest, the file id it was read from, its entries by name and by
-    (name, rank), and readers of the data files it names (immutable once it is committed)."""
+class Index:
+    """A committed manifest with its entries by name and by (name, rank): immutable, so
+    Catalogs can share it."""
 
-    def __init__(self, file_id: int, manifest: Manifest, files: FileReaders) -> None:
-        self.file_id = file_id
+    def __init__(self, manifest: Manifest) -> None:
         self.manifest = manifest
-        self.files = files
         self.by_name: dict[str, list[Entry]] = {}
         self.own: dict[tuple[str, int], Entry] = {}
         for e in manifest.entries:
@@ -35,13 +38,44 @@ class Indexed:
             self.own.setdefault((e.name, e.rank), e)
 
 
+class Indexed:
+    """A committed manifest's ``Index``, the file id it was read from, and this Catalog's
+    readers of the data files it names (immutable once it is committed)."""
+
+    def __init__(self, file_id: int, index: Index | Manifest, files: FileReaders) -> None:
+        self.file_id = file_id
+        self.index = index if isinstance(index, Index) else Index(index)
+        self.manifest = self.index.manifest
+        self.by_name = self.index.by_name
+        self.own = self.index.own
+        self.files = files
+
+
+class SharedIndexes:
+    """Decoded manifests that Catalogs of one root share (module docstring), by (step,
+    manifest file id), the newest MANIFESTS_KEPT steps."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[tuple[int, int], Index] = {}
+
+    def get(self, step: int, file_id: int) -> Index | None:
+        return self._by_key.get((step, file_id))
+
+    def put(self, step: int, file_id: int, index: Index) -> None:
+        self._by_key[(step, file_id)] = index
+        while len({s for s, _ in self._by_key}) > MANIFESTS_KEPT:
+            oldest = min(s for s, _ in self._by_key)
+            self._by_key = {k: v for k, v in self._by_key.items() if k[0] != oldest}
+
+
 class Catalog:
     """The checkpoints under the store directory ``root``: its listing, and the manifests
     decoded so far."""
 
-    def __init__(self, client: Client, root: str) -> None:
+    def __init__(self, client: Client, root: str, shared: SharedIndexes | None = None) -> None:
         self.client = client
         self.root = root
+        self.shared = shared
         self._manifests: dict[int, Indexed] = {}  # decoded, by step
         self._fetching: dict[int, asyncio.Future[Indexed]] = {}
 
@@ -98,20 +132,25 @@ class Catalog:
             if file_id is None:
                 raise NotFoundError("no manifest", path)
             st = await self.client.stat(path)
-            raw = bytearray(st.size)
-            await self.client.read_id_into(st.id, 0, raw)  # the version stat named
+            index = self.shared.get(step, st.id) if self.shared is not None else None
+            if index is None:
+                raw = bytearray(st.size)
+                await self.client.read_id_into(st.id, 0, raw)  # the version stat named
+                index = Index(Manifest.decode(bytes(raw), path))
         except NotFoundError:
             raise CheckpointNotFoundError(f"step {step} is not committed", self.root) from None
-        indexed = Indexed(st.id, Manifest.decode(bytes(raw), path), FileReaders(self.client))
+        indexed = Indexed(st.id, index, FileReaders(self.client))
         self.keep(step, indexed)
         return indexed
 
     def keep(self, step: int, indexed: Indexed) -> None:
         """Keep ``step``'s decoded manifest (its committer's, as written), dropping the
         oldest beyond MANIFESTS_KEPT."""
+        if self.shared is not None:
+            self.shared.put(step, indexed.file_id, indexed.index)
         self._manifests[step] = indexed
         while len(self._manifests) > MANIFESTS_KEPT:
             del self._manifests[min(self._manifests)]
 
 
-__all__ = ["MANIFESTS_KEPT", "Catalog", "Indexed"]
+__all__ = ["MANIFESTS_KEPT", "Catalog", "Index", "Indexed", "SharedIndexes"]

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from clients.checkpoint import Checkpointer
+from clients.ckpt_catalog import SharedIndexes
 from clients.ckpt_format import CheckpointCorruptError
 from clients.ckpt_models import CheckpointPlan, checkpoint_plan
 from tectonic_emu import clock, entropy
@@ -130,6 +131,8 @@ class Scenario:
     fail_servers: int = 0
     fail_at: float = 0.0
     load: bool = True  # then every rank loads what it saved, once all have saved
+    scale: float = 1.0  # every file's size times this (DLIO's files at full size: 1)
+    write_ack: str = "quorum"  # the clients' (a served client's default; embedded: "all")
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +202,7 @@ def lower_bound(
     bounds = {
         "client NICs": nbytes / (hosts * nic),
         "server NICs": nbytes / (hw.servers * nic),
-        "disks": nbytes / (hw.servers * hw.disks * disk),
+        "disks": nbytes / (hw.devices * disk),
     }
     if hw.cpu is not None:
         bounds["client CPUs"] = cpu_seconds / (hosts * hw.cpu.cores)
@@ -229,12 +232,14 @@ async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -
     mc = ModelCluster(hw, config)
     hosts = mc.add_clients(-(-sc.ranks // sc.ranks_per_host), per_rack=sc.hosts_per_rack)
     ckpts = []
+    shared = SharedIndexes()  # one decoded manifest for all hosts, not one each
     for host in hosts:
-        cluster = await mc.client_cluster(host)
+        cluster = await mc.client_cluster(host, write_ack=sc.write_ack)
+        client = cluster.client()
         ckpts.append(
-            Checkpointer(cluster.client(), ROOT, world_size=sc.ranks, encoding=sc.encoding)
+            Checkpointer(client, ROOT, world_size=sc.ranks, encoding=sc.encoding, shared=shared)
         )
-    disks = [d for s in mc.servers for d in s.disks]
+    disks = list(dict.fromkeys(d for s in mc.servers for d in s.disks))  # one_device: one
     samples: list[tuple[float, float]] = []
     start = clock.monotonic()
     stored = round(plan.total * Encoding.parse(sc.encoding).overhead)
@@ -376,7 +381,7 @@ def project_checkpoint(sc: Scenario, progress: Progress | None = None) -> Projec
         )
     if not (math.isfinite(sc.fail_at) and sc.fail_at >= 0):
         raise InvalidArgumentError(f"--fail-at is 0 or more seconds, not {sc.fail_at}")
-    plan = checkpoint_plan(sc.model, sc.ranks, 1.0)
+    plan = checkpoint_plan(sc.model, sc.ranks, sc.scale)
     t0 = time.monotonic()
     with entropy.seeded(sc.seed):
         result = clock.run_virtual(_save(sc, plan, progress))

@@ -172,3 +172,41 @@ def test_servers_killed_mid_save_slow_it_but_every_rank_commits() -> None:
     assert project_checkpoint(hit).failed_servers == failed.failed_servers
     with pytest.raises(InvalidArgumentError):
         project_checkpoint(dataclasses.replace(base, fail_servers=18))
+
+
+def test_checkpointers_sharing_indexes_decode_a_manifest_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hosts' Checkpointers of one root with one SharedIndexes: the committer's decoded
+    manifest serves every other host's load, which still lists the root and stats it."""
+    from clients import ckpt_catalog
+    from clients.ckpt_catalog import SharedIndexes
+
+    decodes: list[int] = []
+    real = ckpt_catalog.Manifest.decode
+    monkeypatch.setattr(
+        ckpt_catalog.Manifest,
+        "decode",
+        staticmethod(lambda raw, path: decodes.append(1) or real(raw, path)),
+    )
+
+    async def main() -> None:
+        config = ClusterConfig(nodes=SMALL.servers, disks_per_node=SMALL.disks, encoding="r3")
+        mc = ModelCluster(SMALL, config)
+        shared = SharedIndexes()
+        ckpts = [
+            Checkpointer((await mc.client_cluster(h)).client(), "/ck", world_size=4, shared=shared)
+            for h in mc.add_clients(4)
+        ]
+        values = {r: Synthetic.random(r, 1000) for r in range(4)}
+        await asyncio.gather(*(c.save(1, r, {"x": values[r]}) for r, c in enumerate(ckpts)))
+        got = await asyncio.gather(*(c.load(r, 1) for r, c in enumerate(ckpts)))
+        assert got == [{"x": values[r]} for r in range(4)]
+        alone = Checkpointer(
+            (await mc.client_cluster(mc.add_clients(1)[0])).client(), "/ck", world_size=4
+        )
+        assert await alone.load(2, 1) == {"x": values[2]}
+
+    with entropy.seeded(1):
+        clock.run_virtual(main())
+    assert decodes == [1]  # only the Checkpointer that shares nothing decoded it

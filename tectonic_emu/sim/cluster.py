@@ -44,6 +44,12 @@ class Hardware:
     servers_per_rack: int = 16
     metadata: MetadataModel | None = None  # None: metadata operations cost nothing
     cpu: CpuModel | None = None  # each client host's; None: its work is counted, not charged
+    one_device: bool = False  # every server's disks are one device (nodes on one machine)
+
+    @property
+    def devices(self) -> int:
+        """Disk devices in all."""
+        return 1 if self.one_device else self.servers * self.disks
 
 
 class ModelCluster:
@@ -59,11 +65,14 @@ class ModelCluster:
         self.config = config
         self.fabric = Fabric(hardware.fabric)
         self.servers: list[ModelServer] = []
+        device = Disk(hardware.disk, name="the device") if hardware.one_device else None
         while len(self.servers) < hardware.servers:
             rack = min(hardware.servers_per_rack, hardware.servers - len(self.servers))
             for host in self.fabric.add_rack(rack):
                 n = len(self.servers)
-                disks = [Disk(hardware.disk, name=f"n{n}d{d}") for d in range(hardware.disks)]
+                disks = [
+                    device or Disk(hardware.disk, name=f"n{n}d{d}") for d in range(hardware.disks)
+                ]
                 self.servers.append(ModelServer(n, host, disks))
         self.kv: MemoryKV | ModelKV = (
             MemoryKV() if hardware.metadata is None else ModelKV(hardware.metadata)
