@@ -11,7 +11,7 @@ per rank and value.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from typing import Any
 
 from clients.ckpt_catalog import Catalog, Indexed
@@ -26,6 +26,7 @@ from clients.ckpt_format import (
 )
 from clients.ckpt_parts import (
     READS_IN_FLIGHT,
+    Arena,
     PartReader,
     arenas,
     as_value,
@@ -35,6 +36,7 @@ from clients.ckpt_parts import (
 from clients.ckpt_region import Box, even_rows, region
 from clients.ckpt_select import box_destination, destination, not_saved_by, selected
 from tectonic_emu.bufpool import uninitialised
+from tectonic_emu.coding.synthetic import sliced
 
 # A load waiting to be served with others: rank, the caller's future, its ``into``, its
 # ``names``.
@@ -274,11 +276,9 @@ class Loader:
                 else:
                     wanted.append((out, name, e))
         sem = asyncio.Semaphore(READS_IN_FLIGHT)
-        reads = [  # a projection's synthetic values: no buffer to lay them out in
-            self._described(ix, out, name, e, sem)
-            for out, name, e in wanted
-            if e.kind == "synthetic"
-        ]
+        # A projection's synthetic values: laid out as the others, read with no buffer.
+        described = [w for w in wanted if w[2].kind == "synthetic"]
+        reads = self._described(ix, described, sem)
         wanted = [w for w in wanted if w[2].kind != "synthetic"]
         entries = [e for _, _, e in wanted]
         laid_out, scattered = arenas(entries)
@@ -304,10 +304,29 @@ class Loader:
                 out[name] = bytes(value)
         return outs
 
-    async def _described(
-        self, ix: Indexed, out: dict[str, Value], name: str, e: Entry, sem: asyncio.Semaphore
-    ) -> None:
-        out[name] = await self.parts.described(ix, e, sem)
+    def _described(
+        self,
+        ix: Indexed,
+        wanted: list[tuple[dict[str, Value], str, Entry]],
+        sem: asyncio.Semaphore,
+    ) -> list[Coroutine[Any, Any, None]]:
+        """The reads of ``_load_ranks``'s synthetic values (a projection's): arenas read
+        with no buffer, each value a slice of what was read; the scattered value by value."""
+        entries = [e for _, _, e in wanted]
+        laid_out, scattered = arenas(entries)
+
+        async def arena_of(arena: Arena) -> None:
+            members = [entries[k] for k, _ in arena.members]
+            data = await self.parts.read_arena(ix, arena, members, None)
+            for k, at in arena.members:
+                out, name, e = wanted[k]
+                out[name] = sliced(data, at, at + e.nbytes)
+
+        async def one(k: int) -> None:
+            out, name, e = wanted[k]
+            out[name] = await self.parts.described(ix, e, sem)
+
+        return [arena_of(a) for a in laid_out] + [one(k) for k in scattered]
 
     async def verify(
         self, step: int | None = None, *, progress: Callable[[int], None] | None = None

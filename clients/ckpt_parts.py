@@ -74,15 +74,21 @@ class PartReader:
         return bytes(value) if dest is None and isinstance(value, bytearray) else value
 
     async def read_arena(
-        self, ix: Indexed, arena: Arena, entries: list[Entry], buf: memoryview
-    ) -> None:
+        self, ix: Indexed, arena: Arena, entries: list[Entry], buf: memoryview | None
+    ) -> Payload:
         """The values ``entries`` lying back to back from ``arena.start``, read into ``buf``
-        at once, then every part checked (pinned once: thousands of small parts cost one
-        pass, in a worker thread when the arena is big)."""
+        at once (or, with no buffer, as the store returns them: a projection's synthetic
+        values), then every part checked (pinned once: thousands of small parts cost one
+        pass, in a worker thread when the arena is big). Returns what was read."""
         m = ix.manifest
         try:
             path = self.catalog.path(arena.file)
-            n = await self._reader.read(path, arena.start, buf, ix.files)
+            data: Payload
+            if buf is None:
+                data = await self._reader.read_payload(path, arena.start, arena.length, ix.files)
+                n = nbytes(data)
+            else:
+                data, n = buf, await self._reader.read(path, arena.start, buf, ix.files)
         except TectonicError as exc:
             raise CheckpointCorruptError(
                 f"step {m.step}: cannot read {arena.file} at {arena.start}: {exc}",
@@ -93,13 +99,17 @@ class PartReader:
         for _, p in parts:
             spans.append((at, p.length))
             at += p.length
-        if len(buf) >= 1 << 20:
-            crcs = await asyncio.to_thread(crc32c_many, buf, spans)
-        else:
-            crcs = crc32c_many(buf, spans)
-        for (e, p), (at, length), crc in zip(parts, spans, crcs, strict=True):
-            if at + length > n or crc != p.crc32c:
+        for (e, p), (at, length) in zip(parts, spans, strict=True):
+            if at + length > n:  # a short read
                 raise self._corrupt(m, e, p)
+        if n >= 1 << 20:
+            crcs = await asyncio.to_thread(crc32c_many, data, spans)
+        else:
+            crcs = crc32c_many(data, spans)
+        for (e, p), crc in zip(parts, crcs, strict=True):
+            if crc != p.crc32c:
+                raise self._corrupt(m, e, p)
+        return data
 
     async def read_parts(
         self, ix: Indexed, e: Entry, parts: list[Part], dest: memoryview, sem: asyncio.Semaphore
@@ -123,11 +133,11 @@ class PartReader:
         m = ix.manifest
 
         async def run(parts: list[Part]) -> Payload:
-            first = parts[0]
+            first, size = parts[0], sum(p.length for p in parts)
             async with sem:
                 try:
                     path = self.catalog.path(first.file)
-                    got = await ix.files.read(path, first.pos, sum(p.length for p in parts))
+                    got = await self._reader.read_payload(path, first.pos, size, ix.files)
                 except TectonicError as exc:
                     raise self._unreadable(m, e, first, exc) from exc
             await self._check_parts(m, e, parts, got, nbytes(got))

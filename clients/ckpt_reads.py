@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 from tectonic_emu.chunkstore.remote import aligned_buffer
 from tectonic_emu.client import Client
-from tectonic_emu.coding.synthetic import Synthetic
+from tectonic_emu.coding.synthetic import Payload, Synthetic, nbytes, put_into, sliced
 from tectonic_emu.reader import FileReader
 
 MERGE_BYTES = 64 << 20  # the largest merged read
@@ -59,15 +60,19 @@ class FileReaders:
 
 @dataclass(slots=True)
 class _Want:
+    """A read asked for: into ``dest`` (done with the byte count), or with no buffer, of
+    ``size`` bytes (done with what was read: ``read_payload``)."""
+
     path: str
     pos: int
-    dest: memoryview
-    done: asyncio.Future[int] = field(repr=False)
+    size: int
+    dest: memoryview | None
+    done: asyncio.Future[Any] = field(repr=False)
     files: FileReaders | None = None
 
     @property
     def end(self) -> int:
-        return self.pos + len(self.dest)
+        return self.pos + self.size
 
 
 class MergedReader:
@@ -90,8 +95,24 @@ class MergedReader:
         if len(dest) >= SMALL:
             self.reads += 1
             return await self._read_into(files, path, pos, dest)
+        return int(await self._queued(path, pos, len(dest), dest, files))
+
+    async def read_payload(
+        self, path: str, pos: int, size: int, files: FileReaders | None = None
+    ) -> Payload:
+        """``size`` bytes of ``path`` at ``pos`` as the store returns them (short at the
+        file's end), merged as ``read`` merges: for values with no buffer to read into, a
+        projection's ``Synthetic`` ones (docs/simulate.md)."""
+        if size >= SMALL:
+            self.reads += 1
+            return await self._read(files, path, pos, size)
+        return await self._queued(path, pos, size, None, files)  # type: ignore[no-any-return]
+
+    async def _queued(
+        self, path: str, pos: int, size: int, dest: memoryview | None, files: FileReaders | None
+    ) -> Any:
         loop = asyncio.get_running_loop()
-        want = _Want(path, pos, dest, loop.create_future(), files)
+        want = _Want(path, pos, size, dest, loop.create_future(), files)
         if not self._queue:
             loop.call_soon(self._flush)  # after this iteration's other callers queued theirs
         self._queue.append(want)
@@ -107,9 +128,13 @@ class MergedReader:
     async def _read_run(self, run: list[_Want]) -> None:
         async with self._sem:
             try:
+                if any(w.dest is None for w in run):
+                    await self._read_described(run)
+                    return
                 if len(run) == 1:
                     self.reads += 1
                     w = run[0]
+                    assert w.dest is not None
                     _resolve(w, await self._read_into(w.files, w.path, w.pos, w.dest))
                     return
                 buf = self._buffers.pop() if self._buffers else aligned_buffer(MERGE_BYTES)
@@ -120,7 +145,8 @@ class MergedReader:
                         run[0].files, run[0].path, start, buf[: end - start]
                     )
                     for w in run:
-                        n = max(0, min(len(w.dest), start + got - w.pos))
+                        assert w.dest is not None
+                        n = max(0, min(w.size, start + got - w.pos))
                         w.dest[:n] = buf[w.pos - start : w.pos - start + n]
                         _resolve(w, n)
                 finally:
@@ -132,6 +158,20 @@ class MergedReader:
                 if not isinstance(exc, Exception):
                     raise
 
+    async def _read_described(self, run: list[_Want]) -> None:
+        """A run with reads that have no buffer: read as the store returns it, each read
+        given its slice (copied into those that have a buffer)."""
+        start, end = run[0].pos, max(w.end for w in run)
+        self.reads += 1
+        got = await self._read(run[0].files, run[0].path, start, end - start)
+        for w in run:
+            piece = sliced(got, min(nbytes(got), w.pos - start), min(nbytes(got), w.end - start))
+            if w.dest is None:
+                _resolve(w, piece)
+            else:
+                put_into(w.dest[: nbytes(piece)], piece)
+                _resolve(w, nbytes(piece))
+
     async def _read_into(
         self, files: FileReaders | None, path: str, pos: int, dest: memoryview
     ) -> int:
@@ -139,10 +179,15 @@ class MergedReader:
             return await self.client.read_into(path, pos, dest)
         return await files.read_into(path, pos, dest)
 
+    async def _read(self, files: FileReaders | None, path: str, pos: int, size: int) -> Payload:
+        if files is None:
+            return await self.client.read(path, pos, size)
+        return await files.read(path, pos, size)
 
-def _resolve(want: _Want, n: int) -> None:
+
+def _resolve(want: _Want, result: int | Payload) -> None:
     if not want.done.done():
-        want.done.set_result(n)
+        want.done.set_result(result)
 
 
 def _runs(batch: list[_Want]) -> list[list[_Want]]:
