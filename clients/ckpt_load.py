@@ -29,6 +29,7 @@ from clients.ckpt_parts import (
     Arena,
     PartReader,
     arenas,
+    as_bytes,
     as_value,
     empty_value,
     runs_of,
@@ -36,6 +37,7 @@ from clients.ckpt_parts import (
 from clients.ckpt_region import Box, even_rows, region
 from clients.ckpt_select import box_destination, destination, not_saved_by, selected
 from tectonic_emu.bufpool import uninitialised
+from tectonic_emu.coding import work
 from tectonic_emu.coding.synthetic import sliced
 
 # A load waiting to be served with others: rank, the caller's future, its ``into``, its
@@ -301,7 +303,7 @@ class Loader:
         for out, name, _ in wanted:
             value = out[name]
             if isinstance(value, (bytearray, memoryview)):
-                out[name] = bytes(value)
+                out[name] = as_bytes(value)
         return outs
 
     def _described(
@@ -321,6 +323,7 @@ class Loader:
             for k, at in arena.members:
                 out, name, e = wanted[k]
                 out[name] = sliced(data, at, at + e.nbytes)
+                work.count("copy", e.nbytes)  # as a bytes value is copied out (as_bytes)
 
         async def one(k: int) -> None:
             out, name, e = wanted[k]

@@ -28,6 +28,7 @@ from clients.ckpt_reads import MergedReader
 from clients.ckpt_region import Box, RowRead, plan
 from tectonic_emu._malloc import MMAP_THRESHOLD
 from tectonic_emu.bufpool import PAGE
+from tectonic_emu.coding import work
 from tectonic_emu.coding.checksum import crc32c, crc32c_many
 from tectonic_emu.coding.synthetic import Payload, joined, nbytes
 from tectonic_emu.errors import TectonicError
@@ -71,7 +72,7 @@ class PartReader:
             return await self.described(ix, e, sem)
         value, runs = empty_value(e) if dest is None else (dest[0], runs_of(e, dest[1]))
         await asyncio.gather(*(self.read_parts(ix, e, run, into, sem) for run, into in runs))
-        return bytes(value) if dest is None and isinstance(value, bytearray) else value
+        return as_bytes(value) if dest is None and isinstance(value, bytearray) else value
 
     async def read_arena(
         self, ix: Indexed, arena: Arena, entries: list[Entry], buf: memoryview | None
@@ -143,7 +144,9 @@ class PartReader:
             await self._check_parts(m, e, parts, got, nbytes(got))
             return got
 
-        return joined(await asyncio.gather(*(run(parts) for parts in _runs(e))))
+        value = joined(await asyncio.gather(*(run(parts) for parts in _runs(e))))
+        work.count("copy", e.nbytes)  # it stands for a bytes value, copied out (as_bytes)
+        return value
 
     def _unreadable(self, m: Manifest, e: Entry, p: Part, exc: Exception) -> Exception:
         return CheckpointCorruptError(
@@ -239,6 +242,13 @@ def arenas(entries: Sequence[Entry]) -> tuple[list[Arena], list[int]]:
         last.members.append((i, last.length))
         last.length += n
     return out, scattered
+
+
+def as_bytes(value: bytearray | memoryview) -> bytes:
+    """A bytes value's bytes, copied out of the buffer it was read into (counted as CPU
+    work, coding/work.py)."""
+    work.count("copy", len(value))
+    return bytes(value)
 
 
 def as_value(e: Entry, view: memoryview) -> Value:

@@ -239,7 +239,7 @@ async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -
         ckpts.append(
             Checkpointer(client, ROOT, world_size=sc.ranks, encoding=sc.encoding, shared=shared)
         )
-    disks = list(dict.fromkeys(d for s in mc.servers for d in s.disks))  # one_device: one
+    disks = list(dict.fromkeys(d for s in mc.servers for d in s.disks))  # embedded: one
     samples: list[tuple[float, float]] = []
     start = clock.monotonic()
     stored = round(plan.total * Encoding.parse(sc.encoding).overhead)

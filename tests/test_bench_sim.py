@@ -33,7 +33,7 @@ def test_a_quick_run_measures_the_machine_and_pairs_each_real_run_with_its_proje
     assert min(m.write_gb_s, m.read_gb_s, m.write_iops, m.read_iops, m.meta_ops) > 0
     assert 0 < m.call_s < 1 and 0 < m.txn_s < 1 and m.cores >= 1
     hw = m.hardware()
-    assert hw.one_device and hw.devices == 1 and hw.disk.write_bw == m.write_gb_s * 1e9
+    assert hw.embedded and hw.devices == 1 and hw.disk.write_bw == m.write_gb_s * 1e9
     assert not list(tmp_path.iterdir())  # every cluster and file cleaned up
     text = str(sim.table(res).caption)
     assert "ratio = projected / real median" in text

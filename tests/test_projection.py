@@ -166,9 +166,9 @@ def test_servers_killed_mid_save_slow_it_but_every_rank_commits() -> None:
     ok, failed = project_checkpoint(base), project_checkpoint(hit)
     assert ok.failed_servers == () and len(set(failed.failed_servers)) == 2
     assert failed.duration_s > ok.duration_s and failed.rank_p50_s > 0
-    # The load reads around the two down servers (RS decodes), and still gets every value.
-    assert failed.load is not None and ok.load is not None
-    assert failed.load.duration_s > ok.load.duration_s
+    # The load reads around the two down servers (decoding from parity where a data chunk
+    # is on one), and every rank still gets back what it saved (the projection checks).
+    assert failed.load is not None and failed.load.duration_s >= failed.load.lower_bound_s
     assert project_checkpoint(hit).failed_servers == failed.failed_servers
     with pytest.raises(InvalidArgumentError):
         project_checkpoint(dataclasses.replace(base, fail_servers=18))

@@ -141,3 +141,34 @@ def test_slow_client_cpus_bound_the_save_and_the_report_says_so() -> None:
     # charged at another rate; every byte encoded once, with the files' small headers.
     assert b.cpu_work == {k: pytest.approx(n, rel=1e-4) for k, n in a.cpu_work.items()}
     assert b.cpu_work["rs-encode"] == pytest.approx(b.bytes, rel=1e-3)
+
+
+def test_an_embedded_clusters_nodes_spend_the_client_hosts_cpu() -> None:
+    """Nodes in the client's process (``Hardware.embedded``): one device for every disk,
+    and the page-cache copies of their writes and reads are the one host's CPU work; a
+    second client host is refused."""
+    from tectonic_emu.config import ClusterConfig
+    from tectonic_emu.sim.cluster import ModelCluster
+
+    hw = dataclasses.replace(
+        PRESETS["small-flash"].hardware, embedded=True, cpu=CpuModel(2, ONE_GBPS)
+    )
+    config = ClusterConfig(nodes=hw.servers, disks_per_node=hw.disks, encoding="r3")
+
+    async def main() -> dict[str, int]:
+        mc = ModelCluster(hw, config)
+        assert len({id(d) for s in mc.servers for d in s.disks}) == hw.devices == 1
+        (host,) = mc.add_clients(1)
+        with pytest.raises(ValueError, match="one client host"):
+            mc.add_clients(1)
+        client = (await mc.client_cluster(host)).client()
+        data = Synthetic.random(3, 10 << 20)
+        with mc.cpus[host].active():
+            await client.write_file("/f", data)
+            assert await client.read("/f") == data
+        return mc.cpus[host].total
+
+    total = clock.run_virtual(main())
+    # three replicas copied in, one copied out; checksums: the block's, the read's
+    assert total["copy"] == 4 * (10 << 20)
+    assert total["crc32c"] >= 2 * (10 << 20)

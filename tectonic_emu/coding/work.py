@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 #: The kinds of work counted, each in bytes.
-KINDS = ("crc32c", "rs-encode", "rs-decode", "blake2b", "wire")
+KINDS = ("crc32c", "rs-encode", "rs-decode", "blake2b", "wire", "copy")
 
 _CURRENT: ContextVar[Tally | None] = ContextVar("tectonic_cpu_tally", default=None)
 

@@ -44,12 +44,14 @@ class Hardware:
     servers_per_rack: int = 16
     metadata: MetadataModel | None = None  # None: metadata operations cost nothing
     cpu: CpuModel | None = None  # each client host's; None: its work is counted, not charged
-    one_device: bool = False  # every server's disks are one device (nodes on one machine)
+    # An embedded cluster: the nodes live in the one client host's process, so every
+    # server's disks are one device and the servers' CPU work is that host's.
+    embedded: bool = False
 
     @property
     def devices(self) -> int:
         """Disk devices in all."""
-        return 1 if self.one_device else self.servers * self.disks
+        return 1 if self.embedded else self.servers * self.disks
 
 
 class ModelCluster:
@@ -65,7 +67,7 @@ class ModelCluster:
         self.config = config
         self.fabric = Fabric(hardware.fabric)
         self.servers: list[ModelServer] = []
-        device = Disk(hardware.disk, name="the device") if hardware.one_device else None
+        device = Disk(hardware.disk, name="the device") if hardware.embedded else None
         while len(self.servers) < hardware.servers:
             rack = min(hardware.servers_per_rack, hardware.servers - len(self.servers))
             for host in self.fabric.add_rack(rack):
@@ -84,12 +86,17 @@ class ModelCluster:
     def add_clients(self, hosts: int, *, per_rack: int = 16) -> list[Host]:
         """``hosts`` client hosts, in racks of ``per_rack`` apart from the servers', each
         with its CPU (``cpus``): make it current (``Tally.active``) in the host's tasks."""
+        if self.hardware.embedded and (self.cpus or hosts != 1):
+            raise ValueError("an embedded cluster has one client host, its nodes' host")
         out: list[Host] = []
         while len(out) < hosts:
             out.extend(self.fabric.add_rack(min(per_rack, hosts - len(out))))
         cpu = self.hardware.cpu
         for h in out:
             self.cpus[h] = Tally() if cpu is None else HostCpu(cpu, name=f"cpu of host {h.index}")
+        if self.hardware.embedded:
+            for server in self.servers:
+                server.cpu = self.cpus[out[0]]
         return out
 
     async def client_cluster(self, host: Host, *, write_ack: str = "quorum") -> Cluster:

@@ -50,6 +50,14 @@ class ModelServer:
         self.disks = list(disks)
         self.store = MemoryNode(node_id, len(self.disks), capacity=capacity)
         self.available = True
+        self.cpu: work.Tally | None = None  # where its CPU work is charged (None: free)
+
+    async def spend(self, kind: str, nbytes: int) -> None:
+        """``nbytes`` of ``kind`` of work done by this server, charged to its CPU if any."""
+        if self.cpu is not None:
+            with self.cpu.active():
+                work.count(kind, nbytes)
+                await work.settle()
 
     def disk(self, n: int) -> Disk:
         if not 0 <= n < len(self.disks):
@@ -120,6 +128,7 @@ class ModelNode(StorageNode):
         store, n = self.server.store, nbytes(payload)
 
         async def answer() -> None:
+            await self.server.spend("copy", n)  # into the page cache
             await self.server.disk(disk).write(n)
             await store.write_chunk(disk, chunk_id, payload, crc32c=crc32c, flags=flags)
 
@@ -131,6 +140,7 @@ class ModelNode(StorageNode):
         async def answer() -> tuple[ChunkData, ChunkInfo]:
             info = await store.stat_chunk(disk, chunk_id)
             await self.server.disk(disk).read(info.stored_len)
+            await self.server.spend("copy", info.stored_len)  # out of the page cache
             return await store.read_chunk(disk, chunk_id)
 
         return await self._call(answer, back=lambda got: got[1].stored_len)
