@@ -20,6 +20,7 @@ from clients.ckpt_format import CheckpointError, Value, check_step, rank_error, 
 from clients.ckpt_gc import forget_retirement
 from clients.ckpt_stage import Staged, StagingPool, stage_state
 from tectonic_emu import clock
+from tectonic_emu.coding import work
 
 
 @dataclass(slots=True)
@@ -192,6 +193,7 @@ class Saver:
         started = clock.monotonic()
         st = await self._open_step(step, [rank])
         staged = await self._stage_rank(st, rank, state, incremental, True, started)
+        await work.settle()  # the staging copy's CPU, in a projection (coding/work.py)
         self.writer.start(st)
         staged.blocked_s = clock.monotonic() - started
         committed = asyncio.ensure_future(self._finish(st, staged))

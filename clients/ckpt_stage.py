@@ -13,6 +13,7 @@ import numpy as np
 
 from clients.ckpt_format import CheckpointError, Entry, Kind, Shard, Value
 from tectonic_emu.chunkstore.remote import aligned_buffer
+from tectonic_emu.coding import work
 from tectonic_emu.coding.synthetic import Payload, Synthetic
 
 PART_BYTES = 4 << 20  # values are cut into parts of whole rows of at most this many bytes
@@ -56,6 +57,7 @@ class StagingPool:
         free = self._free.get(len(src))
         buf = free.pop() if free else aligned_buffer(len(src))
         buf[:] = src
+        work.count("copy", len(src))
         buffers.append(buf)
         return buf
 
@@ -106,7 +108,9 @@ def _stage(
         at: tuple[tuple[int, ...], tuple[int, ...]] = (value.global_shape, value.offset)
     elif isinstance(value, np.ndarray):
         arr, kind, at = value, "array", ((), ())
-    elif isinstance(value, Synthetic):  # a projection's bytes (docs/simulate.md): no copy
+    elif isinstance(value, Synthetic):  # a projection's bytes (docs/simulate.md): no copy,
+        if pool is not None:  # but the work of the copy a bytes value would get
+            work.count("copy", len(value))
         return Item(Entry(rank, name, "synthetic"), [value], [(0, 0)])
     elif isinstance(value, (bytes, bytearray, memoryview)):
         raw = memoryview(value).cast("B")

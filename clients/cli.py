@@ -488,7 +488,28 @@ __all__ = ["ckpt", "data", "simulate"]
     help="Virtual seconds into the save when they go down (0: down from the start).",
 )
 @click.option(
-    "--save-only", is_flag=True, help="Project the save only, not the load that follows it."
+    "--steps",
+    type=click.IntRange(1, 10_000),
+    default=1,
+    show_default=True,
+    help="Checkpoints saved, one every --interval.",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(0),
+    default=0.0,
+    show_default=True,
+    help="Virtual seconds from one step's start to the next's (the compute between).",
+)
+@click.option("--async", "async_save", is_flag=True, help="Ranks save_async and go on once staged.")
+@click.option(
+    "--keep-last",
+    type=click.IntRange(1),
+    default=None,
+    help="The Checkpointer's retention (default: keep every step).",
+)
+@click.option(
+    "--save-only", is_flag=True, help="Project the saves only, not the load that follows."
 )
 @click.option(
     "--seed", default=1, show_default=True, help="The run's seed: the same seed, the same run."
@@ -504,6 +525,10 @@ def simulate_checkpoint(
     metadata_qps: float,
     fail_servers: int,
     fail_at: float,
+    steps: int,
+    interval: float,
+    async_save: bool,
+    keep_last: int | None,
     save_only: bool,
     seed: int,
     as_json: bool,
@@ -520,6 +545,7 @@ def simulate_checkpoint(
       tectonic-emu simulate checkpoint --model llama3-8b --servers 36 --json
       tectonic-emu simulate checkpoint --ranks 4096 --metadata-shards 64
       tectonic-emu simulate checkpoint --ranks 64 --fail-servers 2 --fail-at 0.5
+      tectonic-emu simulate checkpoint --ranks 64 --steps 3 --interval 2 --async
     """
     p = PRESETS[preset]
     hardware = p.hardware if servers is None else dataclasses.replace(p.hardware, servers=servers)
@@ -532,7 +558,8 @@ def simulate_checkpoint(
         scenario = Scenario(
             model, count, encoding, hardware, ranks_per_host=p.ranks_per_host,
             block_size=p.block_size, seed=seed, fail_servers=fail_servers, fail_at=fail_at,
-            load=not save_only,
+            load=not save_only, steps=steps, interval=interval, async_save=async_save,
+            keep_last=keep_last,
         )  # fmt: skip
         with progress_bar(None) as bar:
             task = bar.add_task(f"projecting {model} on {count} ranks", total=None)
@@ -569,6 +596,16 @@ def simulate_checkpoint(
             f": {ld.throughput_gb_s:,.1f} GB/s\n"
             f"load's lower bound {ld.lower_bound_s:.2f} s ({ld.bound_by})"
         )
+    if len(result.steps) > 1:
+        per = Table(box=None)
+        for col in ("step", "due s", "duration s", "p50 s", "p99 s", "blocked s"):
+            per.add_column(col, justify="right")
+        for s in result.steps:
+            per.add_row(
+                str(s.step), f"{s.due_s:.2f}", f"{s.duration_s:.2f}", f"{s.rank_p50_s:.2f}",
+                f"{s.rank_p99_s:.2f}", f"{s.blocked_max_s:.2f}",
+            )  # fmt: skip
+        Console().print(per)
     table = Table(box=None)
     for col in ("resources", "members", "mean use", "max use"):
         table.add_column(col, justify="left" if col == "resources" else "right")

@@ -89,10 +89,11 @@ PRESETS = {
                 "8 GPUs (ranks) per host, 24,576 GPUs: 'Building Meta's GenAI "
                 "Infrastructure', engineering.fb.com, 2024-03",
                 "72 MiB blocks (8 MiB chunks at rs-9-6): Tectonic-Shift, USENIX ATC'23",
-                "DRAFT, assumed and not yet sourced: 4 flash devices per server (the flash "
-                "preset's figures), 100 Gb/s NICs, 0.1 ms round trips, non-blocking racks of "
-                "16, 16 cores per host for storage at twice this machine's per-core rates; "
-                "not yet checked against the paper's 2 TB/s sustained and 7 TB/s peak",
+                "ASSUMED, not published (docs/presets/meta-genai-24k-sources.md): 4 flash "
+                "devices per server (the flash preset's figures), 100 Gb/s NICs, 0.1 ms round "
+                "trips, non-blocking racks of 16, 16 cores per host for storage at twice this "
+                "machine's per-core rates; its aggregates are far above the paper's 2 TB/s "
+                "sustained and 7 TB/s peak, which need a limit not modelled yet",
             ),
         ),
         Preset(
@@ -133,6 +134,10 @@ class Scenario:
     load: bool = True  # then every rank loads what it saved, once all have saved
     scale: float = 1.0  # every file's size times this (DLIO's files at full size: 1)
     write_ack: str = "quorum"  # the clients' (a served client's default; embedded: "all")
+    steps: int = 1  # checkpoints saved, one every ``interval`` virtual seconds
+    interval: float = 0.0  # from one step's start to the next's (the compute between them)
+    async_save: bool = False  # ranks call save_async and go on once their state is staged
+    keep_last: int | None = None  # the Checkpointer's retention (None: keep every step)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +148,21 @@ class ClassUse:
     members: int
     mean: float
     max: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepFigures:
+    """One step's save: when it was due (virtual s from the first), its duration (the
+    slowest rank, from when it was due to its commit), each rank's p50 and p99, and the
+    longest a rank was blocked (``save_async``: until its state was staged; ``save``: the
+    duration)."""
+
+    step: int
+    due_s: float
+    duration_s: float
+    rank_p50_s: float
+    rank_p99_s: float
+    blocked_max_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,10 +189,11 @@ class Projection:
     failed_servers: tuple[int, ...]  # down from fail_at on
     bytes: int  # the checkpoint's bytes, as DLIO counts them
     stored_bytes: int  # times the encoding's overhead
-    duration_s: float  # the slowest rank, start to commit
+    duration_s: float  # the slowest rank, start to commit (of the longest step)
     rank_p50_s: float
     rank_p99_s: float
     rank_max_s: float
+    steps: tuple[StepFigures, ...]
     throughput_gb_s: float  # bytes / duration
     peak_gb_s: float  # most bytes made durable in one sample interval, per second
     sustained_gb_s: float  # stored bytes / duration
@@ -237,7 +258,14 @@ async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -
         cluster = await mc.client_cluster(host, write_ack=sc.write_ack)
         client = cluster.client()
         ckpts.append(
-            Checkpointer(client, ROOT, world_size=sc.ranks, encoding=sc.encoding, shared=shared)
+            Checkpointer(
+                client,
+                ROOT,
+                world_size=sc.ranks,
+                encoding=sc.encoding,
+                keep_last=sc.keep_last,
+                shared=shared,
+            )
         )
     disks = list(dict.fromkeys(d for s in mc.servers for d in s.disks))  # embedded: one
     samples: list[tuple[float, float]] = []
@@ -254,12 +282,25 @@ async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -
             if progress is not None:
                 progress(now, stored)
 
-    durations = [0.0] * sc.ranks
+    durations = [[0.0] * sc.ranks for _ in range(sc.steps)]  # due to commit, per step
+    blocked = [[0.0] * sc.ranks for _ in range(sc.steps)]
 
     async def rank(r: int) -> None:
+        ckpt, state = ckpts[r // sc.ranks_per_host], _state(plan, r)
+        commits = []
         with mc.cpus[hosts[r // sc.ranks_per_host]].active():
-            await ckpts[r // sc.ranks_per_host].save(1, r, _state(plan, r))
-        durations[r] = clock.monotonic() - start
+            for k in range(sc.steps):
+                due = start + k * sc.interval
+                if clock.monotonic() < due:
+                    await asyncio.sleep(due - clock.monotonic())
+                if sc.async_save:
+                    pending = await ckpt.save_async(k + 1, r, state)
+                    blocked[k][r] = clock.monotonic() - due
+                    commits.append(_commit_time(pending.committed, durations[k], r, due))
+                else:
+                    await ckpt.save(k + 1, r, state)
+                    durations[k][r] = blocked[k][r] = clock.monotonic() - due
+            await asyncio.gather(*commits)
 
     failed = sorted(entropy.new_rng().sample(range(hw.servers), sc.fail_servers))
 
@@ -276,7 +317,19 @@ async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -
         await asyncio.gather(*(rank(r) for r in range(sc.ranks)))
     finally:
         sampler.cancel()
-    elapsed = max(durations)
+    elapsed = clock.monotonic() - start  # to the last commit
+    steps = tuple(
+        StepFigures(
+            k + 1,
+            k * sc.interval,
+            max(durations[k]),
+            _percentile(durations[k], 50),
+            _percentile(durations[k], 99),
+            max(blocked[k]),
+        )
+        for k in range(sc.steps)
+    )
+    worst = max(range(sc.steps), key=lambda k: steps[k].duration_s)
     tallies = [mc.cpus[h] for h in hosts]
     cpu_work = _work(tallies)
     bound, bound_by = lower_bound(sc, stored, len(hosts), _seconds(hw, cpu_work))
@@ -289,7 +342,7 @@ async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -
         use += (_use("client CPUs", [t.cores for t in tallies if isinstance(t, HostCpu)], elapsed),)
     if isinstance(mc.kv, ModelKV):
         use += (_use("metadata shards", mc.kv.shards, elapsed),)
-    load = await _load(sc, plan, mc, hosts, ckpts) if sc.load else None
+    load = await _load(sc, plan, mc, hosts, ckpts, sc.steps) if sc.load else None
     return Projection(
         model=sc.model,
         ranks=sc.ranks,
@@ -299,13 +352,14 @@ async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -
         failed_servers=tuple(failed),
         bytes=plan.total,
         stored_bytes=stored,
-        duration_s=elapsed,
-        rank_p50_s=_percentile(durations, 50),
-        rank_p99_s=_percentile(durations, 99),
-        rank_max_s=elapsed,
-        throughput_gb_s=plan.total / elapsed / 1e9,
+        duration_s=steps[worst].duration_s,
+        rank_p50_s=steps[worst].rank_p50_s,
+        rank_p99_s=steps[worst].rank_p99_s,
+        rank_max_s=steps[worst].duration_s,
+        steps=steps,
+        throughput_gb_s=plan.total / steps[worst].duration_s / 1e9,
         peak_gb_s=max((rate for _, rate in samples), default=0.0),
-        sustained_gb_s=stored / elapsed / 1e9,
+        sustained_gb_s=stored / steps[worst].duration_s / 1e9,
         lower_bound_s=bound,
         bound_by=bound_by,
         busiest=max(use, key=lambda u: u.mean).name,
@@ -323,9 +377,10 @@ async def _load(
     mc: ModelCluster,
     hosts: list[Host],
     ckpts: list[Checkpointer],
+    step: int,
 ) -> Phase:
-    """Every rank loads the step it saved through its host's Checkpointer, all at once,
-    and gets back the descriptions it saved (checked here: a wrong value is an error)."""
+    """Every rank loads ``step`` through its host's Checkpointer, all at once, and gets
+    back the descriptions it saved (checked here: a wrong value is an error)."""
     tallies = [mc.cpus[h] for h in hosts]
     before = _work(tallies)
     durations = [0.0] * sc.ranks
@@ -334,7 +389,7 @@ async def _load(
     async def rank(r: int) -> None:
         host = r // sc.ranks_per_host
         with mc.cpus[hosts[host]].active():
-            state = await ckpts[host].load(r, 1)
+            state = await ckpts[host].load(r, step)
         durations[r] = clock.monotonic() - start
         if state != _state(plan, r):  # the chain checks each part; this checks the whole
             raise CheckpointCorruptError(f"rank {r} loaded other values than it saved", ROOT)
@@ -353,6 +408,14 @@ async def _load(
         lower_bound_s=bound,
         bound_by=bound_by,
     )
+
+
+async def _commit_time(
+    committed: asyncio.Future[Any], durations: list[float], r: int, due: float
+) -> None:
+    """Wait for a ``save_async``'s commit and note when it came, from when it was due."""
+    await committed
+    durations[r] = clock.monotonic() - due
 
 
 def _state(plan: CheckpointPlan, r: int) -> dict[str, Synthetic]:
@@ -381,6 +444,11 @@ def project_checkpoint(sc: Scenario, progress: Progress | None = None) -> Projec
         )
     if not (math.isfinite(sc.fail_at) and sc.fail_at >= 0):
         raise InvalidArgumentError(f"--fail-at is 0 or more seconds, not {sc.fail_at}")
+    if sc.steps < 1 or not (math.isfinite(sc.interval) and sc.interval >= 0):
+        raise InvalidArgumentError(
+            f"--steps is 1 or more and --interval 0 or more seconds, not {sc.steps} and "
+            f"{sc.interval}"
+        )
     plan = checkpoint_plan(sc.model, sc.ranks, sc.scale)
     t0 = time.monotonic()
     with entropy.seeded(sc.seed):
@@ -395,6 +463,7 @@ __all__ = [
     "Preset",
     "Projection",
     "Scenario",
+    "StepFigures",
     "lower_bound",
     "project_checkpoint",
 ]

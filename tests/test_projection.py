@@ -210,3 +210,21 @@ def test_checkpointers_sharing_indexes_decode_a_manifest_once(
     with entropy.seeded(1):
         clock.run_virtual(main())
     assert decodes == [1]  # only the Checkpointer that shares nothing decoded it
+
+
+def test_periodic_steps_back_up_when_saves_outlast_the_interval_and_async_frees_the_ranks() -> None:
+    """Three steps due 1 s apart, each save about 3 s: synchronous saves queue behind each
+    other, so each step's duration (from when it was due) grows; with save_async every rank
+    is blocked only while its state is staged, far less than its step takes to commit. The
+    load reads the last step, with retention keeping one."""
+    base = Scenario("llama3-8b", 16, "rs-6-3", SMALL, steps=3, interval=1.0, keep_last=1)
+    sync = project_checkpoint(base)
+    durations = [s.duration_s for s in sync.steps]
+    assert [s.due_s for s in sync.steps] == [0.0, 1.0, 2.0]
+    assert durations == sorted(durations) and durations[0] < durations[-1]
+    assert all(s.blocked_max_s == s.duration_s for s in sync.steps)
+    assert sync.duration_s == max(durations) and sync.load is not None
+    asy = project_checkpoint(dataclasses.replace(base, async_save=True))
+    assert all(0 < s.blocked_max_s < s.duration_s / 4 for s in asy.steps)
+    with pytest.raises(InvalidArgumentError, match="--steps"):
+        project_checkpoint(dataclasses.replace(base, steps=0))
