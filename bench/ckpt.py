@@ -210,7 +210,7 @@ def table(res: CkptBench) -> Table:
 def plot(res: CkptBench, directory: Path) -> list[Path]:
     """``ckpt-throughput.png``: MB/s of the one writer, save and save_async, the raw disk's
     write rate as the limit line."""
-    from bench.plotting import bars
+    from clients.plotting import bars
 
     return [
         bars(

@@ -252,7 +252,7 @@ def targets_table(res: CheckpointBench) -> Any:
 
 def plot(res: CheckpointBench, directory: Path) -> list[Path]:
     """Two PNGs: GB/s per path (write and read), and each path's rate over the raw disk's."""
-    from bench.plotting import bars
+    from clients.plotting import bars
 
     ran = [p for p in res.paths if p.available and p.write is not None]
     labels = [p.key for p in ran]

@@ -240,7 +240,7 @@ def table(res: FuseBench) -> Table:
 
 def plot(res: FuseBench, directory: Path) -> list[Path]:
     """``fuse-throughput.png``: write and read MB/s of each path."""
-    from bench.plotting import bars
+    from clients.plotting import bars
 
     paths = _paths(res)
     return [

@@ -260,7 +260,7 @@ def table(res: HedgeBench) -> Table:
 
 def plot(res: HedgeBench, directory: Path) -> list[Path]:
     """``hedge-write.png`` and ``hedge-read.png``: MB/s per case, one bar per encoding."""
-    from bench.plotting import bars
+    from clients.plotting import bars
 
     by_case = {enc: {f.case: f for f in fs} for enc, fs in res.encodings.items()}
     cases = [c for c in CASES if any(c in figs for figs in by_case.values())]

@@ -354,7 +354,7 @@ def table(result: MetadataBench) -> Table:
 
 def plot(result: MetadataBench, directory: Path) -> list[Path]:
     """One PNG per phase in ``directory``: rate against ranks, one line per backend."""
-    from bench.plotting import lines
+    from clients.plotting import lines
 
     out = []
     for phase in PHASES:

@@ -310,7 +310,7 @@ def table(res: NetBench) -> Table:
 
 def plot(res: NetBench, directory: Path) -> list[Path]:
     """``net.png``: each figure's measured / expected ratio."""
-    from bench.plotting import bars
+    from clients.plotting import bars
 
     labels = ["round trip", "write", "read"]
     values = [res.rtt_ratio or 0.0, res.write_ratio or 0.0, res.read_ratio or 0.0]

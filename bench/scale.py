@@ -539,7 +539,7 @@ def plot(result: ScaleBench, directory: Path) -> list[Path]:
     seconds against ranks, with the raw disk writing the same bytes as a flat line. Two
     figures, not one: when loads grow a hundredfold, a shared linear axis flattens the save
     curve. Returns the paths written."""
-    from bench.plotting import lines
+    from clients.plotting import lines
 
     xs = [p.ranks for p in result.points]
     raw = [result.raw_write_s] * len(xs)

@@ -369,7 +369,7 @@ def table(res: SimBench) -> Table:
 
 
 def plot(res: SimBench, directory: Path) -> list[Path]:
-    from bench.plotting import bars
+    from clients.plotting import bars
 
     return [
         bars(

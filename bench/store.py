@@ -408,7 +408,7 @@ def served_table(res: StoreBench) -> Table | None:
 def plot(res: StoreBench, directory: Path) -> list[Path]:
     """``store-write.png`` and ``store-read.png``: MB/s per encoding (embedded, and served when
     measured), the raw disk's rate as the limit line."""
-    from bench.plotting import bars
+    from clients.plotting import bars
 
     labels = [f.encoding for f in res.encodings]
     out = []

@@ -171,7 +171,7 @@ def table(res: TrainBench) -> Table:
 
 def plot(res: TrainBench, directory: Path) -> list[Path]:
     """``train-accelerators.png``: the largest accelerator count at AU >= 90%, per source."""
-    from bench.plotting import bars
+    from clients.plotting import bars
 
     return [
         bars(

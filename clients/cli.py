@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import secrets
@@ -18,8 +17,7 @@ from rich.table import Table
 
 from clients.checkpoint import Checkpointer
 from clients.ckpt_format import Manifest, step_of_dir
-from clients.ckpt_models import MODELS, get_model
-from clients.projection import PRESETS, Scenario, project_checkpoint
+from clients.cli_projection import simulate_checkpoint, simulate_sweep
 from clients.workloads import WORKLOADS
 from tectonic_emu.cli import (
     cluster_option,
@@ -31,9 +29,7 @@ from tectonic_emu.cli import (
     with_cluster,
 )
 from tectonic_emu.cluster import Cluster
-from tectonic_emu.coding import Encoding
-from tectonic_emu.errors import InvalidArgumentError, NotFoundError
-from tectonic_emu.sim.metadata import MetadataModel
+from tectonic_emu.errors import NotFoundError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -429,187 +425,7 @@ async def _ensure_dataset(cluster: Cluster, workload: str, scale: float, path: s
         )
 
 
+for command in (simulate_checkpoint, simulate_sweep):
+    simulate.add_command(command)
+
 __all__ = ["ckpt", "data", "simulate"]
-
-
-@simulate.command("checkpoint")
-@click.option(
-    "--preset",
-    type=click.Choice(sorted(PRESETS)),
-    default="small-flash",
-    show_default=True,
-    help="The cluster to project onto (docs/simulate.md lists each figure and its source).",
-)
-@click.option(
-    "--model",
-    type=click.Choice(sorted(MODELS)),
-    default="llama3-8b",
-    show_default=True,
-    help="Whose checkpoint: DLIO's files for the model (clients/ckpt_models.py).",
-)
-@click.option(
-    "--ranks",
-    type=click.IntRange(1, 1 << 20),
-    default=None,
-    help="Ranks saving (default: the model's MLPerf count); a multiple of its TP x PP.",
-)
-@click.option("--encoding", default="rs-6-3", show_default=True, help="r1, r3, rs-6-3, rs-9-6...")
-@click.option(
-    "--servers",
-    type=click.IntRange(1, 1 << 20),
-    default=None,
-    help="Storage servers (default: the preset's).",
-)
-@click.option(
-    "--metadata-shards",
-    type=click.IntRange(1, 1 << 20),
-    default=None,
-    help="Charge metadata to this many shards (default: metadata costs nothing).",
-)
-@click.option(
-    "--metadata-qps",
-    type=click.FloatRange(1, 1e9),
-    default=10_000.0,
-    show_default=True,
-    help="Operations per second of each shard (Tectonic FAST'21: about 10,000).",
-)
-@click.option(
-    "--fail-servers",
-    type=click.IntRange(0),
-    default=0,
-    show_default=True,
-    help="Servers (drawn from the seed) that go down during the save.",
-)
-@click.option(
-    "--fail-at",
-    type=click.FloatRange(0),
-    default=0.0,
-    show_default=True,
-    help="Virtual seconds into the save when they go down (0: down from the start).",
-)
-@click.option(
-    "--steps",
-    type=click.IntRange(1, 10_000),
-    default=1,
-    show_default=True,
-    help="Checkpoints saved, one every --interval.",
-)
-@click.option(
-    "--interval",
-    type=click.FloatRange(0),
-    default=0.0,
-    show_default=True,
-    help="Virtual seconds from one step's start to the next's (the compute between).",
-)
-@click.option("--async", "async_save", is_flag=True, help="Ranks save_async and go on once staged.")
-@click.option(
-    "--keep-last",
-    type=click.IntRange(1),
-    default=None,
-    help="The Checkpointer's retention (default: keep every step).",
-)
-@click.option(
-    "--save-only", is_flag=True, help="Project the saves only, not the load that follows."
-)
-@click.option(
-    "--seed", default=1, show_default=True, help="The run's seed: the same seed, the same run."
-)
-@json_option
-def simulate_checkpoint(
-    preset: str,
-    model: str,
-    ranks: int | None,
-    encoding: str,
-    servers: int | None,
-    metadata_shards: int | None,
-    metadata_qps: float,
-    fail_servers: int,
-    fail_at: float,
-    steps: int,
-    interval: float,
-    async_save: bool,
-    keep_last: int | None,
-    save_only: bool,
-    seed: int,
-    as_json: bool,
-) -> None:
-    """Project one checkpoint save of MODEL onto a modelled cluster, then every rank's
-    load of it, in virtual time: the real Checkpointer, client, placement and commit
-    protocol on model servers, disks, network and client CPUs, with synthetic payloads.
-    Reports each phase's duration (the slowest rank), each rank's p50/p99, throughput beside
-    the hardware's lower bound, and the save's utilisation of each class of resource.
-
-    \b
-    Example:
-      tectonic-emu simulate checkpoint --model llama3-70b --ranks 64 --encoding rs-6-3
-      tectonic-emu simulate checkpoint --model llama3-8b --servers 36 --json
-      tectonic-emu simulate checkpoint --ranks 4096 --metadata-shards 64
-      tectonic-emu simulate checkpoint --ranks 64 --fail-servers 2 --fail-at 0.5
-      tectonic-emu simulate checkpoint --ranks 64 --steps 3 --interval 2 --async
-    """
-    p = PRESETS[preset]
-    hardware = p.hardware if servers is None else dataclasses.replace(p.hardware, servers=servers)
-    if metadata_shards is not None:
-        meta = MetadataModel(shards=metadata_shards, qps=metadata_qps, rtt=hardware.fabric.rtt)
-        hardware = dataclasses.replace(hardware, metadata=meta)
-    try:
-        Encoding.parse(encoding)
-        count = get_model(model).ranks if ranks is None else ranks
-        scenario = Scenario(
-            model, count, encoding, hardware, ranks_per_host=p.ranks_per_host,
-            block_size=p.block_size, seed=seed, fail_servers=fail_servers, fail_at=fail_at,
-            load=not save_only, steps=steps, interval=interval, async_save=async_save,
-            keep_last=keep_last,
-        )  # fmt: skip
-        with progress_bar(None) as bar:
-            task = bar.add_task(f"projecting {model} on {count} ranks", total=None)
-            result = project_checkpoint(
-                scenario, lambda done, total: bar.update(task, completed=done, total=total)
-            )
-    except InvalidArgumentError as exc:
-        raise click.BadParameter(str(exc)) from None
-    if as_json:
-        print_json(result.to_json())
-        return
-    gb = 1e9
-    click.echo(
-        f"{model} on {result.ranks} ranks ({result.hosts} hosts), {result.servers} servers, "
-        f"{encoding}: {result.bytes / gb:,.0f} GB ({result.stored_bytes / gb:,.0f} GB stored)"
-    )
-    if result.failed_servers:
-        when = f"at {fail_at:g} s" if fail_at else "from the start"
-        click.echo(f"servers down {when}: {', '.join(map(str, result.failed_servers))}")
-    click.echo(
-        f"save {result.duration_s:.2f} s (ranks p50 {result.rank_p50_s:.2f}, p99 "
-        f"{result.rank_p99_s:.2f}, max {result.rank_max_s:.2f}): {result.throughput_gb_s:,.1f} GB/s"
-    )
-    click.echo(
-        f"durable on the disks: peak {result.peak_gb_s:,.1f} GB/s, sustained "
-        f"{result.sustained_gb_s:,.1f} GB/s"
-    )
-    click.echo(
-        f"lower bound {result.lower_bound_s:.2f} s ({result.bound_by}); busiest: {result.busiest}"
-    )
-    if (ld := result.load) is not None:
-        click.echo(
-            f"load {ld.duration_s:.2f} s (ranks p50 {ld.rank_p50_s:.2f}, p99 {ld.rank_p99_s:.2f})"
-            f": {ld.throughput_gb_s:,.1f} GB/s\n"
-            f"load's lower bound {ld.lower_bound_s:.2f} s ({ld.bound_by})"
-        )
-    if len(result.steps) > 1:
-        per = Table(box=None)
-        for col in ("step", "due s", "duration s", "p50 s", "p99 s", "blocked s"):
-            per.add_column(col, justify="right")
-        for s in result.steps:
-            per.add_row(
-                str(s.step), f"{s.due_s:.2f}", f"{s.duration_s:.2f}", f"{s.rank_p50_s:.2f}",
-                f"{s.rank_p99_s:.2f}", f"{s.blocked_max_s:.2f}",
-            )  # fmt: skip
-        Console().print(per)
-    table = Table(box=None)
-    for col in ("resources", "members", "mean use", "max use"):
-        table.add_column(col, justify="left" if col == "resources" else "right")
-    for u in result.use:
-        table.add_row(u.name, str(u.members), f"{u.mean:.0%}", f"{u.max:.0%}")
-    Console().print(table)
-    click.echo(f"({result.wall_s:.1f} s of wall time; preset {preset}: see docs/simulate.md)")

@@ -193,6 +193,7 @@ class Projection:
     rank_p50_s: float
     rank_p99_s: float
     rank_max_s: float
+    rank_s: tuple[float, ...]  # each rank's duration in that step
     steps: tuple[StepFigures, ...]
     throughput_gb_s: float  # bytes / duration
     peak_gb_s: float  # most bytes made durable in one sample interval, per second
@@ -356,6 +357,7 @@ async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -
         rank_p50_s=steps[worst].rank_p50_s,
         rank_p99_s=steps[worst].rank_p99_s,
         rank_max_s=steps[worst].duration_s,
+        rank_s=tuple(durations[worst]),
         steps=steps,
         throughput_gb_s=plan.total / steps[worst].duration_s / 1e9,
         peak_gb_s=max((rate for _, rate in samples), default=0.0),

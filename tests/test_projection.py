@@ -8,6 +8,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -228,3 +229,39 @@ def test_periodic_steps_back_up_when_saves_outlast_the_interval_and_async_frees_
     assert all(0 < s.blocked_max_s < s.duration_s / 4 for s in asy.steps)
     with pytest.raises(InvalidArgumentError, match="--steps"):
         project_checkpoint(dataclasses.replace(base, steps=0))
+
+
+def test_a_sweep_projects_once_per_value_and_plots(tmp_path: Path) -> None:
+    runner = CliRunner()
+    got = runner.invoke(
+        cli_main,
+        ["simulate", "sweep", "--vary", "servers=9,18", "--ranks", "8", "--save-only", "--json"],
+    )
+    assert got.exit_code == 0, got.output
+    report = json.loads(got.output)
+    assert report["vary"] == "servers" and report["values"] == ["9", "18"]
+    assert [p["servers"] for p in report["projections"]] == [9, 18]
+    text = runner.invoke(
+        cli_main,
+        [
+            "simulate",
+            "sweep",
+            "--vary",
+            "encoding=r3,rs-6-3",
+            "--ranks",
+            "8",
+            "--plot",
+            str(tmp_path),
+        ],
+    )
+    assert text.exit_code == 0, text.output
+    assert max(len(line) for line in text.output.splitlines() if "wrote" not in line) <= 80
+    assert (tmp_path / "sweep-encoding.png").stat().st_size > 0
+    one = runner.invoke(
+        cli_main, ["simulate", "checkpoint", "--ranks", "8", "--plot", str(tmp_path)]
+    )
+    assert one.exit_code == 0, one.output
+    assert {p.name for p in tmp_path.iterdir()} >= {"timeline.png", "ranks.png", "utilisation.png"}
+    bad = runner.invoke(cli_main, ["simulate", "sweep", "--vary", "colour=red"])
+    assert bad.exit_code != 0 and "KEY=V1,V2" in bad.output
+    assert "Example:" in runner.invoke(cli_main, ["simulate", "sweep", "--help"]).output

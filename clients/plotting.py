@@ -1,4 +1,4 @@
-"""PNG plots for ``--plot DIR``: two shapes cover every bench.
+"""PNG plots for ``--plot DIR``: two shapes cover every bench and projection.
 
 - ``bars``: one group of bars per path (checkpoint writes and reads through each path), with an
   optional dashed line for the machine's limit measured in the same run;
