@@ -113,38 +113,38 @@ class PartReader:
         return data
 
     async def read_parts(
-        self, ix: Indexed, e: Entry, parts: list[Part], dest: memoryview, sem: asyncio.Semaphore
-    ) -> None:
+        self,
+        ix: Indexed,
+        e: Entry,
+        parts: list[Part],
+        dest: memoryview | None,
+        sem: asyncio.Semaphore,
+    ) -> Payload:
         """Parts that lie back to back in one file, read at once into ``dest`` (a part cut
-        short of its block would make the store read that block whole for each part), then
-        each checked against its CRC32C."""
+        short of its block would make the store read that block whole for each part), or
+        with no buffer as the store returns them (a projection's synthetic value), then each
+        checked against its CRC32C. Returns what was read."""
         first, m = parts[0], ix.manifest
         async with sem:
             try:
                 path = self.catalog.path(first.file)
-                n = await self._reader.read(path, first.pos, dest, ix.files)
+                got: Payload
+                if dest is None:
+                    size = sum(p.length for p in parts)
+                    got = await self._reader.read_payload(path, first.pos, size, ix.files)
+                    n = nbytes(got)
+                else:
+                    got, n = dest, await self._reader.read(path, first.pos, dest, ix.files)
             except TectonicError as exc:
                 raise self._unreadable(m, e, first, exc) from exc
-        await self._check_parts(m, e, parts, dest, n)
+        await self._check_parts(m, e, parts, got, n)
+        return got
 
     async def described(self, ix: Indexed, e: Entry, sem: asyncio.Semaphore) -> Payload:
-        """A synthetic value (a projection's): its runs read as the store returns them
-        (``FileReader.read``: a description is not read into a buffer), each part checked as
-        ``read_parts`` checks, and joined back into the ``Synthetic`` that was saved."""
-        m = ix.manifest
-
-        async def run(parts: list[Part]) -> Payload:
-            first, size = parts[0], sum(p.length for p in parts)
-            async with sem:
-                try:
-                    path = self.catalog.path(first.file)
-                    got = await self._reader.read_payload(path, first.pos, size, ix.files)
-                except TectonicError as exc:
-                    raise self._unreadable(m, e, first, exc) from exc
-            await self._check_parts(m, e, parts, got, nbytes(got))
-            return got
-
-        value = joined(await asyncio.gather(*(run(parts) for parts in _runs(e))))
+        """A synthetic value (a projection's): its runs read with no buffer
+        (``read_parts``), joined back into the ``Synthetic`` that was saved."""
+        runs = _runs(e)
+        value = joined(await asyncio.gather(*(self.read_parts(ix, e, r, None, sem) for r in runs)))
         work.count("copy", e.nbytes)  # it stands for a bytes value, copied out (as_bytes)
         return value
 
