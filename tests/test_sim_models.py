@@ -172,3 +172,28 @@ def test_a_10_kqps_shard_caps_creates() -> None:
     hot, _, _ = clock.run_virtual(main(16, one_dir=True))
     alone, _, _ = clock.run_virtual(main(1, one_dir=True))
     assert hot > 0.6 * alone
+
+
+def test_durable_writes_sync_their_log_on_the_device_they_share() -> None:
+    """With ``log_bytes`` and a log device, each durable transaction that wrote syncs a page
+    there, and so waits behind the device's other work; reads and non-durable writes do
+    not touch it."""
+    hdd = Disk(HDD, name="shared")
+    kv = ModelKV(MetadataModel(1, 1e9, 0.0, log_bytes=4096), log=hdd)
+
+    async def main() -> list[float]:
+        times = []
+        for durable, write in ((True, True), (True, False), (False, True)):
+            t0 = clock.monotonic()
+            async with kv.transaction(durable=durable) as tx:
+                if write:
+                    await tx.put(b"n\x00\x01k", b"v")
+                else:
+                    await tx.get(b"n\x00\x01k")
+            times.append(clock.monotonic() - t0)
+        return times
+
+    synced, read, lazy = clock.run_virtual(main())
+    assert synced == pytest.approx(HDD.service(4096, write=True), rel=1e-6) and synced > 0.004
+    assert read == pytest.approx(0, abs=1e-6) and lazy == pytest.approx(0, abs=1e-6)
+    assert hdd.bytes_written == 4096

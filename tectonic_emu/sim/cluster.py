@@ -77,7 +77,9 @@ class ModelCluster:
                 ]
                 self.servers.append(ModelServer(n, host, disks))
         self.kv: MemoryKV | ModelKV = (
-            MemoryKV() if hardware.metadata is None else ModelKV(hardware.metadata)
+            MemoryKV()
+            if hardware.metadata is None
+            else ModelKV(hardware.metadata, log=device)  # embedded: its log on the device
         )
         self.meta = Metadata(self.kv)
         self.cpus: dict[Host, Tally] = {}  # each client host's CPU

@@ -9,7 +9,9 @@ the ``MemoryKV`` as it is, then, once the store is released, waits for its charg
 - an operation on each shard its keys touched: a ``get``, ``put`` or ``delete`` is one; a
   ``scan`` is one plus one for every ``SCAN_ROWS`` rows it returned;
 - each shard serves ``qps`` operations a second, shared among the clients that use it;
-- one round trip, ``rtt``, for the transaction.
+- one round trip, ``rtt``, for the transaction;
+- with ``log_bytes`` and a ``log`` device, a durable transaction that wrote appends and
+  syncs that many bytes there, sharing the device with whatever else it serves.
 
 Charging after the store is released keeps one client's wait from holding every other
 client. ``MemoryKV`` runs transactions one at a time, and holding it through the charge
@@ -28,6 +30,7 @@ from types import TracebackType
 
 from tectonic_emu.metadata import MemoryKV
 from tectonic_emu.metadata.kv import KVStore, Transaction
+from tectonic_emu.sim.devices import Disk
 from tectonic_emu.sim.resources import Resource, SharedResource, use_all
 
 SCAN_ROWS = 64  # rows a scan returns for the price of one operation
@@ -42,6 +45,10 @@ class MetadataModel:
     qps: float
     rtt: float = 0.0
     source: str = ""
+    # Bytes each durable transaction that wrote appends and syncs to the store's log on a
+    # device of the cluster (``ModelKV(log=)``): SQLite's WAL beside the chunks of an
+    # embedded cluster. 0: the log is not modelled.
+    log_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.shards < 1:
@@ -69,10 +76,12 @@ class ModelKV(KVStore):
         *,
         inner: MemoryKV | None = None,
         discipline: Callable[..., Resource] = SharedResource,
+        log: Disk | None = None,
     ) -> None:
         self.model = model
         self.inner = inner if inner is not None else MemoryKV()
         self.shards = [discipline(model.qps, name=f"meta{k}") for k in range(model.shards)]
+        self.log = log if model.log_bytes else None  # where durable writes sync their log
 
     def transaction(self, *, durable: bool = True) -> _ChargedTransaction:
         return _ChargedTransaction(self, durable)
@@ -90,6 +99,8 @@ class _ChargedTransaction(Transaction):
         self._inner = store.inner.transaction(durable=durable)
         self._txn: Transaction | None = None
         self._ops: Counter[int] = Counter()
+        self._durable = durable
+        self._wrote = False
 
     async def __aenter__(self) -> _ChargedTransaction:
         self._txn = await self._inner.__aenter__()
@@ -106,6 +117,8 @@ class _ChargedTransaction(Transaction):
             return
         store = self._store
         await use_all([store.shards[k].begin(n) for k, n in sorted(self._ops.items())])
+        if store.log is not None and self._durable and self._wrote:
+            await store.log.write(store.model.log_bytes)
         if store.model.rtt:
             await asyncio.sleep(store.model.rtt)
 
@@ -125,9 +138,11 @@ class _ChargedTransaction(Transaction):
         return rows
 
     async def put(self, key: bytes, value: bytes) -> None:
+        self._wrote = True
         await self._open(key).put(key, value)
 
     async def delete(self, key: bytes) -> None:
+        self._wrote = True
         await self._open(key).delete(key)
 
 
