@@ -183,6 +183,7 @@ RESULTS = {  # bench -> (its result class, a committed real run)
     "metadata": ("MetadataBench", "bench/metadata.json"),
     "net": ("NetBench", "bench/net.json"),
     "train": ("TrainBench", "bench/train.json"),
+    "sim": ("SimBench", "bench/sim.json"),
 }
 TABLES = ("table", "served_table", "targets_table")
 
@@ -297,6 +298,7 @@ LEGENDS = {  # bench -> what its legend defines (each ratio column's name, then 
     "checkpoint": ("(wall) = ", "vs raw w/r = ", "not divided by the encoding's storage overhead"),
     "net": ("ratio = measured / expected",),
     "train": ("native / local = ",),
+    "sim": ("ratio = projected / real median",),
 }
 
 
