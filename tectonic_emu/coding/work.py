@@ -1,12 +1,14 @@
 """CPU work counted where the data path does it, so that a projection can charge it.
 
 The functions that spend CPU per byte (CRC32C, Reed-Solomon encode and decode, the
-checkpoint digests, the wire's MACs) call ``count(kind, nbytes)``. Nothing is counted unless
+checkpoint digests, the wire's MACs, copies of payloads into fresh memory) call
+``count(kind, nbytes)``. Nothing is counted unless
 a ``Tally`` is current (``Tally.current``): in a real run ``count`` is one ContextVar read.
 A projection makes each client host's ``sim.cpu.HostCpu`` (a ``Tally``) current in that
 host's tasks. The work is charged when the job that did it settles (``settle``): at the
 end of each ``offload`` and of each executor job on a virtual loop (``clock.VirtualLoop``),
-which is where the real code hands that work to a thread.
+which is where the real code hands that work to a thread, and where a model node's frame
+or a staging copy ends.
 
 Counting happens on real bytes and on ``Synthetic`` ones alike, so a tally of a projected
 run and of a real run of the same calls agree (``tests/test_sim_cpu.py``).
