@@ -1,28 +1,12 @@
 """``tectonic-emu bench sim``: projections beside real runs on this machine (issue 20).
 
-The ``this-machine`` preset is measured here, at the start of each run, by the code the
-real runs use:
-
-- **the device:** its bandwidth by fio, direct I/O (no page cache, so no CPU copying
-  pages: that is charged as the nodes' ``copy`` work), 8 MiB requests, ``QUEUE_DEPTH`` at
-  once; its small operations by a real ``LocalNode`` writing (with fdatasync) and reading
-  back (page cache dropped, as root) 4 KiB chunks at that depth. Every node's disks are
-  this one device, and the nodes' CPU work is the client's (``Hardware.embedded``);
-- **a node call:** a ``LocalNode.stat_chunk`` round trip through its I/O pool, the price
-  of every call, as the fabric's round trip (embedded nodes have no network);
-- **metadata:** a SQLite store's transactions one after another (their time is the
-  shard's round trip), its reads in one transaction (their rate is the shard's), and a
-  page of its WAL synced on the device by each transaction that writes (sharing the device
-  with the chunks, as SQLite's file does);
-- **the client's CPU:** ``CpuModel.measure()`` on this machine's cores; embedded nodes
-  have no wire, so frames cost no CPU.
-
-Then each scenario runs for real (an embedded cluster in ``directory``, the real
-``Checkpointer``, DLIO's files for llama3-8b scaled by ``scale``, random bytes) and
-projected (the same files as ``Synthetic`` values on ``this-machine``, in virtual time).
-Real runs take ``runs`` rounds, scenarios interleaved; the report gives each real
-duration's min/median/max, the projection, and the projection over the median. Target
-(issue 20): within 15%.
+Each run measures the ``this-machine`` preset first (``tectonic_emu/sim/machine.py``: the
+device by fio and a real ``LocalNode``, a node call, SQLite, the CPU). Then each scenario
+runs for real (an embedded cluster in ``directory``, the real ``Checkpointer``, DLIO's
+files for llama3-8b scaled by ``scale``, random bytes) and projected (the same files as
+``Synthetic`` values on ``this-machine``, in virtual time). Real runs take ``runs`` rounds,
+scenarios interleaved; the report gives each real duration's min/median/max, the
+projection, and the projection over the median. Target (issue 20): within 15%.
 
 Scenarios: r1, r3 and rs-6-3 saves at 16 and 1,024 ranks, each followed by every rank's
 load of it, and an rs-6-3 save with a node stopped ``FAIL_AT_S`` into it. What is not here
@@ -33,12 +17,9 @@ served-machine preset with the loopback network and the nodes' CPU).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import json
 import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
@@ -50,69 +31,16 @@ from rich.table import Table
 
 from bench.progress import Stages, Step, no_step
 from bench.schema import schema_of
-from bench.store import drop_caches
 from bench.tables import with_legend
 from clients.checkpoint import Checkpointer
 from clients.ckpt_models import checkpoint_plan
-from clients.projection import Scenario, project_checkpoint
+from clients.projection import Preset, Scenario, machine_preset, project_checkpoint
 from tectonic_emu import Cluster
-from tectonic_emu.chunkstore import LocalNode
-from tectonic_emu.coding import crc32c
-from tectonic_emu.config import DEFAULT_BLOCK_SIZE
-from tectonic_emu.metadata import SQLiteKV
-from tectonic_emu.sim.cluster import Hardware
-from tectonic_emu.sim.cpu import CpuModel
-from tectonic_emu.sim.devices import DiskModel
-from tectonic_emu.sim.fabric import FabricModel
-from tectonic_emu.sim.metadata import MetadataModel
+from tectonic_emu.sim.machine import DISKS, NODES, Machine, drop_caches, measure
 
 MODEL = "llama3-8b"
-NODES, DISKS = 9, 2  # an embedded cluster's (Cluster.create's defaults for rs-6-3)
-QUEUE_DEPTH = 8  # chunk operations at once in the device measurement
 FAIL_AT_S = 1.0  # seconds into the save when the failure scenario's node stops
 TARGET = 0.15
-
-
-@dataclass(frozen=True, slots=True)
-class Machine:
-    """What ``this-machine`` is made of, each figure measured in this run."""
-
-    write_gb_s: float  # fio direct 8 MiB writes, QUEUE_DEPTH at once
-    read_gb_s: float  # fio direct 8 MiB reads
-    write_iops: float  # 4 KiB chunk writes per second, QUEUE_DEPTH at once
-    read_iops: float
-    call_s: float  # one node call through the I/O pool
-    txn_s: float  # one metadata transaction (a read), one after another
-    meta_ops: float  # metadata reads per second in one transaction
-    cores: int
-    cpu_gb_s: dict[str, float]  # per core, each kind of work (CpuModel.measure)
-    cold_reads: bool  # whether the page cache could be dropped (root)
-
-    def hardware(self) -> Hardware:
-        return Hardware(
-            servers=NODES,
-            disks=DISKS,
-            disk=DiskModel(
-                read_bw=self.read_gb_s * 1e9,
-                write_bw=self.write_gb_s * 1e9,
-                read_iops=self.read_iops,
-                write_iops=self.write_iops,
-                latency=0.0,
-                seek=0.0,
-                queue_depth=QUEUE_DEPTH,
-                name="this machine's device",
-                source="measured by bench sim",
-            ),
-            # In-process nodes: no NIC to speak of (memory), a call's round trip is the hop.
-            fabric=FabricModel(nic_gbps=8_000.0, rtt=self.call_s),
-            servers_per_rack=NODES,
-            # SQLite on the one device: each write transaction syncs a page of its WAL there.
-            metadata=MetadataModel(
-                1, self.meta_ops, self.txn_s, "measured: SQLite here", log_bytes=4096
-            ),
-            cpu=CpuModel(self.cores, self.cpu_gb_s, "measured by bench sim"),
-            embedded=True,
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,106 +86,6 @@ class SimBench:
         return asdict(self)
 
 
-async def measure(directory: Path) -> Machine:
-    """``this-machine``'s figures (module docstring), measured in ``directory``."""
-    cpu = CpuModel.measure()
-    work = Path(tempfile.mkdtemp(prefix="tectonic-sim-machine-", dir=directory))
-    pool = concurrent.futures.ThreadPoolExecutor(QUEUE_DEPTH)
-    try:
-        write_gb_s = await asyncio.to_thread(_fio, work / "raw.bin", "write")
-        read_gb_s = await asyncio.to_thread(_fio, work / "raw.bin", "read")
-        node = LocalNode(work / "node", 0, 1, executor=pool)
-        small = os.urandom(4096)
-        write_small = await _chunk_ops(node, "s", small, 256)
-        cold = drop_caches()
-        read_small = await _chunk_ops(node, "s", small, 256, read=True)
-        t0 = time.perf_counter()
-        for _ in range(200):
-            await node.stat_chunk(0, "s0")
-        call_s = (time.perf_counter() - t0) / 200
-        await node.close()
-        txn_s, meta_ops = await _metadata(work / "meta.db")
-    finally:
-        pool.shutdown()
-        shutil.rmtree(work, ignore_errors=True)
-    return Machine(
-        write_gb_s=write_gb_s,
-        read_gb_s=read_gb_s,
-        write_iops=256 / write_small,
-        read_iops=256 / read_small,
-        call_s=call_s,
-        txn_s=txn_s,
-        meta_ops=meta_ops,
-        cores=cpu.cores,
-        cpu_gb_s=dict(cpu.gbps),
-        cold_reads=cold,
-    )
-
-
-def _fio(path: Path, rw: str, size: int = 512 << 20) -> float:
-    """GB/s of fio's direct ``rw`` (write or read) of ``size`` bytes at ``path``, 8 MiB
-    requests, QUEUE_DEPTH at once, the writes fsynced at the end."""
-    fio = shutil.which("fio")
-    if fio is None:
-        raise RuntimeError("bench sim measures the device with fio: apt-get install fio")
-    cmd = [
-        fio,
-        "--name=device",
-        f"--filename={path}",
-        f"--rw={rw}",
-        "--bs=8M",
-        f"--size={size}",
-        "--direct=1",
-        "--ioengine=libaio",
-        f"--iodepth={QUEUE_DEPTH}",
-        "--output-format=json",
-    ]
-    cmd += ["--end_fsync=1"] if rw == "write" else []
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return float(json.loads(out[out.index("{") :])["jobs"][0][rw]["bw_bytes"]) / 1e9
-
-
-async def _chunk_ops(
-    node: LocalNode, prefix: str, payload: bytes, count: int, *, read: bool = False
-) -> float:
-    """Seconds for ``count`` chunk writes (or reads) of ``payload``, QUEUE_DEPTH at once."""
-    crc = crc32c(payload)
-    gate = asyncio.Semaphore(QUEUE_DEPTH)
-
-    async def one(k: int) -> None:
-        async with gate:
-            if read:
-                await node.read_chunk(0, f"{prefix}{k}")
-            else:
-                await node.write_chunk(0, f"{prefix}{k}", payload, crc32c=crc)
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(one(k) for k in range(count)))
-    return time.perf_counter() - t0
-
-
-async def _metadata(path: Path) -> tuple[float, float]:
-    """(seconds per transaction of one read, one after another: the round trip, its sync
-    being the device's; reads per second in one transaction)."""
-    kv = await SQLiteKV.open(path)
-    try:
-        async with kv.transaction() as tx:
-            for k in range(100):
-                await tx.put(b"k%05d" % k, b"v" * 100)
-        t0 = time.perf_counter()
-        for k in range(200):
-            async with kv.transaction() as tx:
-                await tx.get(b"k%05d" % (k % 100))
-        txn_s = (time.perf_counter() - t0) / 200
-        t0 = time.perf_counter()
-        async with kv.transaction() as tx:
-            for k in range(2000):
-                await tx.get(b"k%05d" % (k % 100))
-        return txn_s, 2000 / (time.perf_counter() - t0)
-    finally:
-        await kv.close()
-
-
 async def _real(case: Case, scale: float, directory: Path) -> tuple[float, float]:
     """(save seconds, load seconds) of ``case`` on an embedded cluster in ``directory``:
     every rank from a common start to its commit, then (caches dropped) every rank's load
@@ -294,16 +122,16 @@ async def _real(case: Case, scale: float, directory: Path) -> tuple[float, float
         shutil.rmtree(root.parent, ignore_errors=True)
 
 
-def _projected(case: Case, scale: float, hw: Hardware) -> tuple[float, float]:
+def _projected(case: Case, scale: float, preset: Preset) -> tuple[float, float]:
     sc = Scenario(
         MODEL,
         case.ranks,
         case.encoding,
-        hw,
-        ranks_per_host=case.ranks,  # one process: one host, one Checkpointer
-        block_size=DEFAULT_BLOCK_SIZE,
+        preset.hardware,
+        ranks_per_host=preset.ranks_per_host or case.ranks,  # one process, one Checkpointer
+        block_size=preset.block_size,
         scale=scale,
-        write_ack="all",  # an embedded cluster's
+        write_ack=preset.write_ack,  # an embedded cluster's
         fail_servers=1 if case.fail else 0,
         fail_at=FAIL_AT_S if case.fail else 0.0,
     )
@@ -326,12 +154,12 @@ async def run_sim_bench(
     stage = Stages(step, 1 + len(todo) * (runs + 1))
     stage("measuring this machine")
     machine = await measure(directory)
-    hw = machine.hardware()
+    preset = machine_preset(machine)
     rows: dict[str, Row] = {}
     t0 = time.perf_counter()
     for case in todo:
         stage(f"projecting {case.name}")
-        save, load = await asyncio.to_thread(_projected, case, scale, hw)
+        save, load = await asyncio.to_thread(_projected, case, scale, preset)
         rows[case.name] = Row(case.name, projected_s=save)
         if not case.fail:
             rows[f"{case.name}: load"] = Row(f"{case.name}: load", projected_s=load)
@@ -398,11 +226,9 @@ SCHEMA = schema_of(SimBench, "tectonic-emu/bench-sim/1", "tectonic-emu bench sim
 __all__ = [
     "SCHEMA",
     "Case",
-    "Machine",
     "Row",
     "SimBench",
     "cases",
-    "measure",
     "plot",
     "run_sim_bench",
     "table",

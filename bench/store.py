@@ -42,20 +42,10 @@ from tectonic_emu import Cluster
 from tectonic_emu.coding import Encoding
 from tectonic_emu.resources import Needs, check_fits
 from tectonic_emu.served import Serving
+from tectonic_emu.sim.machine import drop_caches as drop_caches
 
 PIECE = 8 << 20
 MIB = 1 << 20  # the I/O size of the file-level paths (mounts, peers)
-
-
-def drop_caches() -> bool:
-    """Write back and drop the page cache (root only). True when it worked."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-    except OSError:
-        return False
-    return True
 
 
 def aligned_buffer(size: int) -> memoryview:

@@ -304,6 +304,7 @@ class Loader:
             value = out[name]
             if isinstance(value, (bytearray, memoryview)):
                 out[name] = as_bytes(value)
+        await work.settle()  # the copies' CPU, in a projection (coding/work.py)
         return outs
 
     def _described(

@@ -72,7 +72,10 @@ class PartReader:
             return await self.described(ix, e, sem)
         value, runs = empty_value(e) if dest is None else (dest[0], runs_of(e, dest[1]))
         await asyncio.gather(*(self.read_parts(ix, e, run, into, sem) for run, into in runs))
-        return as_bytes(value) if dest is None and isinstance(value, bytearray) else value
+        if dest is None and isinstance(value, bytearray):
+            value = as_bytes(value)
+            await work.settle()
+        return value
 
     async def read_arena(
         self, ix: Indexed, arena: Arena, entries: list[Entry], buf: memoryview | None
@@ -146,6 +149,7 @@ class PartReader:
         runs = _runs(e)
         value = joined(await asyncio.gather(*(self.read_parts(ix, e, r, None, sem) for r in runs)))
         work.count("copy", e.nbytes)  # it stands for a bytes value, copied out (as_bytes)
+        await work.settle()
         return value
 
     def _unreadable(self, m: Manifest, e: Entry, p: Part, exc: Exception) -> Exception:

@@ -14,7 +14,14 @@ from rich.console import Console
 from rich.table import Table
 
 from clients.ckpt_models import MODELS, get_model
-from clients.projection import PRESETS, Projection, Scenario, project_checkpoint
+from clients.projection import (
+    PRESETS,
+    THIS_MACHINE,
+    Projection,
+    Scenario,
+    project_checkpoint,
+    this_machine,
+)
 from tectonic_emu.cli import json_option, print_json, progress_bar
 from tectonic_emu.coding import Encoding
 from tectonic_emu.errors import InvalidArgumentError
@@ -25,10 +32,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 _OPTIONS = (
     click.option(
         "--preset",
-        type=click.Choice(sorted(PRESETS)),
+        type=click.Choice([*sorted(PRESETS), THIS_MACHINE]),
         default="small-flash",
         show_default=True,
-        help="The cluster to project onto (docs/simulate.md lists each figure and its source).",
+        help="The cluster to project onto (docs/simulate.md lists each figure and its "
+        "source); this-machine is measured first (about 20 s).",
     ),
     click.option(
         "--model",
@@ -126,7 +134,7 @@ def scenario_options(f: F) -> F:
 
 def scenario_of(o: dict[str, Any]) -> Scenario:
     """The scenario the options ``o`` name (raises InvalidArgumentError for a bad one)."""
-    p = PRESETS[o["preset"]]
+    p = this_machine() if o["preset"] == THIS_MACHINE else PRESETS[o["preset"]]
     hw = p.hardware
     if o["servers"] is not None:
         hw = dataclasses.replace(hw, servers=o["servers"])
@@ -134,12 +142,14 @@ def scenario_of(o: dict[str, Any]) -> Scenario:
         meta = MetadataModel(o["metadata_shards"], o["metadata_qps"], hw.fabric.rtt)
         hw = dataclasses.replace(hw, metadata=meta)
     Encoding.parse(o["encoding"])
+    ranks = get_model(o["model"]).ranks if o["ranks"] is None else o["ranks"]
     return Scenario(
         o["model"],
-        get_model(o["model"]).ranks if o["ranks"] is None else o["ranks"],
+        ranks,
         o["encoding"],
         hw,
-        ranks_per_host=p.ranks_per_host,
+        ranks_per_host=p.ranks_per_host or ranks,
+        write_ack=p.write_ack,
         block_size=p.block_size,
         seed=o["seed"],
         fail_servers=o["fail_servers"],

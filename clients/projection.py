@@ -32,9 +32,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from clients.checkpoint import Checkpointer
@@ -45,12 +47,13 @@ from tectonic_emu import clock, entropy
 from tectonic_emu.coding import Encoding
 from tectonic_emu.coding.synthetic import Synthetic
 from tectonic_emu.coding.work import KINDS, Tally
-from tectonic_emu.config import ClusterConfig
+from tectonic_emu.config import DEFAULT_BLOCK_SIZE, ClusterConfig
 from tectonic_emu.errors import InvalidArgumentError
 from tectonic_emu.sim.cluster import Hardware, ModelCluster
 from tectonic_emu.sim.cpu import ASSUMED_SERVER_CORE, CpuModel, HostCpu
 from tectonic_emu.sim.devices import FLASH
 from tectonic_emu.sim.fabric import FabricModel, Host
+from tectonic_emu.sim.machine import Machine, measure
 from tectonic_emu.sim.metadata import ModelKV
 from tectonic_emu.sim.resources import Resource
 
@@ -64,9 +67,32 @@ class Preset:
 
     name: str
     hardware: Hardware
-    ranks_per_host: int
+    ranks_per_host: int | None  # None: every rank on the one host (an embedded cluster)
     block_size: int
     sources: tuple[str, ...]
+    write_ack: str = "quorum"  # the clients' (a served client's default; embedded: "all")
+
+
+def this_machine(directory: Path | None = None) -> Preset:
+    """The ``this-machine`` preset, measured now in ``directory`` (default: the temp dir):
+    an embedded cluster on this machine's device, cores and SQLite
+    (``tectonic_emu/sim/machine.py``; ``bench sim`` compares it with real runs)."""
+    return machine_preset(asyncio.run(measure(directory or Path(tempfile.gettempdir()))))
+
+
+def machine_preset(machine: Machine) -> Preset:
+    """The ``this-machine`` preset of a ``Machine`` measured before."""
+    return Preset(
+        THIS_MACHINE,
+        machine.hardware(),
+        ranks_per_host=None,
+        block_size=DEFAULT_BLOCK_SIZE,
+        sources=("measured on this machine just now (tectonic_emu/sim/machine.py)",),
+        write_ack="all",
+    )
+
+
+THIS_MACHINE = "this-machine"
 
 
 PRESETS = {
@@ -466,6 +492,9 @@ __all__ = [
     "Projection",
     "Scenario",
     "StepFigures",
+    "THIS_MACHINE",
+    "machine_preset",
+    "this_machine",
     "lower_bound",
     "project_checkpoint",
 ]

@@ -48,3 +48,24 @@ def test_cases_cover_each_encoding_at_each_rank_count_and_one_failure() -> None:
         ("rs-6-3", 1024, False),
         ("rs-6-3", 16, True),
     ]
+
+
+def test_the_this_machine_preset_is_an_embedded_cluster_of_the_measured_figures() -> None:
+    """``machine_preset`` (what ``simulate checkpoint --preset this-machine`` measures and
+    uses): every rank on the one host, blocks acknowledged once all chunks are durable, the
+    cluster's default blocks, the measured figures in its hardware; a small projection on it
+    never beats its own lower bound."""
+    from clients.projection import Scenario, machine_preset, project_checkpoint
+    from tectonic_emu.coding.work import KINDS
+    from tectonic_emu.config import DEFAULT_BLOCK_SIZE
+    from tectonic_emu.sim.machine import Machine
+
+    m = Machine(1.0, 2.0, 1000.0, 2000.0, 2e-4, 4e-4, 8000.0, 2, {k: 2.0 for k in KINDS}, True)
+    p = machine_preset(m)
+    assert p.ranks_per_host is None and p.write_ack == "all" and p.block_size == DEFAULT_BLOCK_SIZE
+    assert p.hardware.embedded and p.hardware.disk.read_bw == 2e9 and p.hardware.cpu is not None
+    sc = Scenario("llama3-8b", 16, "rs-6-3", p.hardware, ranks_per_host=16, scale=0.001,
+                  block_size=p.block_size, write_ack=p.write_ack)  # fmt: skip
+    got = project_checkpoint(sc)
+    assert got.hosts == 1 and got.lower_bound_s <= got.duration_s
+    assert got.load is not None and got.load.lower_bound_s <= got.load.duration_s
