@@ -3,10 +3,11 @@
 The real code counts its work where it does it (``coding/work.py``): CRC32C, Reed-Solomon
 encode and decode, the digests of incremental checkpoints, each frame's MAC and socket
 copy, and copies of payloads into fresh memory (a load's values; a server's page cache,
-charged to the server's CPU where it has one: ``Hardware.embedded``). A ``HostCpu`` is one client host's ``Tally``. Each time a job settles (the end of an
-``offload``, of an executor job, of a frame a ``ModelNode`` sends or receives), the job's
-work takes ``CpuModel.seconds(work)`` of one core, first come first served over the host's
-``cores``: the real client hands this work to a pool of as many threads as cores.
+charged to the server's CPU where it has one: ``Hardware.embedded``). A ``HostCpu`` is
+one client host's ``Tally``. Each time a job settles (the end of an ``offload``, of an
+executor job, of a frame a ``ModelNode`` sends or receives), the job's work takes
+``CpuModel.seconds(work)`` of one core, first come first served over the host's ``cores``:
+the real client hands this work to a pool of as many threads as cores.
 
 What is not charged: the Python that runs the client on the event loop (its cost is per
 call, not per byte, and is this machine's, not a cluster's), compression (a projection's
