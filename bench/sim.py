@@ -34,7 +34,7 @@ from bench.schema import schema_of
 from bench.tables import with_legend
 from clients.checkpoint import Checkpointer
 from clients.ckpt_models import checkpoint_plan
-from clients.projection import Preset, Scenario, machine_preset, project_checkpoint
+from clients.projection import Preset, machine_preset, project_checkpoint
 from tectonic_emu import Cluster
 from tectonic_emu.sim.machine import DISKS, NODES, Machine, drop_caches, measure
 
@@ -123,15 +123,11 @@ async def _real(case: Case, scale: float, directory: Path) -> tuple[float, float
 
 
 def _projected(case: Case, scale: float, preset: Preset) -> tuple[float, float]:
-    sc = Scenario(
+    sc = preset.scenario(  # one process, one Checkpointer: an embedded cluster
         MODEL,
         case.ranks,
         case.encoding,
-        preset.hardware,
-        ranks_per_host=preset.ranks_per_host or case.ranks,  # one process, one Checkpointer
-        block_size=preset.block_size,
         scale=scale,
-        write_ack=preset.write_ack,  # an embedded cluster's
         fail_servers=1 if case.fail else 0,
         fail_at=FAIL_AT_S if case.fail else 0.0,
     )

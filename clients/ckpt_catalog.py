@@ -42,9 +42,9 @@ class Indexed:
     """A committed manifest's ``Index``, the file id it was read from, and this Catalog's
     readers of the data files it names (immutable once it is committed)."""
 
-    def __init__(self, file_id: int, index: Index | Manifest, files: FileReaders) -> None:
+    def __init__(self, file_id: int, index: Index, files: FileReaders) -> None:
         self.file_id = file_id
-        self.index = index if isinstance(index, Index) else Index(index)
+        self.index = index
         self.manifest = self.index.manifest
         self.by_name = self.index.by_name
         self.own = self.index.own

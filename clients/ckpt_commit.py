@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from clients.ckpt_catalog import Catalog, Indexed
+from clients.ckpt_catalog import Catalog, Index, Indexed
 from clients.ckpt_format import (
     CheckpointAbortedError,
     CheckpointCorruptError,
@@ -285,7 +285,9 @@ class StepWriter:
             except BaseException:
                 await asyncio.shield(writer.abort())
                 raise
-        self.catalog.keep(st.step, Indexed(writer.file_id, manifest, FileReaders(self.client)))
+        self.catalog.keep(
+            st.step, Indexed(writer.file_id, Index(manifest), FileReaders(self.client))
+        )
         # Committed. Clean up behind the ranks rather than hold them: the ranks return now.
         self._committed(st.step)
 

@@ -323,8 +323,7 @@ class Loader:
             data = await self.parts.read_arena(ix, arena, members, None)
             for k, at in arena.members:
                 out, name, e = wanted[k]
-                out[name] = sliced(data, at, at + e.nbytes)
-                work.count("copy", e.nbytes)  # as a bytes value is copied out (as_bytes)
+                out[name] = as_bytes(sliced(data, at, at + e.nbytes))
 
         async def one(k: int) -> None:
             out, name, e = wanted[k]

@@ -30,7 +30,7 @@ from tectonic_emu._malloc import MMAP_THRESHOLD
 from tectonic_emu.bufpool import PAGE
 from tectonic_emu.coding import work
 from tectonic_emu.coding.checksum import crc32c, crc32c_many
-from tectonic_emu.coding.synthetic import Payload, joined, nbytes
+from tectonic_emu.coding.synthetic import Payload, Synthetic, joined, nbytes
 from tectonic_emu.errors import TectonicError
 
 READS_IN_FLIGHT = 16  # reads of one load (or read, or verify) at once
@@ -87,12 +87,7 @@ class PartReader:
         m = ix.manifest
         try:
             path = self.catalog.path(arena.file)
-            data: Payload
-            if buf is None:
-                data = await self._reader.read_payload(path, arena.start, arena.length, ix.files)
-                n = nbytes(data)
-            else:
-                data, n = buf, await self._reader.read(path, arena.start, buf, ix.files)
+            data, n = await self._read(ix, path, arena.start, arena.length, buf)
         except TectonicError as exc:
             raise CheckpointCorruptError(
                 f"step {m.step}: cannot read {arena.file} at {arena.start}: {exc}",
@@ -131,24 +126,29 @@ class PartReader:
         async with sem:
             try:
                 path = self.catalog.path(first.file)
-                got: Payload
-                if dest is None:
-                    size = sum(p.length for p in parts)
-                    got = await self._reader.read_payload(path, first.pos, size, ix.files)
-                    n = nbytes(got)
-                else:
-                    got, n = dest, await self._reader.read(path, first.pos, dest, ix.files)
+                size = sum(p.length for p in parts)
+                got, n = await self._read(ix, path, first.pos, size, dest)
             except TectonicError as exc:
                 raise self._unreadable(m, e, first, exc) from exc
         await self._check_parts(m, e, parts, got, n)
         return got
 
+    async def _read(
+        self, ix: Indexed, path: str, pos: int, size: int, dest: memoryview | None
+    ) -> tuple[Payload, int]:
+        """``size`` bytes at ``pos`` into ``dest`` (of that size), or with no buffer as the
+        store returns them; what was read and its byte count."""
+        if dest is None:
+            got = await self._reader.read_payload(path, pos, size, ix.files)
+            return got, nbytes(got)
+        return dest, await self._reader.read(path, pos, dest, ix.files)
+
     async def described(self, ix: Indexed, e: Entry, sem: asyncio.Semaphore) -> Payload:
         """A synthetic value (a projection's): its runs read with no buffer
         (``read_parts``), joined back into the ``Synthetic`` that was saved."""
         runs = _runs(e)
-        value = joined(await asyncio.gather(*(self.read_parts(ix, e, r, None, sem) for r in runs)))
-        work.count("copy", e.nbytes)  # it stands for a bytes value, copied out (as_bytes)
+        got = await asyncio.gather(*(self.read_parts(ix, e, r, None, sem) for r in runs))
+        value = as_bytes(joined(got))
         await work.settle()
         return value
 
@@ -248,11 +248,11 @@ def arenas(entries: Sequence[Entry]) -> tuple[list[Arena], list[int]]:
     return out, scattered
 
 
-def as_bytes(value: bytearray | memoryview) -> bytes:
-    """A bytes value's bytes, copied out of the buffer it was read into (counted as CPU
-    work, coding/work.py)."""
-    work.count("copy", len(value))
-    return bytes(value)
+def as_bytes(value: Payload) -> bytes | Synthetic:
+    """A bytes value's bytes, copied out of the buffer it was read into, counted as CPU
+    work (coding/work.py); a ``Synthetic`` one (a projection's) as it is, counted the same."""
+    work.count("copy", nbytes(value))
+    return value if isinstance(value, Synthetic) else bytes(value)
 
 
 def as_value(e: Entry, view: memoryview) -> Value:

@@ -143,14 +143,11 @@ def scenario_of(o: dict[str, Any]) -> Scenario:
         hw = dataclasses.replace(hw, metadata=meta)
     Encoding.parse(o["encoding"])
     ranks = get_model(o["model"]).ranks if o["ranks"] is None else o["ranks"]
-    return Scenario(
+    return p.scenario(
         o["model"],
         ranks,
         o["encoding"],
-        hw,
-        ranks_per_host=p.ranks_per_host or ranks,
-        write_ack=p.write_ack,
-        block_size=p.block_size,
+        hardware=hw,
         seed=o["seed"],
         fail_servers=o["fail_servers"],
         fail_at=o["fail_at"],

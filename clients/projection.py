@@ -72,6 +72,22 @@ class Preset:
     sources: tuple[str, ...]
     write_ack: str = "quorum"  # the clients' (a served client's default; embedded: "all")
 
+    def scenario(
+        self, model: str, ranks: int, encoding: str, *, hardware: Hardware | None = None, **kw: Any
+    ) -> Scenario:
+        """A scenario on this preset (its ``hardware`` unless another is given): its hosts,
+        blocks and acknowledgment; ``kw``, the rest of ``Scenario``'s fields."""
+        return Scenario(
+            model,
+            ranks,
+            encoding,
+            hardware or self.hardware,
+            ranks_per_host=self.ranks_per_host or ranks,
+            block_size=self.block_size,
+            write_ack=self.write_ack,
+            **kw,
+        )
+
 
 def this_machine(directory: Path | None = None) -> Preset:
     """The ``this-machine`` preset, measured now in ``directory`` (default: the temp dir):

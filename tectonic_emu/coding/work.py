@@ -62,6 +62,11 @@ class Tally:
         self.owed = 0.0
         return _nothing()
 
+    async def settle(self) -> None:
+        """Charge what is owed, if it is due."""
+        if self.due():
+            await self.claim()
+
 
 async def _nothing() -> None:
     pass
@@ -82,8 +87,8 @@ def count(kind: str, nbytes: int) -> None:
 async def settle() -> None:
     """Charge the current tally's owed work, if a tally is current and it is due."""
     tally = _CURRENT.get()
-    if tally is not None and tally.due():
-        await tally.claim()
+    if tally is not None:
+        await tally.settle()
 
 
 __all__ = ["KINDS", "SETTLE_FROM", "Tally", "count", "settle"]

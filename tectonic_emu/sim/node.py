@@ -55,9 +55,8 @@ class ModelServer:
     async def spend(self, kind: str, nbytes: int) -> None:
         """``nbytes`` of ``kind`` of work done by this server, charged to its CPU if any."""
         if self.cpu is not None:
-            with self.cpu.active():
-                work.count(kind, nbytes)
-                await work.settle()
+            self.cpu.add(kind, nbytes)
+            await self.cpu.settle()
 
     def disk(self, n: int) -> Disk:
         if not 0 <= n < len(self.disks):
