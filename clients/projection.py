@@ -374,8 +374,8 @@ async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -
     )
     worst = max(range(sc.steps), key=lambda k: steps[k].duration_s)
     tallies = [mc.cpus[h] for h in hosts]
-    cpu_work = _work(tallies)
-    bound, bound_by = lower_bound(sc, stored, len(hosts), _seconds(hw, cpu_work))
+    cpu_work = _work(tallies)  # of every step: each step's bound counts its share
+    bound, bound_by = lower_bound(sc, stored, len(hosts), _seconds(hw, cpu_work) / sc.steps)
     use = (
         _use("client NICs", [h.egress for h in hosts], elapsed),
         _use("server NICs", [s.host.ingress for s in mc.servers], elapsed),

@@ -20,9 +20,11 @@ from clients.projection import PRESETS, Scenario, project_checkpoint
 from tectonic_emu import clock, entropy
 from tectonic_emu.cli import cli as cli_main
 from tectonic_emu.coding.synthetic import Synthetic
+from tectonic_emu.coding.work import KINDS
 from tectonic_emu.config import ClusterConfig
 from tectonic_emu.errors import InvalidArgumentError
 from tectonic_emu.sim.cluster import ModelCluster
+from tectonic_emu.sim.cpu import CpuModel
 
 SMALL = PRESETS["small-flash"].hardware
 
@@ -225,6 +227,11 @@ def test_periodic_steps_back_up_when_saves_outlast_the_interval_and_async_frees_
     assert durations == sorted(durations) and durations[0] < durations[-1]
     assert all(s.blocked_max_s == s.duration_s for s in sync.steps)
     assert sync.duration_s == max(durations) and sync.load is not None
+    # The lower bound is one save's: the CPU work of three steps is not charged to one.
+    slow_cpu = dataclasses.replace(SMALL, cpu=CpuModel(1, {k: 0.5 for k in KINDS}))
+    cpu_bound = project_checkpoint(dataclasses.replace(base, hardware=slow_cpu, scale=0.01))
+    assert cpu_bound.bound_by == "client CPUs"
+    assert all(cpu_bound.lower_bound_s <= s.duration_s for s in cpu_bound.steps)
     asy = project_checkpoint(dataclasses.replace(base, async_save=True))
     assert all(0 < s.blocked_max_s < s.duration_s / 4 for s in asy.steps)
     with pytest.raises(InvalidArgumentError, match="--steps"):
