@@ -26,7 +26,7 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     left out: importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` first anyway."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_parsed(path)):
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
@@ -42,6 +42,18 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
             if target and target != name and not name.startswith(target + "."):
                 out.add(target)
     return out
+
+
+def _parsed(path: Path) -> ast.Module:
+    """``path``'s AST. Once more after a SystemError "AST constructor recursion depth
+    mismatch": CPython 3.11 keeps that depth in state the threads share, so a thread
+    compiling at the same moment (a test's leftover worker importing a module) can trip a
+    sound parse (python/cpython#106905, seen once in this suite's CI)."""
+    source = path.read_text()
+    try:
+        return ast.parse(source, str(path))
+    except SystemError:
+        return ast.parse(source, str(path))
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
