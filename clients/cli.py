@@ -17,6 +17,7 @@ from rich.table import Table
 
 from clients.checkpoint import Checkpointer
 from clients.ckpt_format import Manifest, step_of_dir
+from clients.cli_project_train import PROJECTION_ONLY, projection_options, run_projection
 from clients.cli_projection import simulate_checkpoint, simulate_sweep
 from clients.workloads import WORKLOADS
 from tectonic_emu.cli import (
@@ -271,7 +272,15 @@ def simulate() -> None:
 
 
 @simulate.command("train")
-@cluster_option
+@click.option(
+    "--cluster",
+    "cluster_dir",
+    envvar="TECTONIC_EMU_CLUSTER",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Cluster directory to run on (default: $TECTONIC_EMU_CLUSTER); or give --preset.",
+)
+@projection_options
 @workload_option("MLPerf Storage workload (batch size and compute time per batch).")
 @click.option(
     "--data",
@@ -281,9 +290,10 @@ def simulate() -> None:
 )
 @click.option(
     "--scale",
-    default=0.05,
-    show_default=True,
-    help="Scale of the dataset generated when --data is not given.",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=None,
+    help="Scale of the records of the dataset generated when --data is not given "
+    "(default: 0.05; projected: 1, records at full size).",
 )
 @click.option(
     "-n",
@@ -316,10 +326,10 @@ def simulate() -> None:
 @click.option("--job", default=None, help="Job name the processes share (default: a new one).")
 @json_option
 def simulate_train(
-    cluster_dir: Path,
+    cluster_dir: Path | None,
     workload: str,
     path: str | None,
-    scale: float,
+    scale: float | None,
     accelerators: int,
     accelerator: str,
     epochs: int,
@@ -328,19 +338,45 @@ def simulate_train(
     processes: int,
     job: str | None,
     as_json: bool,
+    **projection: Any,
 ) -> None:
     """Run MLPerf Storage's training emulation on a dataset and report accelerator
     utilization (AU: compute time over wall time, first step left out), samples/s, MB/s,
     and whether AU meets the workload's threshold (90%, cosmoflow 70%).
 
+    With --preset instead of --cluster, project the run onto a modelled cluster in virtual
+    time, with checkpoint bursts (--checkpoint MODEL --every N): AU over time and each
+    burst's dip (docs/simulate.md).
+
     \b
     Example:
       tectonic-emu simulate train --cluster /tmp/c1 --workload unet3d -n 4 --json
       tectonic-emu simulate train --cluster /tmp/c1 --workload unet3d --data /data/u -n 4
+      tectonic-emu simulate train --preset small-flash --workload resnet50 -n 64 \\
+          --steps 30 --checkpoint llama3-8b --every 10
     """
     from clients.ranks import Job, ProcessInfo, launch
     from clients.simulate import TrainReport, train
 
+    ctx = click.get_current_context()
+    given = {
+        k for k in ctx.params if ctx.get_parameter_source(k) != click.core.ParameterSource.DEFAULT
+    }
+    if projection["preset"] is not None:
+        real_only = given & {"cluster_dir", "path", "epochs", "processes", "job"}
+        if real_only:
+            raise click.BadParameter(f"--preset projects; it takes no {_flags(real_only)}")
+        run_projection(
+            {**projection, "workload": workload, "accelerators": accelerators, "scale": scale,
+             "accelerator": accelerator, "seed": seed, "prefetch": prefetch},
+            as_json,
+        )  # fmt: skip
+        return
+    if cluster_dir is None:
+        raise click.BadParameter("give --cluster DIR (a real run) or --preset NAME (projected)")
+    if given & set(PROJECTION_ONLY):
+        raise click.BadParameter(f"{_flags(given & set(PROJECTION_ONLY))} need --preset")
+    scale = 0.05 if scale is None else scale
     process = ProcessInfo.from_env()
     if path is None:
         path = f"/datasets/{workload}-x{scale:g}"
@@ -396,6 +432,12 @@ def simulate_train(
         f"{report.au:.1%} (min {report.au_min:.1%}), {verdict} {report.au_threshold:.0%}; "
         f"{report.samples_per_s:.1f} samples/s, {report.mb_per_s:.1f} MB/s"
     )
+
+
+def _flags(names: set[str]) -> str:
+    """Options by their parameter names, as the user types them."""
+    flags = {"cluster_dir": "cluster", "path": "data", "async_save": "async", "plot_dir": "plot"}
+    return ", ".join(f"--{flags.get(n, n).replace('_', '-')}" for n in sorted(names))
 
 
 async def _ensure_dataset(cluster: Cluster, workload: str, scale: float, path: str) -> None:

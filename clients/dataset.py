@@ -38,6 +38,7 @@ from clients.dataset_index import (
     DatasetCorruptError,
     DatasetIncompleteError,
     DatasetIndex,
+    DescribedFooter,
     RowGroup,
     ShardInfo,
     StreamClosedError,
@@ -49,6 +50,7 @@ from clients.shardstream import ShardStream, StreamStats, default_shuffle_rows, 
 from clients.workloads import Workload, workload_named
 from tectonic_emu.client import Client
 from tectonic_emu.coding.checksum import crc32c
+from tectonic_emu.coding.synthetic import Synthetic
 from tectonic_emu.errors import AlreadyExistsError, InvalidArgumentError
 from tectonic_emu.paths import join_path, split_path
 
@@ -133,13 +135,7 @@ async def write_shards(
     """
     if rows_per_shard < 1 or (row_group_rows is not None and row_group_rows < 1):
         raise InvalidArgumentError("rows_per_shard and row_group_rows must be at least 1")
-    path = join_path(split_path(path))
-    await client.mkdir(path, parents=True, exist_ok=True)
-    index_path = f"{path}/{INDEX_NAME}"
-    if await client.exists(index_path):
-        if not overwrite:
-            raise AlreadyExistsError("a dataset is already here", path)
-        await client.delete(index_path)  # incomplete from here until the new index
+    path = await _begin(client, path, overwrite)
     options = {
         "compression": compression,
         "use_dictionary": _columns(use_dictionary),
@@ -192,12 +188,29 @@ async def write_shards(
         await asyncio.gather(*storing, return_exceptions=True)
     if schema is None:
         raise InvalidArgumentError("no batches and no schema: nothing to write", path)
-    keep = {s.name for s in shards}
-    for name in await client.listdir(path):  # shards of an earlier, larger dataset
+    return await _finish(client, DatasetIndex(path, schema, tuple(shards), dict(metadata or {})))
+
+
+async def _begin(client: Client, path: str, overwrite: bool) -> str:
+    """Make the dataset's directory, its index gone (unless there is one and not
+    ``overwrite``): the dataset is incomplete until ``_finish``. Its normalized path."""
+    path = join_path(split_path(path))
+    await client.mkdir(path, parents=True, exist_ok=True)
+    index_path = f"{path}/{INDEX_NAME}"
+    if await client.exists(index_path):
+        if not overwrite:
+            raise AlreadyExistsError("a dataset is already here", path)
+        await client.delete(index_path)  # incomplete from here until the new index
+    return path
+
+
+async def _finish(client: Client, index: DatasetIndex) -> DatasetIndex:
+    """Delete the shards of an earlier, larger dataset there, then write ``index``."""
+    keep = {s.name for s in index.shards}
+    for name in await client.listdir(index.path):
         if name.startswith("part-") and name.endswith(".parquet") and name not in keep:
-            await client.delete(f"{path}/{name}")
-    index = DatasetIndex(path, schema, tuple(shards), dict(metadata or {}))
-    await client.write_file(index_path, index.to_json())
+            await client.delete(f"{index.path}/{name}")
+    await client.write_file(f"{index.path}/{INDEX_NAME}", index.to_json())
     return index
 
 
@@ -221,6 +234,17 @@ def _split(
 
 
 # -- synthetic MLPerf-shaped datasets ----------------------------------------------------------
+def _layout(
+    base: Workload, record_bytes: int, samples: int, rows_per_shard: int | None
+) -> tuple[int, int]:
+    """Rows per shard (the workload's samples per file, or more to reach MIN_SHARD_BYTES,
+    unless given) and per row group (ROW_GROUP_BYTES of samples, at least one)."""
+    if rows_per_shard is None:
+        rows_per_shard = max(base.samples_per_file, -(-MIN_SHARD_BYTES // record_bytes))
+    rows_per_shard = max(1, min(rows_per_shard, samples))
+    return rows_per_shard, max(1, min(rows_per_shard, ROW_GROUP_BYTES // record_bytes))
+
+
 LABELS = 1000  # the label column: a random class in [0, LABELS)
 
 
@@ -265,10 +289,7 @@ async def generate(
     """
     base = workload if isinstance(workload, Workload) else workload_named(workload)
     sized = base.scaled(scale)
-    if rows_per_shard is None:
-        rows_per_shard = max(base.samples_per_file, -(-MIN_SHARD_BYTES // sized.record_bytes))
-    rows_per_shard = max(1, min(rows_per_shard, sized.samples))
-    group = max(1, min(rows_per_shard, ROW_GROUP_BYTES // sized.record_bytes))
+    rows_per_shard, group = _layout(base, sized.record_bytes, sized.samples, rows_per_shard)
     meta = {
         "workload": base.name,
         "scale": scale,
@@ -292,6 +313,71 @@ async def generate(
     )
 
 
+async def generate_described(
+    client: Client,
+    workload: str | Workload,
+    path: str,
+    *,
+    samples: int,
+    record_bytes: int,
+    seed: int = 0,
+    rows_per_shard: int | None = None,
+    encoding: str | None = None,
+    overwrite: bool = False,
+    writes: int = WRITES_IN_FLIGHT,
+    progress: Progress | None = None,
+) -> DatasetIndex:
+    """A dataset laid out as ``generate`` lays out ``workload``'s (``samples`` samples of
+    ``record_bytes``), whose shards are ``Synthetic`` payloads: described by a seed, never
+    made (a projection's, docs/simulate.md). A shard is its row groups' seed-random bytes,
+    then a ``DescribedFooter`` (real bytes); the index gives each the CRC32C its structure
+    derives, so a stream checks what it read as it checks real bytes, and decodes the rows
+    to their ``index`` column alone. ``writes`` shards are stored at once. Raises as
+    ``generate``."""
+    base = workload if isinstance(workload, Workload) else workload_named(workload)
+    if samples < 1 or record_bytes < 1 or writes < 1:
+        raise InvalidArgumentError("samples, record_bytes and writes must be at least 1")
+    rows_per_shard, group = _layout(base, record_bytes, samples, rows_per_shard)
+    path = await _begin(client, path, overwrite)
+    gate = asyncio.Semaphore(writes)
+
+    async def shard(i: int) -> ShardInfo:
+        first = i * rows_per_shard
+        rows = min(rows_per_shard, samples - first)
+        body = Synthetic.random((seed << 32 | i) % 2**64, rows * record_bytes)
+        payload = Synthetic.join([body, DescribedFooter(first, rows).to_bytes()])
+        groups = []
+        for at in range(0, rows, group):
+            n = min(group, rows - at)
+            offset, length = at * record_bytes, n * record_bytes
+            groups.append(RowGroup(n, offset, length, payload[offset : offset + length].crc32c()))
+        async with gate:
+            await client.write_file(f"{path}/{shard_name(i)}", payload, encoding=encoding)
+        if progress is not None:
+            progress(len(payload))
+        tail = payload[len(body) :]
+        return ShardInfo(
+            shard_name(i),
+            rows,
+            len(payload),
+            payload.crc32c(),
+            len(body),
+            tail.crc32c(),
+            tuple(groups),
+        )
+
+    shards = await asyncio.gather(*(shard(i) for i in range(-(-samples // rows_per_shard))))
+    meta = {
+        "workload": base.name,
+        "record_bytes": record_bytes,
+        "samples": samples,
+        "seed": seed,
+        "described": True,
+    }
+    schema = pa.schema([("index", pa.int64())])
+    return await _finish(client, DatasetIndex(path, schema, tuple(shards), meta))
+
+
 __all__ = [
     "INDEX_NAME",
     "DatasetCorruptError",
@@ -304,6 +390,7 @@ __all__ = [
     "StreamStats",
     "default_shuffle_rows",
     "generate",
+    "generate_described",
     "load_index",
     "rank_order",
     "read_shard",

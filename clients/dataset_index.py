@@ -28,12 +28,15 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 from tectonic_emu.chunkstore.base import BytesLike
 from tectonic_emu.client import Client
+from tectonic_emu.coding import work
 from tectonic_emu.coding.checksum import crc32c
+from tectonic_emu.coding.synthetic import Synthetic, real_bytes, sliced
 from tectonic_emu.errors import NotFoundError, TectonicError
 from tectonic_emu.paths import join_path, split_path
 
 INDEX_NAME = "_index.json"
 FORMAT, VERSION = "tectonic-emu/shards", 1
+DESCRIBED = "tectonic-emu/described-shard"  # a described shard's footer (DescribedFooter)
 
 T = TypeVar("T")
 Int64s = np.ndarray[Any, np.dtype[np.int64]]
@@ -93,6 +96,12 @@ class DatasetIndex:
     schema: pa.Schema
     shards: tuple[ShardInfo, ...]
     metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def described(self) -> bool:
+        """Whether the shards are ``Synthetic`` payloads, described and never made (a
+        projection's: ``dataset.generate_described``)."""
+        return bool(self.metadata.get("described"))
 
     @cached_property
     def rows(self) -> int:
@@ -218,7 +227,9 @@ class _RowGroupFile(io.RawIOBase):
         return self._data[lo : lo + size]
 
 
-def check_bytes(index: DatasetIndex, where: str, data: BytesLike, length: int, crc: int) -> None:
+def check_bytes(
+    index: DatasetIndex, where: str, data: BytesLike | Synthetic, length: int, crc: int
+) -> None:
     if len(data) != length:
         raise DatasetCorruptError(
             f"{where}: {len(data)} bytes, the index says {length}", index.path
@@ -244,22 +255,29 @@ def _read_group(file: _RowGroupFile, meta: pq.FileMetaData, i: int) -> pa.Table:
 def decode_groups(
     index: DatasetIndex,
     shard: ShardInfo,
-    meta: pq.FileMetaData,
-    held: memoryview,
+    meta: pq.FileMetaData | DescribedFooter,
+    held: memoryview | Synthetic,
     held_at: int,
     groups: range,
     rows: tuple[int, int],
 ) -> list[pa.Table]:
     """Row groups ``groups`` of ``shard`` from ``held`` (its bytes from ``held_at`` on), each
-    checked against the index, trimmed to the shard's rows [rows[0], rows[1])."""
+    checked against the index, trimmed to the shard's rows [rows[0], rows[1]). A described
+    shard's (``meta`` a ``DescribedFooter``) decode to the rows they describe."""
     out = []
     first = sum(g.rows for g in shard.row_groups[: groups.start])
     for i in groups:
         rg, where = shard.row_groups[i], f"{shard.name} row group {i}"
-        data = held[rg.offset - held_at : rg.offset - held_at + rg.length]
+        data = sliced(held, rg.offset - held_at, rg.offset - held_at + rg.length)
         check_bytes(index, where, data, rg.length, rg.crc32c)
-        file = _RowGroupFile(shard.bytes, rg.offset, data)
-        table = _decode(index, where, rg.rows, partial(_read_group, file, meta, i))
+        work.count("copy", rg.length)  # decoding copies the values into Arrow's arrays
+        if isinstance(meta, DescribedFooter):
+            table = meta.table(index, first, rg.rows)
+        elif isinstance(data, Synthetic):
+            raise DatasetCorruptError(f"{where}: described bytes, not Parquet", index.path)
+        else:
+            file = _RowGroupFile(shard.bytes, rg.offset, data)
+            table = _decode(index, where, rg.rows, partial(_read_group, file, meta, i))
         lo, hi = max(rows[0] - first, 0), min(rows[1] - first, rg.rows)
         out.append(table.slice(lo, hi - lo))
         first += rg.rows
@@ -275,23 +293,67 @@ async def read_shard(client: Client, index: DatasetIndex, shard: int | str) -> p
         raise NotFoundError("no such shard in the index", f"{index.path}/{shard}")
     data = await client.read(f"{index.path}/{info.name}")
     check_bytes(index, info.name, data, info.bytes, info.crc32c)
-    return _decode(index, info.name, info.rows, lambda: pq.read_table(pa.BufferReader(data)))
+    if index.described:
+        footer = parse_footer(index, info, sliced(data, info.footer_offset, len(data)))
+        assert isinstance(footer, DescribedFooter)
+        return footer.table(index, 0, info.rows)
+    raw = real_bytes(data)
+    return _decode(index, info.name, info.rows, lambda: pq.read_table(pa.BufferReader(raw)))
 
 
-def parse_footer(index: DatasetIndex, shard: ShardInfo, tail: BytesLike) -> pq.FileMetaData:
-    """The parsed footer of ``shard`` from bytes that end with it."""
+@dataclass(frozen=True, slots=True)
+class DescribedFooter:
+    """The footer of a described shard (``DatasetIndex.described``): real bytes, JSON, after
+    the ``Synthetic`` bytes of its row groups. Its rows hold the ``index`` column alone, the
+    sample numbers ``first`` to ``first + count - 1``: what a shard of ``dataset.generate``
+    holds, less the label and the payload, whose bytes are described, not made."""
+
+    first: int  # the sample number of the shard's first row
+    count: int  # its rows
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"format": DESCRIBED, "first": self.first, "rows": self.count}).encode()
+
+    def table(self, index: DatasetIndex, first: int, n: int) -> pa.Table:
+        """Rows ``first`` to ``first + n - 1`` of the shard, in the dataset's schema."""
+        values = np.arange(self.first + first, self.first + first + n, dtype=np.int64)
+        return pa.Table.from_arrays([pa.array(values)], schema=index.schema)
+
+
+def _described_footer(shard: ShardInfo, tail: BytesLike | Synthetic) -> DescribedFooter:
+    if isinstance(tail, Synthetic):
+        if any(seg.kind != "lit" for seg in tail.segments):
+            raise ValueError("a described footer is literal bytes")
+        tail = tail.materialize()
+    doc = json.loads(bytes(tail))
+    if doc.get("format") != DESCRIBED or doc["rows"] != shard.rows:
+        raise ValueError(f"format {doc.get('format')!r}, {doc.get('rows')} rows")
+    return DescribedFooter(int(doc["first"]), int(doc["rows"]))
+
+
+def parse_footer(
+    index: DatasetIndex, shard: ShardInfo, tail: BytesLike | Synthetic
+) -> pq.FileMetaData | DescribedFooter:
+    """The parsed footer of ``shard`` from bytes that end with it (a ``DescribedFooter`` for
+    a described dataset's)."""
     try:
+        if index.described:
+            return _described_footer(shard, tail)
+        if isinstance(tail, Synthetic):
+            raise ValueError("described bytes, not Parquet")
         return pq.read_metadata(pa.BufferReader(pa.py_buffer(tail)))
-    except (OSError, pa.ArrowException) as exc:
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
         raise DatasetCorruptError(f"{shard.name}: bad footer ({exc})", index.path) from None
 
 
 __all__ = [
+    "DESCRIBED",
     "INDEX_NAME",
     "VERSION",
     "DatasetCorruptError",
     "DatasetIncompleteError",
     "DatasetIndex",
+    "DescribedFooter",
     "Int64s",
     "RowGroup",
     "ShardInfo",

@@ -44,6 +44,7 @@ from clients.ckpt_catalog import SharedIndexes
 from clients.ckpt_format import CheckpointCorruptError
 from clients.ckpt_models import CheckpointPlan, checkpoint_plan
 from tectonic_emu import clock, entropy
+from tectonic_emu.client import Client
 from tectonic_emu.coding import Encoding
 from tectonic_emu.coding.synthetic import Synthetic
 from tectonic_emu.coding.work import KINDS, Tally
@@ -285,24 +286,42 @@ def _use(name: str, members: Sequence[Resource], elapsed: float) -> ClassUse:
     return ClassUse(name, len(members), sum(shares) / len(shares), max(shares))
 
 
-Progress = Callable[[int, int], None]  # (bytes durable on the disks so far, of stored bytes)
+Progress = Callable[[int, int], None]  # (bytes done so far, of all to do)
+
+
+def model_cluster(
+    hw: Hardware, encoding: str, block_size: int, hosts: int, per_rack: int
+) -> tuple[ModelCluster, list[Host]]:
+    """A ``ModelCluster`` on ``hw`` storing with ``encoding`` in blocks of ``block_size``,
+    and its ``hosts`` client hosts (``per_rack`` to a rack)."""
+    config = ClusterConfig(
+        nodes=hw.servers, disks_per_node=hw.disks, encoding=encoding, block_size=block_size
+    )
+    mc = ModelCluster(hw, config)
+    return mc, mc.add_clients(hosts, per_rack=per_rack)
+
+
+async def model_clients(
+    hw: Hardware, encoding: str, block_size: int, hosts: int, per_rack: int, write_ack: str
+) -> tuple[ModelCluster, list[Host], list[Client]]:
+    """``model_cluster``, and the real client of each host."""
+    mc, out = model_cluster(hw, encoding, block_size, hosts, per_rack)
+    clients = [(await mc.client_cluster(h, write_ack=write_ack)).client() for h in out]
+    return mc, out, clients
 
 
 async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -> Projection:
     hw = sc.hardware
-    config = ClusterConfig(
-        nodes=hw.servers, disks_per_node=hw.disks, encoding=sc.encoding, block_size=sc.block_size
+    mc, hosts = model_cluster(
+        hw, sc.encoding, sc.block_size, -(-sc.ranks // sc.ranks_per_host), sc.hosts_per_rack
     )
-    mc = ModelCluster(hw, config)
-    hosts = mc.add_clients(-(-sc.ranks // sc.ranks_per_host), per_rack=sc.hosts_per_rack)
     ckpts = []
     shared = SharedIndexes()  # one decoded manifest for all hosts, not one each
     for host in hosts:
         cluster = await mc.client_cluster(host, write_ack=sc.write_ack)
-        client = cluster.client()
         ckpts.append(
             Checkpointer(
-                client,
+                cluster.client(),
                 ROOT,
                 world_size=sc.ranks,
                 encoding=sc.encoding,
@@ -329,7 +348,7 @@ async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -
     blocked = [[0.0] * sc.ranks for _ in range(sc.steps)]
 
     async def rank(r: int) -> None:
-        ckpt, state = ckpts[r // sc.ranks_per_host], _state(plan, r)
+        ckpt, state = ckpts[r // sc.ranks_per_host], rank_state(plan, r)
         commits = []
         with mc.cpus[hosts[r // sc.ranks_per_host]].active():
             for k in range(sc.steps):
@@ -435,7 +454,7 @@ async def _load(
         with mc.cpus[hosts[host]].active():
             state = await ckpts[host].load(r, step)
         durations[r] = clock.monotonic() - start
-        if state != _state(plan, r):  # the chain checks each part; this checks the whole
+        if state != rank_state(plan, r):  # the chain checks each part; this checks the whole
             raise CheckpointCorruptError(f"rank {r} loaded other values than it saved", ROOT)
 
     await asyncio.gather(*(rank(r) for r in range(sc.ranks)))
@@ -462,7 +481,7 @@ async def _commit_time(
     durations[r] = clock.monotonic() - due
 
 
-def _state(plan: CheckpointPlan, r: int) -> dict[str, Synthetic]:
+def rank_state(plan: CheckpointPlan, r: int) -> dict[str, Synthetic]:
     """Rank ``r``'s DLIO files as synthetic values, each seeded by its rank and index."""
     files = plan.per_rank[r].files
     return {f.name: Synthetic.random(r << 16 | i, f.size) for i, f in enumerate(files)}
@@ -512,5 +531,8 @@ __all__ = [
     "machine_preset",
     "this_machine",
     "lower_bound",
+    "model_clients",
+    "model_cluster",
     "project_checkpoint",
+    "rank_state",
 ]

@@ -80,6 +80,7 @@ class Timeline:
     compute_s: float = 0.0
     io_wait_s: float = 0.0
     barrier_wait_s: float = 0.0
+    checkpoint_s: float = 0.0  # blocked saving checkpoints
     spans: list[tuple[str, float, float]] = field(default_factory=list)
 
     def add(self, kind: str, start: float, end: float) -> None:
@@ -87,6 +88,8 @@ class Timeline:
             self.compute_s += end - start
         elif kind == "io":
             self.io_wait_s += end - start
+        elif kind == "checkpoint":
+            self.checkpoint_s += end - start
         else:
             self.barrier_wait_s += end - start
         if len(self.spans) >= MAX_SPANS:
@@ -262,12 +265,13 @@ class Rank:
         self.timeline.add("compute", start, self._now())
         return t
 
-    async def io(self, aw: Awaitable[T]) -> T:
-        """Await ``aw`` as I/O: the wait goes into the timeline."""
+    async def io(self, aw: Awaitable[T], kind: str = "io") -> T:
+        """Await ``aw`` as I/O: the wait goes into the timeline as ``kind`` (``io``, or
+        ``checkpoint`` for a save)."""
         start = self._now()
         async with self._io_gate:
             result = await aw
-        self.timeline.add("io", start, self._now())
+        self.timeline.add(kind, start, self._now())
         return result
 
     async def barrier(self) -> None:

@@ -18,7 +18,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeAlias, TypeVar
 
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -29,6 +29,7 @@ from clients.dataset_index import (
     VERSION,
     DatasetCorruptError,
     DatasetIndex,
+    DescribedFooter,
     Int64s,
     ShardInfo,
     StreamClosedError,
@@ -40,8 +41,10 @@ from clients.dataset_index import (
 )
 from tectonic_emu import clock
 from tectonic_emu.argcheck import int_arg, optional_int_arg
+from tectonic_emu.buffers import BytesLike
 from tectonic_emu.chunkstore.remote import aligned_buffer
 from tectonic_emu.client import Client
+from tectonic_emu.coding.synthetic import Synthetic, joined, sliced
 from tectonic_emu.errors import InvalidArgumentError, NotFoundError
 from tectonic_emu.paths import join_path, split_path
 
@@ -54,6 +57,7 @@ _CACHED = 4096  # parsed indexes and shard footers kept per client
 SHARD_CACHE_BYTES = 256 << 20  # small shards (at most READ_CHUNKS chunks) kept per client
 
 T = TypeVar("T")
+Footer: TypeAlias = "pq.FileMetaData | DescribedFooter"
 
 
 # -- shared by the streams of a client ---------------------------------------------------------
@@ -99,8 +103,8 @@ class _Share:
             return await load_index(self.client, path)  # raises the right error
         return await self.memo.get((path, st.id), lambda: load_index(self.client, path))  # type: ignore[no-any-return]
 
-    async def footer(self, index: DatasetIndex, shard: ShardInfo) -> pq.FileMetaData:
-        async def load() -> pq.FileMetaData:
+    async def footer(self, index: DatasetIndex, shard: ShardInfo) -> Footer:
+        async def load() -> Footer:
             async with self.reads:
                 data = await self.client.read(f"{index.path}/{shard.name}", shard.footer_offset)
             size = shard.bytes - shard.footer_offset
@@ -111,17 +115,17 @@ class _Share:
 
     async def shard(
         self, index: DatasetIndex, shard: ShardInfo, job: tuple[int, ...], stats: StreamStats
-    ) -> tuple[bytes, pq.FileMetaData]:
+    ) -> tuple[bytes | Synthetic, Footer]:
         """A whole shard, checked, and its parsed footer. Kept for the ranks of one ``job``
         (seed, epoch, world size) only: one read for the ranks that share it, and no cache
         hiding the store from the next epoch."""
 
-        async def load() -> tuple[bytes, pq.FileMetaData]:
+        async def load() -> tuple[bytes | Synthetic, Footer]:
             async with self.reads:
                 data = await self.client.read(f"{index.path}/{shard.name}")
             stats.bytes_read += len(data)
             check_bytes(index, shard.name, data, shard.bytes, shard.crc32c)
-            return data, parse_footer(index, shard, memoryview(data)[shard.footer_offset :])
+            return data, parse_footer(index, shard, sliced(data, shard.footer_offset, len(data)))
 
         key = (index.path, shard.name, shard.crc32c, job)
         return await self.shards.get(key, load)  # type: ignore[no-any-return]
@@ -504,7 +508,8 @@ class ShardStream:
         if small:
             job = (self.seed, self.epoch, self.world_size)
             whole, meta = await self._share.shard(index, shard, job, self.stats)
-            held, held_at = memoryview(whole), 0
+            held = _view(whole)
+            held_at = 0
         else:
             meta = await self._share.footer(index, shard)
             held, held_at = memoryview(b""), shard.row_groups[first].offset
@@ -515,25 +520,42 @@ class ShardStream:
                 at = held_at + len(held)
                 need = groups[first].offset + groups[first].length
                 upto = min(end, _align(max(need, at - at % chunk + READ_CHUNKS * chunk), chunk))
-                buf = aligned_buffer(len(held) + upto - at)
-                buf[: len(held)] = held
-                async with self._share.reads:
-                    got = await self.client.read_into(path, at, buf[len(held) :])
-                self.stats.bytes_read += got
-                if got != upto - at:
+                held = await self._read_more(path, held, at, upto)
+                if len(held) != upto - held_at:
                     raise DatasetCorruptError(f"{shard.name}: shorter than the index says", path)
-                held = buf
             done, held_end = first, held_at + len(held)
             while done < end_group and groups[done].offset + groups[done].length <= held_end:
                 done += 1
             args = (index, shard, meta, held, held_at, range(first, done), (lo, hi))
-            if sum(g.length for g in groups[first:done]) >= _THREAD_FROM:
+            described = isinstance(held, Synthetic)  # cheap to decode: no thread's time
+            if not described and sum(g.length for g in groups[first:done]) >= _THREAD_FROM:
                 yield await self._share.cpu(decode_groups, *args)
             else:
                 yield decode_groups(*args)
             if done < end_group:  # keep the bytes of the row group begun
                 held, held_at = held[groups[done].offset - held_at :], groups[done].offset
             first = done
+
+    async def _read_more(
+        self, path: str, held: memoryview | Synthetic, at: int, upto: int
+    ) -> memoryview | Synthetic:
+        """``held`` (the file's bytes up to ``at``) and the bytes [at, upto) after it: read
+        into a fresh aligned buffer, or for a described dataset read as the ``Synthetic``
+        they are (no buffer: its bytes are never made)."""
+        async with self._share.reads:
+            if self.index is not None and self.index.described:
+                got = await self.client.read(path, at, upto - at)
+                self.stats.bytes_read += len(got)
+                return _view(joined([held, got]))
+            buf = aligned_buffer(len(held) + upto - at)
+            buf[: len(held)] = held  # type: ignore[assignment]  # a memoryview: not described
+            n = await self.client.read_into(path, at, buf[len(held) :])
+        self.stats.bytes_read += n
+        return buf[: len(held) + n]
+
+
+def _view(data: BytesLike | Synthetic) -> memoryview | Synthetic:
+    return data if isinstance(data, Synthetic) else memoryview(data)
 
 
 def _align(n: int, to: int) -> int:

@@ -16,19 +16,53 @@ the native client, an fsspec filesystem (``FsspecSource``), or a local directory
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
+
+from clients.checkpoint import Checkpointer
 from clients.dataset import ShardStream, load_index
-from clients.ranks import Job, ProcessInfo, Rank
+from clients.ranks import Job, ProcessInfo, Rank, Timeline
 from clients.workloads import workload_named
 from tectonic_emu import clock
 from tectonic_emu.chunkstore.base import BytesLike
 from tectonic_emu.client import Client
 from tectonic_emu.errors import InvalidArgumentError, NotFoundError
+
+
+@dataclass(frozen=True, slots=True)
+class Bursts:
+    """Checkpoint bursts during training: after every ``every``-th step, each rank saves
+    ``state(rank)`` for that step through ``checkpointer(rank)`` (its host's), with ``save``
+    (it computes again once the step is committed) or ``save_async`` (once its state is
+    staged; the next burst waits for the commit)."""
+
+    every: int
+    checkpointer: Callable[[int], Checkpointer]
+    state: Callable[[int], Mapping[str, Any]]
+    async_save: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Burst:
+    """One checkpoint burst, of the checkpoint of training step ``step``: from the first
+    rank's save call to the last rank's commit (seconds since the job's start), the AU of
+    the ranks over it, and how long ranks were blocked in the save (p50 and max)."""
+
+    step: int
+    start_s: float
+    end_s: float
+    au: float
+    blocked_p50_s: float
+    blocked_max_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +81,11 @@ class TrainReport:
     wall_s: float
     io_wait_s: float  # mean per rank
     source: str
+    checkpoint_s: float = 0.0  # mean per rank: blocked in checkpoint saves
+    au_between: float = 0.0  # AU outside the bursts, once every rank's first step is done
+    bursts: tuple[Burst, ...] = ()
+    au_sample_s: float = 0.0  # the width of each sample of au_timeline
+    au_timeline: tuple[tuple[float, float], ...] = ()  # (s since the start, AU over the sample)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -58,6 +97,7 @@ class _RankRun:
     samples: int = 0
     bytes: int = 0
     compute_s: float = 0.0  # after the first step
+    saves: list[float] = field(default_factory=list)  # (start, blocked until, committed)...
 
 
 async def train(
@@ -74,16 +114,23 @@ async def train(
     job: Job | None = None,
     source: Any = None,
     source_name: str = "native",
+    sources: Callable[[int], Any] | None = None,
+    within: Callable[[int], AbstractContextManager[Any]] | None = None,
+    bursts: Bursts | None = None,
 ) -> TrainReport:
     """Emulate ``accelerators`` accelerators training on the dataset at ``path`` for
     ``epochs`` epochs, reading through ``source`` (default: ``client``; see the module
-    docstring). ``job`` runs the ranks (default: all of them in this process; its
-    collectives go through ``client``); ``computation_time`` overrides the workload's
-    seconds per batch."""
+    docstring), or rank ``r`` through ``sources(r)`` inside ``within(r)`` (a projection's:
+    its host's client and CPU). ``job`` runs the ranks (default: all of them in this
+    process; its collectives go through ``client``); ``computation_time`` overrides the
+    workload's seconds per batch;
+    ``bursts``, checkpoints saved as the ranks train. AU over time and each burst's figures
+    are of this process's ranks (all of them, unless ``job`` has several processes)."""
     wl = workload_named(workload)
     acc = wl.accelerator(accelerator)
     compute = acc.computation_time if computation_time is None else computation_time
     source = client if source is None else source
+    source_of = sources or (lambda _: source)
     if job is None:
         job = Job(
             client,
@@ -95,18 +142,49 @@ async def train(
         raise InvalidArgumentError(
             f"the job has {job.world_size} ranks, not {accelerators} accelerators"
         )
-    index = await load_index(cast(Client, source), path)
+    if bursts is not None and bursts.every < 1:
+        raise InvalidArgumentError(f"checkpoint every {bursts.every} steps: 1 or more")
+    index = await load_index(cast(Client, source_of(job.first_rank)), path)
     record_bytes = index.nbytes // max(1, index.rows)
 
+    def now() -> float:
+        return clock.monotonic() - job.t0
+
+    async def save(rank: Rank, run: _RankRun, pending: list[Any]) -> None:
+        """This rank's part of a burst (``bursts``) after its ``run.steps``-th step."""
+        assert bursts is not None
+        ckpt, state = bursts.checkpointer(rank.rank), bursts.state(rank.rank)
+        if pending:  # the last save_async's commit, before the next save begins
+            await rank.io(pending.pop().committed, "checkpoint")
+        begin = now()
+        if bursts.async_save:
+            staged = await rank.io(ckpt.save_async(run.steps, rank.rank, state), "checkpoint")
+            pending.append(staged)
+            blocked = now()
+            run.saves += [begin, blocked, blocked]
+            at = len(run.saves) - 1
+
+            def committed(_: object) -> None:  # the commit's time, when it comes
+                run.saves[at] = now()
+
+            staged.committed.add_done_callback(committed)
+        else:
+            await rank.io(ckpt.save(run.steps, rank.rank, state), "checkpoint")
+            run.saves += [begin, now(), now()]
+
     async def body(rank: Rank) -> list[list[float]]:
+        with within(rank.rank) if within is not None else contextlib.nullcontext():
+            return await accelerator_run(rank)
+
+    async def accelerator_run(rank: Rank) -> list[list[float]]:
         """One accelerator's run; every rank's figures (gathered through the job, so each
         process of a multi-process job reports the whole job)."""
-        run = _RankRun()
-        start = clock.monotonic()
+        run, pending = _RankRun(), list[Any]()
+        start = now()
         first_done: float | None = None
         for epoch in range(epochs):
             stream = ShardStream(
-                cast(Client, source),
+                cast(Client, source_of(rank.rank)),
                 path,
                 rank=rank.rank,
                 world_size=accelerators,
@@ -126,17 +204,22 @@ async def train(
                     run.samples += batch.num_rows
                     run.bytes += batch.num_rows * record_bytes
                     if first_done is None:
-                        first_done = clock.monotonic()
+                        first_done = now()
                     else:
                         run.compute_s += t
+                    if bursts is not None and run.steps % bursts.every == 0:
+                        await save(rank, run, pending)
             await rank.barrier()  # the epoch ends for every rank together
-        end = clock.monotonic()
+        end = now()  # training is over; a save_async may still be committing
+        if pending:
+            await rank.io(pending.pop().committed, "checkpoint")
         au = (
             run.compute_s / (end - first_done)
             if first_done is not None and end > first_done
             else -1.0
         )
         mine = [au, run.samples, run.bytes, run.steps, rank.timeline.io_wait_s, end - start]
+        mine += [rank.timeline.checkpoint_s, first_done or 0.0, *run.saves]
         everyone: list[list[float]] = await rank.all_gather(mine)
         return everyone
 
@@ -145,6 +228,10 @@ async def train(
     aus = [f[0] for f in figures if f[0] >= 0]
     au = sum(aus) / len(aus) if aus else 0.0
     wall = max((f[5] for f in figures), default=0.0)
+    spans = Compute([r.timeline for r in results])
+    windows = _bursts(figures, spans, bursts.every if bursts else 0)
+    steady = max((f[7] for f in figures), default=0.0)  # every rank's first step done
+    width = max(compute, wall / AU_SAMPLES)
     return TrainReport(
         workload=wl.name,
         accelerator=acc.name,
@@ -160,7 +247,77 @@ async def train(
         wall_s=round(wall, 3),
         io_wait_s=round(sum(f[4] for f in figures) / max(1, len(figures)), 4),
         source=source_name,
+        checkpoint_s=round(sum(f[6] for f in figures) / max(1, len(figures)), 4),
+        au_between=round(
+            spans.au_outside(steady, wall, [(b.start_s, b.end_s) for b in windows]), 4
+        ),
+        bursts=windows,
+        au_sample_s=round(width, 6),
+        au_timeline=tuple(
+            (round(t, 6), round(spans.au(t, min(t + width, wall)), 4))
+            for t in (k * width for k in range(math.ceil(wall / width) if width > 0 else 0))
+        ),
     )
+
+
+AU_SAMPLES = 100  # samples of AU over a run (each at least one batch's computation time)
+
+
+class Compute:
+    """When ranks computed (the ``compute`` spans of their timelines): the AU of any
+    interval, from prefix sums over the spans' sorted starts and ends."""
+
+    def __init__(self, timelines: Sequence[Timeline]) -> None:
+        spans = [(a, b) for t in timelines for kind, a, b in t.spans if kind == "compute"]
+        self.ranks = max(1, len(timelines))
+        self.starts = np.sort(np.array([a for a, _ in spans], dtype=np.float64))
+        self.ends = np.sort(np.array([b for _, b in spans], dtype=np.float64))
+        self._s = np.concatenate([[0.0], np.cumsum(self.starts)])
+        self._e = np.concatenate([[0.0], np.cumsum(self.ends)])
+
+    def before(self, t: float) -> float:
+        """Rank-seconds of computing before ``t``: each span contributes min(t, end) - start
+        once begun, i.e. (t - start) summed over begun spans less (t - end) over ended ones."""
+        k = int(np.searchsorted(self.starts, t, side="right"))
+        j = int(np.searchsorted(self.ends, t, side="right"))
+        return float((k * t - self._s[k]) - (j * t - self._e[j]))
+
+    def au(self, a: float, b: float) -> float:
+        """The share of [a, b) the ranks spent computing."""
+        if b <= a:
+            return 0.0
+        return min(1.0, max(0.0, (self.before(b) - self.before(a)) / (self.ranks * (b - a))))
+
+    def au_outside(self, a: float, b: float, windows: Sequence[tuple[float, float]]) -> float:
+        """The share of [a, b), less ``windows``, the ranks spent computing."""
+        busy, span = self.before(b) - self.before(a), b - a
+        for lo, hi in windows:
+            lo, hi = max(lo, a), min(hi, b)
+            if hi > lo:
+                busy, span = busy - (self.before(hi) - self.before(lo)), span - (hi - lo)
+        return min(1.0, max(0.0, busy / (self.ranks * span))) if span > 0 else 0.0
+
+
+def _bursts(figures: Sequence[Sequence[float]], spans: Compute, every: int) -> tuple[Burst, ...]:
+    """Each burst's figures from every rank's (start, blocked until, committed) per save."""
+    saves = [f[8:] for f in figures]
+    count = min((len(s) // 3 for s in saves), default=0)
+    out = []
+    for k in range(count):
+        begin = min(s[3 * k] for s in saves)
+        end = max(s[3 * k + 2] for s in saves)
+        blocked = sorted(s[3 * k + 1] - s[3 * k] for s in saves)
+        out.append(
+            Burst(
+                step=(k + 1) * every,
+                start_s=round(begin, 6),
+                end_s=round(end, 6),
+                au=round(spans.au(begin, end), 4),
+                blocked_p50_s=round(blocked[len(blocked) // 2], 6),
+                blocked_max_s=round(blocked[-1], 6),
+            )
+        )
+    return tuple(out)
 
 
 class LocalSource:
@@ -251,4 +408,4 @@ class ReadSize:
     block_size: int = 8 << 20
 
 
-__all__ = ["FsspecSource", "LocalSource", "TrainReport", "train"]
+__all__ = ["Burst", "Bursts", "Compute", "FsspecSource", "LocalSource", "TrainReport", "train"]
