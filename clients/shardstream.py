@@ -82,15 +82,17 @@ class _Memo:
 
 
 class _Share:
-    """What all streams of one client share: a bound on reads in flight; indexes, footers and
-    small shards (the ranks sharing a shard read it at about the same time); and the client's
-    one thread for decoding and shuffling (``dataset_index.in_thread``, which the dataset's
-    writers use too)."""
+    """What all streams of one client share: a bound on reads in flight; indexes and footers
+    (with the other clients of its metadata store) and small shards (the ranks sharing a
+    shard read it at about the same time); and the client's one thread for decoding and
+    shuffling (``dataset_index.in_thread``, which the dataset's writers use too)."""
 
     def __init__(self, client: Client) -> None:
         self.client = client
         self.reads = asyncio.Semaphore(READS_IN_FLIGHT)
-        self.memo = _Memo(_CACHED)
+        # Parsed indexes and footers are shared by every client of one metadata store (a
+        # projection's hosts: one parsed index, not one per host).
+        self.memo = _parsed.setdefault(client.meta, _Memo(_CACHED))
         self.shards = _Memo(max(1, SHARD_CACHE_BYTES // (READ_CHUNKS * client.config.block_size)))
 
     async def cpu(self, fn: Callable[..., T], *args: Any) -> T:
@@ -132,6 +134,7 @@ class _Share:
 
 
 _shares: weakref.WeakKeyDictionary[Client, _Share] = weakref.WeakKeyDictionary()
+_parsed: weakref.WeakKeyDictionary[object, _Memo] = weakref.WeakKeyDictionary()
 
 
 def _share(client: Client) -> _Share:
