@@ -92,7 +92,8 @@ class _Share:
         self.reads = asyncio.Semaphore(READS_IN_FLIGHT)
         # Parsed indexes and footers are shared by every client of one metadata store (a
         # projection's hosts: one parsed index, not one per host).
-        self.memo = _parsed.setdefault(client.meta, _Memo(_CACHED))
+        store = getattr(client, "meta", client)  # other sources: their own
+        self.memo = _parsed.setdefault(store, _Memo(_CACHED))
         self.shards = _Memo(max(1, SHARD_CACHE_BYTES // (READ_CHUNKS * client.config.block_size)))
 
     async def cpu(self, fn: Callable[..., T], *args: Any) -> T:

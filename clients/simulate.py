@@ -83,9 +83,9 @@ class TrainReport:
     source: str
     checkpoint_s: float = 0.0  # mean per rank: blocked in checkpoint saves
     au_between: float = 0.0  # AU outside the bursts, once every rank's first step is done
-    bursts: tuple[Burst, ...] = ()
+    bursts: list[Burst] = field(default_factory=list)
     au_sample_s: float = 0.0  # the width of each sample of au_timeline
-    au_timeline: tuple[tuple[float, float], ...] = ()  # (s since the start, AU over the sample)
+    au_timeline: list[list[float]] = field(default_factory=list)  # [s since the start, AU]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -253,10 +253,10 @@ async def train(
         ),
         bursts=windows,
         au_sample_s=round(width, 6),
-        au_timeline=tuple(
-            (round(t, 6), round(spans.au(t, min(t + width, wall)), 4))
+        au_timeline=[
+            [round(t, 6), round(spans.au(t, min(t + width, wall)), 4)]
             for t in (k * width for k in range(math.ceil(wall / width) if width > 0 else 0))
-        ),
+        ],
     )
 
 
@@ -298,7 +298,7 @@ class Compute:
         return min(1.0, max(0.0, busy / (self.ranks * span))) if span > 0 else 0.0
 
 
-def _bursts(figures: Sequence[Sequence[float]], spans: Compute, every: int) -> tuple[Burst, ...]:
+def _bursts(figures: Sequence[Sequence[float]], spans: Compute, every: int) -> list[Burst]:
     """Each burst's figures from every rank's (start, blocked until, committed) per save."""
     saves = [f[8:] for f in figures]
     count = min((len(s) // 3 for s in saves), default=0)
@@ -317,7 +317,7 @@ def _bursts(figures: Sequence[Sequence[float]], spans: Compute, every: int) -> t
                 blocked_max_s=round(blocked[-1], 6),
             )
         )
-    return tuple(out)
+    return out
 
 
 class LocalSource:
