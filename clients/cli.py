@@ -22,6 +22,7 @@ from clients.cli_projection import simulate_checkpoint, simulate_sweep
 from clients.workloads import WORKLOADS
 from tectonic_emu.cli import (
     cluster_option,
+    cluster_option_with,
     err_console,
     json_option,
     print_json,
@@ -272,13 +273,9 @@ def simulate() -> None:
 
 
 @simulate.command("train")
-@click.option(
-    "--cluster",
-    "cluster_dir",
-    envvar="TECTONIC_EMU_CLUSTER",
-    default=None,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Cluster directory to run on (default: $TECTONIC_EMU_CLUSTER); or give --preset.",
+@cluster_option_with(
+    "Cluster directory to run on (default: $TECTONIC_EMU_CLUSTER); or give --preset.",
+    required=False,
 )
 @projection_options
 @workload_option("MLPerf Storage workload (batch size and compute time per batch).")

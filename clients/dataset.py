@@ -267,6 +267,19 @@ def _synthetic_batches(
         yield pa.RecordBatch.from_arrays([index, label, payload], ["index", "label", "payload"])
 
 
+def _described_as(
+    workload: Workload, record_bytes: int, samples: int, seed: int, **more: object
+) -> dict[str, object]:
+    """A generated dataset's index metadata: what it was made as."""
+    return {
+        "workload": workload.name,
+        "record_bytes": record_bytes,
+        "samples": samples,
+        "seed": seed,
+        **more,
+    }
+
+
 async def generate(
     client: Client,
     workload: str | Workload,
@@ -290,13 +303,7 @@ async def generate(
     base = workload if isinstance(workload, Workload) else workload_named(workload)
     sized = base.scaled(scale)
     rows_per_shard, group = _layout(base, sized.record_bytes, sized.samples, rows_per_shard)
-    meta = {
-        "workload": base.name,
-        "scale": scale,
-        "record_bytes": sized.record_bytes,
-        "samples": sized.samples,
-        "seed": seed,
-    }
+    meta = _described_as(base, sized.record_bytes, sized.samples, seed, scale=scale)
     return await write_shards(
         client,
         path,
@@ -367,13 +374,7 @@ async def generate_described(
         )
 
     shards = await asyncio.gather(*(shard(i) for i in range(-(-samples // rows_per_shard))))
-    meta = {
-        "workload": base.name,
-        "record_bytes": record_bytes,
-        "samples": samples,
-        "seed": seed,
-        "described": True,
-    }
+    meta = _described_as(base, record_bytes, samples, seed, described=True)
     schema = pa.schema([("index", pa.int64())])
     return await _finish(client, DatasetIndex(path, schema, tuple(shards), meta))
 

@@ -100,6 +100,21 @@ class _RankRun:
     saves: list[float] = field(default_factory=list)  # (start, blocked until, committed)...
 
 
+@dataclass
+class _Figures:
+    """One rank's figures at the end of a run, gathered from every rank as a dict."""
+
+    au: float  # -1 when the rank finished no step after its first
+    samples: int
+    bytes: int
+    steps: int
+    io_wait_s: float
+    wall_s: float
+    checkpoint_s: float
+    first_done_s: float  # when its first step was done
+    saves: list[float]  # (start, blocked until, committed) per save
+
+
 async def train(
     client: Client,
     path: str,
@@ -172,11 +187,11 @@ async def train(
             await rank.io(ckpt.save(run.steps, rank.rank, state), "checkpoint")
             run.saves += [begin, now(), now()]
 
-    async def body(rank: Rank) -> list[list[float]]:
+    async def body(rank: Rank) -> list[dict[str, Any]]:
         with within(rank.rank) if within is not None else contextlib.nullcontext():
             return await accelerator_run(rank)
 
-    async def accelerator_run(rank: Rank) -> list[list[float]]:
+    async def accelerator_run(rank: Rank) -> list[dict[str, Any]]:
         """One accelerator's run; every rank's figures (gathered through the job, so each
         process of a multi-process job reports the whole job)."""
         run, pending = _RankRun(), list[Any]()
@@ -218,36 +233,45 @@ async def train(
             if first_done is not None and end > first_done
             else -1.0
         )
-        mine = [au, run.samples, run.bytes, run.steps, rank.timeline.io_wait_s, end - start]
-        mine += [rank.timeline.checkpoint_s, first_done or 0.0, *run.saves]
-        everyone: list[list[float]] = await rank.all_gather(mine)
+        mine = _Figures(
+            au=au,
+            samples=run.samples,
+            bytes=run.bytes,
+            steps=run.steps,
+            io_wait_s=rank.timeline.io_wait_s,
+            wall_s=end - start,
+            checkpoint_s=rank.timeline.checkpoint_s,
+            first_done_s=first_done or 0.0,
+            saves=run.saves,
+        )
+        everyone: list[dict[str, Any]] = await rank.all_gather(asdict(mine))
         return everyone
 
     results = await job.run(body)
-    figures = results[0].value  # the same on every rank
-    aus = [f[0] for f in figures if f[0] >= 0]
+    figures = [_Figures(**f) for f in results[0].value]  # the same on every rank
+    aus = [f.au for f in figures if f.au >= 0]
     au = sum(aus) / len(aus) if aus else 0.0
-    wall = max((f[5] for f in figures), default=0.0)
+    wall = max((f.wall_s for f in figures), default=0.0)
     spans = Compute([r.timeline for r in results])
     windows = _bursts(figures, spans, bursts.every if bursts else 0)
-    steady = max((f[7] for f in figures), default=0.0)  # every rank's first step done
+    steady = max((f.first_done_s for f in figures), default=0.0)  # every first step done
     width = max(compute, wall / AU_SAMPLES)
     return TrainReport(
         workload=wl.name,
         accelerator=acc.name,
         accelerators=accelerators,
         epochs=epochs,
-        steps=int(max((f[3] for f in figures), default=0)),
+        steps=max((f.steps for f in figures), default=0),
         au=round(au, 4),
         au_min=round(min(aus), 4) if aus else 0.0,
         au_threshold=wl.au_threshold,
         passed=bool(aus) and au >= wl.au_threshold,
-        samples_per_s=round(sum(f[1] for f in figures) / wall, 1) if wall > 0 else 0.0,
-        mb_per_s=round(sum(f[2] for f in figures) / wall / 1e6, 1) if wall > 0 else 0.0,
+        samples_per_s=round(sum(f.samples for f in figures) / wall, 1) if wall > 0 else 0.0,
+        mb_per_s=round(sum(f.bytes for f in figures) / wall / 1e6, 1) if wall > 0 else 0.0,
         wall_s=round(wall, 3),
-        io_wait_s=round(sum(f[4] for f in figures) / max(1, len(figures)), 4),
+        io_wait_s=round(sum(f.io_wait_s for f in figures) / max(1, len(figures)), 4),
         source=source_name,
-        checkpoint_s=round(sum(f[6] for f in figures) / max(1, len(figures)), 4),
+        checkpoint_s=round(sum(f.checkpoint_s for f in figures) / max(1, len(figures)), 4),
         au_between=round(
             spans.au_outside(steady, wall, [(b.start_s, b.end_s) for b in windows]), 4
         ),
@@ -298,9 +322,9 @@ class Compute:
         return min(1.0, max(0.0, busy / (self.ranks * span))) if span > 0 else 0.0
 
 
-def _bursts(figures: Sequence[Sequence[float]], spans: Compute, every: int) -> list[Burst]:
+def _bursts(figures: Sequence[_Figures], spans: Compute, every: int) -> list[Burst]:
     """Each burst's figures from every rank's (start, blocked until, committed) per save."""
-    saves = [f[8:] for f in figures]
+    saves = [f.saves for f in figures]
     count = min((len(s) // 3 for s in saves), default=0)
     out = []
     for k in range(count):

@@ -15,6 +15,7 @@ import click
 from tectonic_emu.cli.clusters import cluster_group
 from tectonic_emu.cli.common import (
     cluster_option,
+    cluster_option_with,
     err_console,
     json_option,
     out_console,
@@ -109,6 +110,7 @@ def _describe(e: OSError) -> str:
 __all__ = [
     "cli",
     "cluster_option",
+    "cluster_option_with",
     "err_console",
     "json_option",
     "main",

@@ -34,14 +34,20 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def cluster_option(fn: F) -> F:
+    return cluster_option_with("Cluster directory (default: $TECTONIC_EMU_CLUSTER).")(fn)
+
+
+def cluster_option_with(help: str, *, required: bool = True) -> Callable[[F], F]:
+    """The --cluster option with its own help; ``required=False`` where another option
+    (a projection's --preset) can stand in for it."""
     return click.option(
         "--cluster",
         "cluster_dir",
         envvar="TECTONIC_EMU_CLUSTER",
-        required=True,
+        required=required,
         type=click.Path(file_okay=False, path_type=Path),
-        help="Cluster directory (default: $TECTONIC_EMU_CLUSTER).",
-    )(fn)
+        help=help,
+    )
 
 
 def json_option(fn: F) -> F:
