@@ -290,22 +290,29 @@ Progress = Callable[[int, int], None]  # (bytes done so far, of all to do)
 
 
 def model_cluster(
-    hw: Hardware, encoding: str, block_size: int, hosts: int, per_rack: int
+    hw: Hardware, encoding: str, block_size: int, hosts: int, per_rack: int, per_host: int
 ) -> tuple[ModelCluster, list[Host]]:
     """A ``ModelCluster`` on ``hw`` storing with ``encoding`` in blocks of ``block_size``,
-    and its ``hosts`` client hosts (``per_rack`` to a rack)."""
+    and its ``hosts`` client hosts (``per_rack`` to a rack), each running ``per_host``
+    ranks as processes of their own (an embedded cluster: one process)."""
     config = ClusterConfig(
         nodes=hw.servers, disks_per_node=hw.disks, encoding=encoding, block_size=block_size
     )
     mc = ModelCluster(hw, config)
-    return mc, mc.add_clients(hosts, per_rack=per_rack)
+    return mc, mc.add_clients(hosts, per_rack=per_rack, processes=per_host)
 
 
 async def model_clients(
-    hw: Hardware, encoding: str, block_size: int, hosts: int, per_rack: int, write_ack: str
+    hw: Hardware,
+    encoding: str,
+    block_size: int,
+    hosts: int,
+    per_rack: int,
+    per_host: int,
+    write_ack: str,
 ) -> tuple[ModelCluster, list[Host], list[Client]]:
     """``model_cluster``, and the real client of each host."""
-    mc, out = model_cluster(hw, encoding, block_size, hosts, per_rack)
+    mc, out = model_cluster(hw, encoding, block_size, hosts, per_rack, per_host)
     clients = [(await mc.client_cluster(h, write_ack=write_ack)).client() for h in out]
     return mc, out, clients
 
@@ -313,7 +320,12 @@ async def model_clients(
 async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -> Projection:
     hw = sc.hardware
     mc, hosts = model_cluster(
-        hw, sc.encoding, sc.block_size, -(-sc.ranks // sc.ranks_per_host), sc.hosts_per_rack
+        hw,
+        sc.encoding,
+        sc.block_size,
+        -(-sc.ranks // sc.ranks_per_host),
+        sc.hosts_per_rack,
+        sc.ranks_per_host,
     )
     ckpts = []
     shared = SharedIndexes()  # one decoded manifest for all hosts, not one each

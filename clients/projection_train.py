@@ -112,7 +112,13 @@ async def _run(sc: TrainScenario, progress: Progress | None) -> TrainProjection:
     acc = wl.accelerator(sc.accelerator)
     hosts_n = -(-sc.accelerators // sc.ranks_per_host)
     mc, hosts, clients = await model_clients(
-        sc.hardware, sc.encoding, sc.block_size, hosts_n, sc.hosts_per_rack, sc.write_ack
+        sc.hardware,
+        sc.encoding,
+        sc.block_size,
+        hosts_n,
+        sc.hosts_per_rack,
+        sc.ranks_per_host,
+        sc.write_ack,
     )
     record = max(1, round(wl.record_bytes * sc.scale))
     samples = sc.accelerators * acc.batch_size * sc.steps

@@ -44,6 +44,7 @@ from tectonic_emu.argcheck import int_arg, optional_int_arg
 from tectonic_emu.buffers import BytesLike
 from tectonic_emu.chunkstore.remote import aligned_buffer
 from tectonic_emu.client import Client
+from tectonic_emu.coding import work
 from tectonic_emu.coding.synthetic import Synthetic, joined, sliced
 from tectonic_emu.errors import InvalidArgumentError, NotFoundError
 from tectonic_emu.paths import join_path, split_path
@@ -531,11 +532,14 @@ class ShardStream:
             while done < end_group and groups[done].offset + groups[done].length <= held_end:
                 done += 1
             args = (index, shard, meta, held, held_at, range(first, done), (lo, hi))
-            described = isinstance(held, Synthetic)  # cheap to decode: no thread's time
-            if not described and sum(g.length for g in groups[first:done]) >= _THREAD_FROM:
+            described = isinstance(held, Synthetic)  # cheap to decode: no thread's time,
+            big = sum(g.length for g in groups[first:done]) >= _THREAD_FROM
+            if big and not described:
                 yield await self._share.cpu(decode_groups, *args)
-            else:
-                yield decode_groups(*args)
+            else:  # but a thread's work, as for the bytes it describes (coding/work.py)
+                with work.on_thread() if big else contextlib.nullcontext():
+                    tables = decode_groups(*args)
+                yield tables
             if done < end_group:  # keep the bytes of the row group begun
                 held, held_at = held[groups[done].offset - held_at :], groups[done].offset
             first = done

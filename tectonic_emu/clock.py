@@ -148,7 +148,7 @@ class VirtualLoop(asyncio.SelectorEventLoop):
     def run_in_executor(  # type: ignore[override]
         self, executor: Executor | None, func: Callable[..., T], *args: Any
     ) -> asyncio.Future[T]:
-        future = super().run_in_executor(executor, func, *args)
+        future = super().run_in_executor(executor, _on_thread, func, *args)
         self.outside += 1
         future.add_done_callback(self._back)
         tally = work.Tally.current()
@@ -158,6 +158,12 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
     def _back(self, _future: asyncio.Future[Any] | Future[Any]) -> None:
         self.outside -= 1
+
+
+def _on_thread(func: Callable[..., T], *args: Any) -> T:
+    """``func(*args)``, its work counted as a worker thread's (coding/work.py)."""
+    with work.on_thread():
+        return func(*args)
 
 
 async def _settled(charged: Awaitable[None], job: asyncio.Future[T]) -> T:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -20,7 +21,10 @@ async def offload(cpu: Executor, size: int, fn: Callable[..., T], *args: object)
     """``fn(*args)``, on a worker of ``cpu`` when it touches ``size`` bytes or more (so the
     loop keeps serving other ranks meanwhile), inline when that is cheaper than the hop."""
     if size < INLINE_CPU_BYTES or isinstance(cpu, InlineExecutor):
-        result = fn(*args)  # (an inline pool would run it here anyway, a loop hop later)
+        # (an inline pool would run it here anyway, a loop hop later; in a projection it
+        # stands for a real pool, and the work is a thread's)
+        with work.on_thread() if size >= INLINE_CPU_BYTES else contextlib.nullcontext():
+            result = fn(*args)
         await work.settle()  # a projection's host charges the work here (coding/work.py)
         return result
     return await asyncio.get_running_loop().run_in_executor(cpu, fn, *args)

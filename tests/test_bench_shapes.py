@@ -276,7 +276,8 @@ def test_committed_store_json_validates() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["store", "hedge", "fuse", "ckpt", "train", "checkpoint", "metadata", "scale"]
+    "name",
+    ["store", "hedge", "fuse", "ckpt", "train", "checkpoint", "metadata", "scale", "net", "sim"],
 )
 def test_committed_schema_is_the_code_schema(name: str) -> None:
     """docs/schemas/ is the documented JSON: a change in the code must be made there too

@@ -33,7 +33,7 @@ SMALL = PRESETS["small-flash"]
 
 def test_a_described_dataset_streams_in_the_real_order_and_is_checked() -> None:
     async def main() -> None:
-        _, _, clients = await model_clients(SMALL.hardware, "rs-6-3", 1 << 20, 1, 16, "quorum")
+        _, _, clients = await model_clients(SMALL.hardware, "rs-6-3", 1 << 20, 1, 16, 8, "quorum")
         c = clients[0]
         # shards of many chunks, read two chunks at a time: one 30 MB record each, or 400
         # records of 100 KB in row groups of 10; and shards of 800 KB, read whole

@@ -1,7 +1,8 @@
 """CPU work counted where the data path does it, so that a projection can charge it.
 
 The functions that spend CPU per byte (CRC32C, Reed-Solomon encode and decode, the
-checkpoint digests, the wire's MACs, copies of payloads into fresh memory) call
+checkpoint digests, the wire's MACs, copies of payloads into fresh memory and into memory
+in use, such as the page cache) call
 ``count(kind, nbytes)``. Nothing is counted unless
 a ``Tally`` is current (``Tally.current``): in a real run ``count`` is one ContextVar read.
 A projection makes each client host's ``sim.cpu.HostCpu`` (a ``Tally``) current in that
@@ -9,6 +10,13 @@ host's tasks. The work is charged when the job that did it settles (``settle``):
 end of each ``offload`` and of each executor job on a virtual loop (``clock.VirtualLoop``),
 which is where the real code hands that work to a thread, and where a model node's frame
 or a staging copy ends.
+
+Where the work is done matters as much as how much: the event loop is one thread, and work
+done on it (a copy made on the loop, a checksum too small to hand off) holds up every task
+of the process, while work handed to a thread spreads over the cores. A tally counts work
+as the loop's unless it is counted ``on_thread()``: inside an executor job of a virtual
+loop, an ``offload`` a real pool would take, or a model node's frame (``RemoteNode`` MACs
+and checks frames on threads).
 
 Counting happens on real bytes and on ``Synthetic`` ones alike, so a tally of a projected
 run and of a real run of the same calls agree (``tests/test_sim_cpu.py``).
@@ -21,7 +29,9 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 #: The kinds of work counted, each in bytes.
-KINDS = ("crc32c", "rs-encode", "rs-decode", "blake2b", "wire", "copy")
+#: ``copy`` is into fresh memory (values kept, new buffers); ``copy-warm`` into memory in
+#: use (the page cache a node writes into), which costs no new pages.
+KINDS = ("crc32c", "rs-encode", "rs-decode", "blake2b", "wire", "copy", "copy-warm")
 
 _CURRENT: ContextVar[Tally | None] = ContextVar("tectonic_cpu_tally", default=None)
 
@@ -34,6 +44,8 @@ class Tally:
     def __init__(self) -> None:
         self.total: dict[str, int] = {}
         self.owed = 0.0  # seconds of work not charged yet
+        self.owed_loop = 0.0  # the part of ``owed`` done on the event loop
+        self.threads = 0  # > 0 while work is counted on a thread (``on_thread``)
 
     @staticmethod
     def current() -> Tally | None:
@@ -51,6 +63,15 @@ class Tally:
     def add(self, kind: str, nbytes: int) -> None:
         self.total[kind] = self.total.get(kind, 0) + nbytes
 
+    @contextmanager
+    def on_thread(self) -> Iterator[None]:
+        """Work counted meanwhile is done on a worker thread, not on the event loop."""
+        self.threads += 1
+        try:
+            yield
+        finally:
+            self.threads -= 1
+
     def due(self) -> bool:
         """Whether enough is owed to be worth charging now (``SETTLE_FROM``)."""
         return self.owed >= SETTLE_FROM
@@ -59,7 +80,7 @@ class Tally:
         """Take what is owed now, and return what waits until it has been charged (here,
         nothing). Taken at once, not when awaited, so that work done meanwhile by other
         jobs of the host is theirs to wait for."""
-        self.owed = 0.0
+        self.owed = self.owed_loop = 0.0
         return _nothing()
 
     async def settle(self) -> None:
@@ -84,6 +105,17 @@ def count(kind: str, nbytes: int) -> None:
         tally.add(kind, nbytes)
 
 
+@contextmanager
+def on_thread() -> Iterator[None]:
+    """The current tally's (if any) ``Tally.on_thread``."""
+    tally = _CURRENT.get()
+    if tally is None:
+        yield
+    else:
+        with tally.on_thread():
+            yield
+
+
 async def settle() -> None:
     """Charge the current tally's owed work, if a tally is current and it is due."""
     tally = _CURRENT.get()
@@ -91,4 +123,4 @@ async def settle() -> None:
         await tally.settle()
 
 
-__all__ = ["KINDS", "SETTLE_FROM", "Tally", "count", "settle"]
+__all__ = ["KINDS", "SETTLE_FROM", "Tally", "count", "on_thread", "settle"]

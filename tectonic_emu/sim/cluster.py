@@ -85,9 +85,11 @@ class ModelCluster:
         self.cpus: dict[Host, Tally] = {}  # each client host's CPU
         self._rooted = False
 
-    def add_clients(self, hosts: int, *, per_rack: int = 16) -> list[Host]:
+    def add_clients(self, hosts: int, *, per_rack: int = 16, processes: int = 1) -> list[Host]:
         """``hosts`` client hosts, in racks of ``per_rack`` apart from the servers', each
-        with its CPU (``cpus``): make it current (``Tally.active``) in the host's tasks."""
+        with its CPU (``cpus``): make it current (``Tally.active``) in the host's tasks.
+        Each host runs ``processes`` client processes, so that many event loops (one on an
+        embedded cluster, whatever is asked)."""
         if self.hardware.embedded and (self.cpus or hosts != 1):
             raise ValueError("an embedded cluster has one client host, its nodes' host")
         out: list[Host] = []
@@ -95,7 +97,8 @@ class ModelCluster:
             out.extend(self.fabric.add_rack(min(per_rack, hosts - len(out))))
         cpu = self.hardware.cpu
         for h in out:
-            self.cpus[h] = Tally() if cpu is None else HostCpu(cpu, name=f"cpu of host {h.index}")
+            name, loops = f"cpu of host {h.index}", 1 if self.hardware.embedded else processes
+            self.cpus[h] = Tally() if cpu is None else HostCpu(cpu, name=name, loops=loops)
         if self.hardware.embedded:
             for server in self.servers:
                 server.cpu = self.cpus[out[0]]

@@ -2,17 +2,21 @@
 
 The real code counts its work where it does it (``coding/work.py``): CRC32C, Reed-Solomon
 encode and decode, the digests of incremental checkpoints, each frame's MAC and socket
-copy, and copies of payloads into fresh memory (a load's values; a server's page cache,
-charged to the server's CPU where it has one: ``Hardware.embedded``). A ``HostCpu`` is
-one client host's ``Tally``. Each time a job settles (the end of an ``offload``, of an
-executor job, of a frame a ``ModelNode`` sends or receives), the job's work takes
+copy, copies of payloads into fresh memory (a load's values, a read out of a server's page
+cache) and into memory in use (a write into the page cache); a server's copies are
+charged to the server's CPU where it has one (``Hardware.embedded``). A ``HostCpu`` is one
+client host's ``Tally``. Each time a job settles (the end of an ``offload``, of an executor
+job, of a frame a ``ModelNode`` sends or receives), the job's work takes
 ``CpuModel.seconds(work)`` of one core, first come first served over the host's ``cores``:
-the real client hands this work to a pool of as many threads as cores.
+the real client hands this work to a pool of as many threads as cores. Work done on the
+event loop (counted outside a thread's job, ``work.on_thread``) also takes the loop of one
+of the host's processes, which does one thing at a time; a copy into fresh memory also
+takes the host's rate of new pages, where the model has one.
 
-What is not charged: the Python that runs the client on the event loop (its cost is per
-call, not per byte, and is this machine's, not a cluster's), compression (a projection's
-payloads are incompressible, and ``auto`` then costs one small sample), and the CPU of
-servers on hosts of their own.
+What is not charged: the Python that runs the client on the event loop between these
+jobs (its cost is per call, not per byte, and is this machine's, not a cluster's),
+compression (a projection's payloads are incompressible, and ``auto`` then costs one small
+sample), and the CPU of servers on hosts of their own.
 
 ``CpuModel.measure()`` times each kind of work here, on this machine's libraries, for the
 ``this-machine`` preset; ``ASSUMED_SERVER_CORE`` is a figure for a modern server core.
@@ -23,22 +27,30 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
+
+from tectonic_emu.bufpool import uninitialised
 from tectonic_emu.coding import work
-from tectonic_emu.sim.resources import QueueResource
+from tectonic_emu.sim.resources import QueueResource, use_all
 
 
 @dataclass(frozen=True, slots=True)
 class CpuModel:
     """``cores`` cores, each doing ``gbps[kind]`` GB/s of each kind of work in
-    ``work.KINDS`` (bytes of input per second of one core)."""
+    ``work.KINDS`` (bytes of input per second of one core). ``fresh_gb_s``: the host's
+    rate of copies into fresh memory however many threads make them (a VM whose host hands
+    it new pages at one rate, ../shared/MACHINE.md); None: each core's ``copy`` rate."""
 
     cores: int
     gbps: Mapping[str, float] = field(hash=False)
     source: str = ""
+    fresh_gb_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.cores < 1:
@@ -46,6 +58,8 @@ class CpuModel:
         missing = [k for k in work.KINDS if not self.gbps.get(k, 0) > 0]
         if missing:
             raise ValueError(f"a CPU model needs a positive rate for {', '.join(missing)}")
+        if self.fresh_gb_s is not None and not self.fresh_gb_s > 0:
+            raise ValueError(f"fresh memory comes at a positive rate, not {self.fresh_gb_s}")
 
     def seconds(self, done: Mapping[str, int]) -> float:
         """Core-seconds that ``done`` (bytes per kind) takes."""
@@ -54,31 +68,57 @@ class CpuModel:
     @classmethod
     def measure(cls, *, cores: int | None = None, repeat: int = 5) -> CpuModel:
         """Each kind timed here on 8 MiB of random bytes (the best of ``repeat`` calls),
-        with ``cores`` (default: this machine's) cores."""
+        with ``cores`` (default: this machine's) cores; and the host's rate of fresh
+        memory (``fresh_memory_gb_s``)."""
         data = os.urandom(_MEASURE_BYTES)
+        cores = cores or os.cpu_count() or 1
+        fresh = fresh_memory_gb_s(data, threads=cores)  # first: before memory is reused
         return cls(
-            cores or os.cpu_count() or 1,
+            cores,
             {kind: _gbps(fn, repeat) for kind, fn in _measurements(data).items()},
             "measured on this machine (sim/cpu.py, CpuModel.measure)",
+            fresh_gb_s=fresh,
         )
 
 
 class HostCpu(work.Tally):
-    """One client host's cores: the work of each job settled is charged in its turn."""
+    """One client host's cores: the work of each job settled is charged in its turn. Every
+    job takes one of the ``cores``. Work on an event loop also takes one of the host's
+    ``loops`` (a thread per client process: one on an embedded cluster, one per rank where
+    each rank is a process, as torchrun starts them). A copy into fresh memory also takes
+    the host's ``memory``, where the model has a rate for it (``CpuModel.fresh_gb_s``)."""
 
-    def __init__(self, model: CpuModel, *, name: str = "") -> None:
+    def __init__(self, model: CpuModel, *, name: str = "", loops: int = 1) -> None:
         super().__init__()
         self.model = model
         self.cores = QueueResource(1.0, servers=model.cores, name=name)
+        self.loop = QueueResource(1.0, servers=loops, name=f"{name} event loops".strip())
+        self.memory = (
+            None
+            if model.fresh_gb_s is None
+            else QueueResource(model.fresh_gb_s * 1e9, name=f"{name} fresh memory".strip())
+        )
+        self.owed_fresh = 0  # bytes copied into fresh memory, not charged yet
         self._per_byte = {kind: 1 / (rate * 1e9) for kind, rate in model.gbps.items()}
 
     def add(self, kind: str, nbytes: int) -> None:
         super().add(kind, nbytes)
-        self.owed += nbytes * self._per_byte[kind]
+        seconds = nbytes * self._per_byte[kind]
+        self.owed += seconds
+        if not self.threads:
+            self.owed_loop += seconds
+        if kind == "copy" and self.memory is not None:
+            self.owed_fresh += nbytes
 
     def claim(self) -> Awaitable[None]:
-        owed, self.owed = self.owed, 0.0
-        return self.cores.begin(owed)
+        jobs = [self.cores.begin(self.owed)]
+        if self.owed_loop:
+            jobs.append(self.loop.begin(self.owed_loop))
+        if self.owed_fresh and self.memory is not None:
+            jobs.append(self.memory.begin(self.owed_fresh))
+        self.owed = self.owed_loop = 0.0
+        self.owed_fresh = 0
+        return jobs[0] if len(jobs) == 1 else use_all(jobs)
 
 
 # A current server core, for presets without a measurement of their own. ASSUMED, not
@@ -91,9 +131,33 @@ ASSUMED_SERVER_CORE: Mapping[str, float] = {
     "blake2b": 1.0,
     "wire": 6.0,
     "copy": 3.0,
+    "copy-warm": 6.0,
 }
 
 _MEASURE_BYTES = 8 << 20
+
+
+def fresh_memory_gb_s(data: bytes, *, threads: int, total: int = 256 << 20) -> float:
+    """GB/s of copies of ``data`` into fresh memory, kept (as a load keeps its values),
+    ``total`` bytes by ``threads`` threads at once: what the host gives a busy process,
+    which on this kind of VM is no more than one thread gets (../shared/MACHINE.md)."""
+    src = np.frombuffer(data, dtype=np.uint8)
+    per = max(1, total // threads // len(src))
+    kept: list[list[Any]] = [[] for _ in range(threads)]
+
+    def copies(out: list[Any]) -> None:
+        for _ in range(per):
+            dest = uninitialised(len(src))
+            np.copyto(np.frombuffer(dest, dtype=np.uint8), src)  # the GIL let go
+            out.append(dest)
+
+    pool = [threading.Thread(target=copies, args=(out,)) for out in kept]
+    t0 = time.perf_counter()
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return threads * per * len(src) / max(time.perf_counter() - t0, 1e-9) / 1e9
 
 
 def _gbps(fn: Callable[[], object], repeat: int) -> float:
@@ -117,6 +181,7 @@ def _measurements(data: bytes) -> dict[str, Callable[[], object]]:
     # Copies into fresh memory, kept: a load's values and a node's page cache are new pages
     # (1.3 GB/s here, against 5-9 GB/s into memory just freed).
     kept: list[bytes] = []
+    warm = memoryview(bytearray(len(data)))  # and into memory in use (touched here once)
 
     def wire() -> object:  # a frame's MAC, and the copy a socket send makes
         return mac.tag(mac.next_seq(), [data]), bytearray(data)
@@ -128,7 +193,8 @@ def _measurements(data: bytes) -> dict[str, Callable[[], object]]:
         "blake2b": lambda: hashlib.blake2b(data, digest_size=16).digest(),
         "wire": wire,
         "copy": lambda: kept.append(bytes(memoryview(data))),
+        "copy-warm": lambda: warm.__setitem__(slice(None), data),
     }
 
 
-__all__ = ["ASSUMED_SERVER_CORE", "CpuModel", "HostCpu"]
+__all__ = ["ASSUMED_SERVER_CORE", "CpuModel", "HostCpu", "fresh_memory_gb_s"]

@@ -11,8 +11,9 @@ Measured by the code the real runs use, in a directory on the disk the runs use:
 - **metadata:** a SQLite store's transactions one after another (their time is the
   shard's round trip), its reads in one transaction (their rate is the shard's), and a
   page of its WAL synced on the device by each transaction that writes;
-- **the client's CPU:** ``CpuModel.measure()`` on this machine's cores; embedded nodes
-  have no wire, so frames cost no CPU.
+- **the client's CPU:** ``CpuModel.measure()`` on this machine's cores, and the rate at
+  which the host gives the process fresh memory (``fresh_memory_gb_s``, first thing, while
+  the process's memory is still new); embedded nodes have no wire, so frames cost no CPU.
 
 ``Machine.hardware()`` is an embedded cluster of ``NODES`` nodes of ``DISKS`` disks on it
 (``Hardware.embedded``: one device, the nodes' CPU work the one host's). ``bench sim``
@@ -70,6 +71,7 @@ class Machine:
     cores: int
     cpu_gb_s: dict[str, float]  # per core, each kind of work (CpuModel.measure)
     cold_reads: bool  # whether the page cache could be dropped (root)
+    fresh_gb_s: float = 0.0  # copies into fresh memory, all threads together (0: not limited)
 
     def hardware(self) -> Hardware:
         return Hardware(
@@ -93,7 +95,12 @@ class Machine:
             metadata=MetadataModel(
                 1, self.meta_ops, self.txn_s, "measured: SQLite here", log_bytes=4096
             ),
-            cpu=CpuModel(self.cores, self.cpu_gb_s, "measured (tectonic_emu/sim/machine.py)"),
+            cpu=CpuModel(
+                self.cores,
+                self.cpu_gb_s,
+                "measured (tectonic_emu/sim/machine.py)",
+                fresh_gb_s=self.fresh_gb_s or None,
+            ),
             embedded=True,
         )
 
@@ -131,6 +138,7 @@ async def measure(directory: Path) -> Machine:
         cores=cpu.cores,
         cpu_gb_s=dict(cpu.gbps),
         cold_reads=cold,
+        fresh_gb_s=cpu.fresh_gb_s or 0.0,
     )
 
 

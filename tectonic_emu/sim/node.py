@@ -55,7 +55,8 @@ class ModelServer:
     async def spend(self, kind: str, nbytes: int) -> None:
         """``nbytes`` of ``kind`` of work done by this server, charged to its CPU if any."""
         if self.cpu is not None:
-            self.cpu.add(kind, nbytes)
+            with self.cpu.on_thread():  # a node's I/O threads
+                self.cpu.add(kind, nbytes)
             await self.cpu.settle()
 
     def disk(self, n: int) -> Disk:
@@ -104,7 +105,8 @@ class ModelNode(StorageNode):
         of a payload received, as ``RemoteNode`` does them) is counted and charged to the
         client host (coding/work.py)."""
         self._check_up()
-        work.count("wire", FRAME_BYTES + sent)
+        with work.on_thread():  # RemoteNode MACs frames and checks payloads on threads
+            work.count("wire", FRAME_BYTES + sent)
         await work.settle()
         await self.fabric.send(self.client, self.server.host, FRAME_BYTES + sent)
         self._check_up()  # it may have gone down while the frame was on the wire
@@ -115,9 +117,10 @@ class ModelNode(StorageNode):
             raise
         received = back(result)
         await self.fabric.send(self.server.host, self.client, FRAME_BYTES + received)
-        work.count("wire", FRAME_BYTES + received)
-        if received:
-            work.count("crc32c", received)
+        with work.on_thread():
+            work.count("wire", FRAME_BYTES + received)
+            if received:
+                work.count("crc32c", received)
         await work.settle()
         return result
 
@@ -127,7 +130,7 @@ class ModelNode(StorageNode):
         store, n = self.server.store, nbytes(payload)
 
         async def answer() -> None:
-            await self.server.spend("copy", n)  # into the page cache
+            await self.server.spend("copy-warm", n)  # into the page cache
             await self.server.disk(disk).write(n)
             await store.write_chunk(disk, chunk_id, payload, crc32c=crc32c, flags=flags)
 
@@ -139,7 +142,7 @@ class ModelNode(StorageNode):
         async def answer() -> tuple[ChunkData, ChunkInfo]:
             info = await store.stat_chunk(disk, chunk_id)
             await self.server.disk(disk).read(info.stored_len)
-            await self.server.spend("copy", info.stored_len)  # out of the page cache
+            await self.server.spend("copy", info.stored_len)  # out of the page cache, anew
             return await store.read_chunk(disk, chunk_id)
 
         return await self._call(answer, back=lambda got: got[1].stored_len)
