@@ -197,3 +197,30 @@ def test_durable_writes_sync_their_log_on_the_device_they_share() -> None:
     assert synced == pytest.approx(HDD.service(4096, write=True), rel=1e-6) and synced > 0.004
     assert read == pytest.approx(0, abs=1e-6) and lazy == pytest.approx(0, abs=1e-6)
     assert hdd.bytes_written == 4096
+
+
+@pytest.mark.parametrize("serial_s", [0.0, 1e-3])
+def test_a_store_of_one_connection_serves_one_transaction_at_a_time(serial_s: float) -> None:
+    """Ten transactions at once on a store that holds each for 1 ms (SQLite's one
+    connection) end 1 ms apart, the last at 10 ms; with no hold they overlap, each taking
+    only its round trip (2 ms)."""
+    kv = ModelKV(MetadataModel(4, 1e9, 2e-3 if not serial_s else 0.0, serial_s=serial_s))
+
+    async def main() -> list[float]:
+        ends: list[float] = []
+
+        async def one(k: int) -> None:
+            async with kv.transaction() as tx:
+                await tx.get(b"n\x00" + bytes([k]) + b"k")
+            ends.append(round(clock.monotonic(), 9))
+
+        await asyncio.gather(*(one(k) for k in range(10)))
+        return ends
+
+    ends = clock.run_virtual(main())
+    if serial_s:
+        assert ends == pytest.approx([(k + 1) * 1e-3 for k in range(10)], abs=1e-8)
+    else:
+        assert ends == pytest.approx([2e-3] * 10, abs=1e-8)
+    with pytest.raises(ValueError, match="hold"):
+        MetadataModel(1, 1.0, serial_s=-1.0)

@@ -10,6 +10,8 @@ the ``MemoryKV`` as it is, then, once the store is released, waits for its charg
   ``scan`` is one plus one for every ``SCAN_ROWS`` rows it returned;
 - each shard serves ``qps`` operations a second, shared among the clients that use it;
 - one round trip, ``rtt``, for the transaction;
+- with ``serial_s``, that many seconds of the store's one connection, which serves one
+  transaction at a time (SQLite, as an embedded cluster runs it);
 - with ``log_bytes`` and a ``log`` device, a durable transaction that wrote appends and
   syncs that many bytes there, sharing the device with whatever else it serves.
 
@@ -31,7 +33,7 @@ from types import TracebackType
 from tectonic_emu.metadata import MemoryKV
 from tectonic_emu.metadata.kv import KVStore, Transaction
 from tectonic_emu.sim.devices import Disk
-from tectonic_emu.sim.resources import Resource, SharedResource, use_all
+from tectonic_emu.sim.resources import QueueResource, Resource, SharedResource, use_all
 
 SCAN_ROWS = 64  # rows a scan returns for the price of one operation
 
@@ -49,6 +51,9 @@ class MetadataModel:
     # device of the cluster (``ModelKV(log=)``): SQLite's WAL beside the chunks of an
     # embedded cluster. 0: the log is not modelled.
     log_bytes: int = 0
+    # Seconds each transaction holds a store that serves one at a time (SQLite's one
+    # connection); 0: transactions overlap, as on sharded servers.
+    serial_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.shards < 1:
@@ -57,6 +62,8 @@ class MetadataModel:
             raise ValueError(f"a shard's rate must be positive, not {self.qps}")
         if not (math.isfinite(self.rtt) and self.rtt >= 0):
             raise ValueError(f"a round trip cannot be negative: {self.rtt}")
+        if not (math.isfinite(self.serial_s) and self.serial_s >= 0):
+            raise ValueError(f"a transaction's hold cannot be negative: {self.serial_s}")
 
 
 def shard_of(key: bytes, shards: int) -> int:
@@ -82,6 +89,7 @@ class ModelKV(KVStore):
         self.inner = inner if inner is not None else MemoryKV()
         self.shards = [discipline(model.qps, name=f"meta{k}") for k in range(model.shards)]
         self.log = log if model.log_bytes else None  # where durable writes sync their log
+        self.connection = QueueResource(1.0, name="metadata connection")  # (``serial_s``)
 
     def transaction(self, *, durable: bool = True) -> _ChargedTransaction:
         return _ChargedTransaction(self, durable)
@@ -116,7 +124,10 @@ class _ChargedTransaction(Transaction):
         if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
             return
         store = self._store
-        await use_all([store.shards[k].begin(n) for k, n in sorted(self._ops.items())])
+        jobs = [store.shards[k].begin(n) for k, n in sorted(self._ops.items())]
+        if store.model.serial_s:
+            jobs.append(store.connection.begin(store.model.serial_s))
+        await use_all(jobs)
         if store.log is not None and self._durable and self._wrote:
             await store.log.write(store.model.log_bytes)
         if store.model.rtt:
