@@ -195,7 +195,8 @@ def table(res: SimBench) -> Table:
         f"(* : beyond the {TARGET:.0%} target)",
         f"this machine: device {m.write_gb_s:.2f} GB/s write, {m.read_gb_s:.2f} read"
         f"{'' if m.cold_reads else ' (warm: not root)'}; {m.write_iops:,.0f}/{m.read_iops:,.0f}"
-        f" small ops/s; a node call {m.call_s * 1e6:,.0f} us; a metadata transaction "
+        f" small ops/s; a node call {m.call_s * 1e6:,.0f} us"
+        f" ({m.call_cpu_s * 1e6:,.0f} of it the loop's); a metadata transaction "
         f"{m.txn_s * 1e3:.2f} ms; {m.cores} cores; fresh memory {m.fresh_gb_s:.2f} GB/s",
         f"load average {res.load_avg[0]:.1f}; projections took {res.projection_wall_s:.1f} s",
     )

@@ -227,3 +227,27 @@ def test_an_embedded_clusters_nodes_spend_the_client_hosts_cpu() -> None:
     # checksums: the block's, the read's
     assert total["copy-warm"] == 3 * (10 << 20) and total["copy"] == 10 << 20
     assert total["crc32c"] >= 2 * (10 << 20)
+
+
+def test_each_node_call_costs_the_loop_its_measured_python() -> None:
+    """With ``call_s`` of 1 ms, ten calls at once on a host of four cores end 1 ms apart,
+    the last at 10 ms: a call's Python is the loop's, one at a time. Without it, free."""
+
+    async def run(call_s: float) -> list[float]:
+        cpu = HostCpu(CpuModel(4, ONE_GBPS, call_s=call_s), name="host")
+        ends: list[float] = []
+
+        async def call() -> None:
+            with cpu.active():
+                work.calls(1)
+                await work.settle()
+            ends.append(round(clock.monotonic(), 9))
+
+        await asyncio.gather(*(call() for _ in range(10)))
+        assert cpu.calls == 10
+        return ends
+
+    assert clock.run_virtual(run(1e-3)) == pytest.approx([k * 1e-3 for k in range(1, 11)])
+    assert clock.run_virtual(run(0.0)) == [0.0] * 10
+    with pytest.raises(ValueError, match="call's cost"):
+        CpuModel(1, ONE_GBPS, call_s=-1.0)

@@ -46,6 +46,7 @@ class Tally:
         self.owed = 0.0  # seconds of work not charged yet
         self.owed_loop = 0.0  # the part of ``owed`` done on the event loop
         self.threads = 0  # > 0 while work is counted on a thread (``on_thread``)
+        self.calls = 0  # node calls made (``add_calls``)
 
     @staticmethod
     def current() -> Tally | None:
@@ -62,6 +63,11 @@ class Tally:
 
     def add(self, kind: str, nbytes: int) -> None:
         self.total[kind] = self.total.get(kind, 0) + nbytes
+
+    def add_calls(self, n: int) -> None:
+        """``n`` node calls made (their Python on the event loop, which a subclass may
+        charge: ``sim.cpu.CpuModel.call_s``)."""
+        self.calls += n
 
     @contextmanager
     def on_thread(self) -> Iterator[None]:
@@ -105,6 +111,13 @@ def count(kind: str, nbytes: int) -> None:
         tally.add(kind, nbytes)
 
 
+def calls(n: int) -> None:
+    """``n`` node calls made now, in the current tally if any (``Tally.add_calls``)."""
+    tally = _CURRENT.get()
+    if tally is not None:
+        tally.add_calls(n)
+
+
 @contextmanager
 def on_thread() -> Iterator[None]:
     """The current tally's (if any) ``Tally.on_thread``."""
@@ -123,4 +136,4 @@ async def settle() -> None:
         await tally.settle()
 
 
-__all__ = ["KINDS", "SETTLE_FROM", "Tally", "count", "on_thread", "settle"]
+__all__ = ["KINDS", "SETTLE_FROM", "Tally", "calls", "count", "on_thread", "settle"]

@@ -45,12 +45,15 @@ class CpuModel:
     """``cores`` cores, each doing ``gbps[kind]`` GB/s of each kind of work in
     ``work.KINDS`` (bytes of input per second of one core). ``fresh_gb_s``: the host's
     rate of copies into fresh memory however many threads make them (a VM whose host hands
-    it new pages at one rate, ../shared/MACHINE.md); None: each core's ``copy`` rate."""
+    it new pages at one rate, ../shared/MACHINE.md); None: each core's ``copy`` rate.
+    ``call_s``: seconds of the event loop's Python per node call (its future, its job on
+    an I/O pool, its wake-up), where measured; 0: not charged."""
 
     cores: int
     gbps: Mapping[str, float] = field(hash=False)
     source: str = ""
     fresh_gb_s: float | None = None
+    call_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.cores < 1:
@@ -60,6 +63,8 @@ class CpuModel:
             raise ValueError(f"a CPU model needs a positive rate for {', '.join(missing)}")
         if self.fresh_gb_s is not None and not self.fresh_gb_s > 0:
             raise ValueError(f"fresh memory comes at a positive rate, not {self.fresh_gb_s}")
+        if not (math.isfinite(self.call_s) and self.call_s >= 0):
+            raise ValueError(f"a call's cost cannot be negative: {self.call_s}")
 
     def seconds(self, done: Mapping[str, int]) -> float:
         """Core-seconds that ``done`` (bytes per kind) takes."""
@@ -109,6 +114,12 @@ class HostCpu(work.Tally):
             self.owed_loop += seconds
         if kind == "copy" and self.memory is not None:
             self.owed_fresh += nbytes
+
+    def add_calls(self, n: int) -> None:
+        super().add_calls(n)
+        seconds = n * self.model.call_s  # on the loop, wherever the call was made from
+        self.owed += seconds
+        self.owed_loop += seconds
 
     def claim(self) -> Awaitable[None]:
         jobs = [self.cores.begin(self.owed)]

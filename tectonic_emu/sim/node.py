@@ -107,6 +107,7 @@ class ModelNode(StorageNode):
         self._check_up()
         with work.on_thread():  # RemoteNode MACs frames and checks payloads on threads
             work.count("wire", FRAME_BYTES + sent)
+        work.calls(1)  # the call's Python on the loop
         await work.settle()
         await self.fabric.send(self.client, self.server.host, FRAME_BYTES + sent)
         self._check_up()  # it may have gone down while the frame was on the wire
