@@ -294,7 +294,9 @@ class Loader:
         for arena in laid_out:
             members = [entries[k] for k, _ in arena.members]
             if all(e.kind == "bytes" for e in members):
-                places = [(*wanted[k][:2], at, wanted[k][2].nbytes) for k, at in arena.members]
+                places = [
+                    (wanted[k][0], wanted[k][1], at, entries[k].nbytes) for k, at in arena.members
+                ]
                 for out, name, _, _ in places:
                     out[name] = b""  # its place in the state's order, filled once read
                 reads.append(self._bytes_arena(ix, arena, members, places, gate))
@@ -341,7 +343,7 @@ class Loader:
             await self.parts.read_arena(ix, arena, members, buf)
             for out, name, at, n in places:
                 out[name] = as_bytes(buf[at : at + n])
-            del buf
+            del buf  # free for the next arena while this one's CPU is charged
             await work.settle()  # the copies' CPU, in a projection (coding/work.py)
 
     def _described(

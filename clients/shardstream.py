@@ -532,12 +532,13 @@ class ShardStream:
             while done < end_group and groups[done].offset + groups[done].length <= held_end:
                 done += 1
             args = (index, shard, meta, held, held_at, range(first, done), (lo, hi))
-            described = isinstance(held, Synthetic)  # cheap to decode: no thread's time,
             big = sum(g.length for g in groups[first:done]) >= _THREAD_FROM
-            if big and not described:
+            if not big:
+                yield decode_groups(*args)
+            elif not isinstance(held, Synthetic):
                 yield await self._share.cpu(decode_groups, *args)
-            else:  # but a thread's work, as for the bytes it describes (coding/work.py)
-                with work.on_thread() if big else contextlib.nullcontext():
+            else:  # described: cheap to decode, no hop to a thread, but counted as the
+                with work.on_thread():  # thread's work the bytes it describes would be
                     tables = decode_groups(*args)
                 yield tables
             if done < end_group:  # keep the bytes of the row group begun

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -20,14 +19,15 @@ INLINE_CPU_BYTES = 256 << 10
 async def offload(cpu: Executor, size: int, fn: Callable[..., T], *args: object) -> T:
     """``fn(*args)``, on a worker of ``cpu`` when it touches ``size`` bytes or more (so the
     loop keeps serving other ranks meanwhile), inline when that is cheaper than the hop."""
-    if size < INLINE_CPU_BYTES or isinstance(cpu, InlineExecutor):
-        # (an inline pool would run it here anyway, a loop hop later; in a projection it
-        # stands for a real pool, and the work is a thread's)
-        with work.on_thread() if size >= INLINE_CPU_BYTES else contextlib.nullcontext():
+    if size < INLINE_CPU_BYTES:
+        result = fn(*args)
+    elif isinstance(cpu, InlineExecutor):  # it would run it here anyway, a loop hop later;
+        with work.on_thread():  # in a projection it stands for a pool: a thread's work
             result = fn(*args)
-        await work.settle()  # a projection's host charges the work here (coding/work.py)
-        return result
-    return await asyncio.get_running_loop().run_in_executor(cpu, fn, *args)
+    else:
+        return await asyncio.get_running_loop().run_in_executor(cpu, fn, *args)
+    await work.settle()  # a projection's host charges the work here (coding/work.py)
+    return result
 
 
 class InlineExecutor(ThreadPoolExecutor):
