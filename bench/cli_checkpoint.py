@@ -268,6 +268,21 @@ __all__ = ["checkpoint_cmd", "ckpt", "scale_cmd", "train_cmd"]
 @click.option("--ranks", default="16,1024", show_default=True, help="Rank counts, comma-separated.")
 @click.option("--runs", default=3, show_default=True, help="Rounds of real runs, interleaved.")
 @click.option("--no-fail", is_flag=True, help="Leave out the save with a node stopped.")
+@click.option(
+    "--paper-ranks",
+    type=click.IntRange(0),
+    default=24576,
+    show_default=True,
+    help="Ranks of the meta-genai-24k burst beside the Llama 3 paper (0: leave it out; "
+    "at 24,576 it takes about 5 minutes).",
+)
+@click.option(
+    "--paper-scale",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="llama3-405b's files times this, for that burst.",
+)
 @dir_option("Where the real runs' clusters go.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @plot_option
@@ -277,18 +292,21 @@ def sim_cmd(
     ranks: str,
     runs: int,
     no_fail: bool,
+    paper_ranks: int,
+    paper_scale: float,
     directory: Path,
     as_json: bool,
     plot_dir: Path | None,
 ) -> None:
     """Projections beside real runs on this machine: measures the this-machine preset
     (device, node calls, metadata, CPU), then runs each checkpoint save and load for real
-    on an embedded cluster and projected in virtual time, and reports the ratio.
+    on an embedded cluster and projected in virtual time, and reports the ratio. Then
+    meta-genai-24k projects a Llama 3 checkpoint burst beside the paper's 7 and 2 TB/s.
 
     \b
     Example:
       tectonic-emu bench sim --scale 0.01 --runs 3
-      tectonic-emu bench sim --encodings rs-6-3 --ranks 16 --runs 1 --json
+      tectonic-emu bench sim --encodings rs-6-3 --ranks 16 --runs 1 --paper-ranks 0 --json
     """
     from bench import sim as mod
 
@@ -301,5 +319,7 @@ def sim_cmd(
         encodings=[Encoding.parse(e).name for e in csv_list(encodings)],
         ranks=int_list(ranks, "--ranks"),
         fail=not no_fail,
+        paper_ranks=paper_ranks,
+        paper_scale=paper_scale,
     )
     emit(result, as_json, plot_dir, mod)

@@ -107,8 +107,8 @@ def emit(result: Any, as_json: bool, plot_dir: Path | None, module: Any) -> None
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
         for make in ("table", "served_table", "targets_table"):
-            table = getattr(module, make, lambda _: None)(result)
-            if table is not None:
+            made = getattr(module, make, lambda _: None)(result)
+            for table in made if isinstance(made, list) else [] if made is None else [made]:
                 Console().print(table)
     if plot_dir is not None:
         for png in module.plot(result, plot_dir):

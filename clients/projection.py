@@ -12,19 +12,22 @@ The report, as MLPerf Storage reports a checkpoint:
 - the save's duration: the slowest rank's, from the common start to its commit;
 - each rank's duration as p50, p99 and max;
 - the throughput: the checkpoint's bytes over that duration, with the peak and sustained
-  rates of stored bytes written to the servers' disks, writes in progress as far as they
-  got, per ``SAMPLE_S`` (the disks, not the NICs: the network's hops are modelled each on
-  its own, so a hop that is not the bottleneck runs ahead of the flow and would overstate
-  the peak);
-- the utilisation of each class of resource (client NICs, server NICs, disks), and the one
-  that bounded the run;
+  rates of stored bytes into the servers, per ``SAMPLE_S`` and in a last, shorter sample
+  to the last commit. Into the servers is as the network carries them, each message in
+  flight as far as its slowest hop has served it (``Fabric.received_so_far``); on an
+  embedded cluster, where no network is crossed, as the device writes them. Not at the
+  disks: a server writes a chunk once all of it has come, and chunks that share a NIC
+  under processor sharing all come at its end together, so the disks see bunches that the
+  network does not carry (60 TB/s in one sample of a 7 TB/s core);
+- the utilisation of each class of resource (client NICs, server NICs, disks, and the
+  fabric's core where the hardware has one), and the one that bounded the run;
 - the physical lower bound from the hardware's own figures: the bytes stored (times the
   encoding's overhead) over the slowest class's aggregate bandwidth.
 
 Metadata costs time when the hardware has a ``MetadataModel`` (``--metadata-shards``), and
 the clients' per-byte CPU work when it has a ``CpuModel`` (``sim/cpu.py``): then the shards
 and the client CPUs are classes of their own in the report. Not modelled yet
-(docs/simulate.md): switches beyond ToR uplinks.
+(docs/simulate.md): the switches of the core one by one (it is one aggregate link).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from tectonic_emu.sim.metadata import ModelKV
 from tectonic_emu.sim.resources import Resource
 
 ROOT = "/checkpoints"
-SAMPLE_S = 0.1  # virtual seconds between samples of the bytes made durable on the disks
+SAMPLE_S = 0.1  # virtual seconds between samples of the stored bytes into the servers
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,17 +114,26 @@ def machine_preset(machine: Machine) -> Preset:
 
 THIS_MACHINE = "this-machine"
 
+# The Llama 3 paper (arXiv 2407.21783, section 3.3.1): Tectonic "supports a sustainable
+# throughput of 2 TB/s and a peak throughput of 7 TB/s".
+PAPER_SUSTAINED_GB_S = 2000.0
+PAPER_PEAK_GB_S = 7000.0
+PAPER_PEAK_GBPS = PAPER_PEAK_GB_S * 8  # the same peak in Gb/s: meta-genai-24k's fitted core
+PAPER_PRESET = "meta-genai-24k"  # the preset of the paper's cluster
+
 
 PRESETS = {
     p.name: p
     for p in (
         Preset(
-            "meta-genai-24k",
+            PAPER_PRESET,
             Hardware(
                 servers=7500,
                 disks=4,
                 disk=FLASH,
-                fabric=FabricModel(nic_gbps=100.0, rtt=1e-4, oversubscription=1.0),
+                fabric=FabricModel(
+                    nic_gbps=100.0, rtt=1e-4, oversubscription=1.0, core_gbps=PAPER_PEAK_GBPS
+                ),
                 servers_per_rack=16,
                 cpu=CpuModel(16, ASSUMED_SERVER_CORE, "assumed"),
             ),
@@ -135,8 +147,10 @@ PRESETS = {
                 "ASSUMED, not published (docs/presets/meta-genai-24k-sources.md): 4 flash "
                 "devices per server (the flash preset's figures), 100 Gb/s NICs, 0.1 ms round "
                 "trips, non-blocking racks of 16, 16 cores per host for storage at twice this "
-                "machine's per-core rates; its aggregates are far above the paper's 2 TB/s "
-                "sustained and 7 TB/s peak, which need a limit not modelled yet",
+                "machine's per-core rates",
+                "FITTED: the fabric's core between racks at 7 TB/s in aggregate, the paper's "
+                "peak, which it says checkpoint bursts reach as they 'saturate the storage "
+                "fabric'; the assumed NICs and devices alone total 38 to 105 TB/s",
             ),
         ),
         Preset(
@@ -239,7 +253,7 @@ class Projection:
     rank_s: tuple[float, ...]  # each rank's duration in that step
     steps: tuple[StepFigures, ...]
     throughput_gb_s: float  # bytes / duration
-    peak_gb_s: float  # most bytes made durable in one sample interval, per second
+    peak_gb_s: float  # most stored bytes into the servers in one sample, per second
     sustained_gb_s: float  # stored bytes / duration
     lower_bound_s: float
     bound_by: str  # the class whose aggregate bandwidth makes the lower bound
@@ -247,7 +261,7 @@ class Projection:
     load: Phase | None  # every rank loading what it saved, after the save (None: not run)
     use: tuple[ClassUse, ...]
     cpu_work: dict[str, int]  # bytes of each kind of client CPU work (coding/work.py)
-    timeline: tuple[tuple[float, float], ...]  # (virtual s, GB/s made durable) per sample
+    timeline: tuple[tuple[float, float], ...]  # (virtual s, GB/s into the servers) per sample
     wall_s: float = field(compare=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -269,6 +283,8 @@ def lower_bound(
         "server NICs": nbytes / (hw.servers * nic),
         "disks": nbytes / (hw.devices * disk),
     }
+    if hw.fabric.core_rate is not None:
+        bounds["fabric core"] = nbytes / hw.fabric.core_rate
     if hw.cpu is not None:
         bounds["client CPUs"] = cpu_seconds / (hosts * hw.cpu.cores)
     name = max(bounds, key=lambda k: bounds[k])
@@ -346,15 +362,26 @@ async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -
     start = clock.monotonic()
     stored = round(plan.total * Encoding.parse(sc.encoding).overhead)
 
+    sampled = [0.0, 0]  # the virtual s and bytes into the servers at the last sample
+    server_hosts = {s.host for s in mc.servers}
+
+    def into_servers() -> int:
+        if hw.embedded:
+            return round(sum(d.written_so_far() for d in disks))
+        return round(mc.fabric.received_so_far(server_hosts))
+
+    def take_sample() -> None:
+        at, now = clock.monotonic() - start, into_servers()
+        if at > sampled[0]:
+            samples.append((round(at, 9), (now - sampled[1]) / (at - sampled[0]) / 1e9))
+            sampled[:] = at, now
+        if progress is not None:
+            progress(now, stored)
+
     async def sample() -> None:
-        last = 0
         while True:
             await asyncio.sleep(SAMPLE_S)
-            now = round(sum(d.written_so_far() for d in disks))
-            samples.append((round(clock.monotonic() - start, 9), (now - last) / SAMPLE_S / 1e9))
-            last = now
-            if progress is not None:
-                progress(now, stored)
+            take_sample()
 
     durations = [[0.0] * sc.ranks for _ in range(sc.steps)]  # due to commit, per step
     blocked = [[0.0] * sc.ranks for _ in range(sc.steps)]
@@ -391,6 +418,7 @@ async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -
         await asyncio.gather(*(rank(r) for r in range(sc.ranks)))
     finally:
         sampler.cancel()
+    take_sample()  # the last, shorter sample: to the last commit
     elapsed = clock.monotonic() - start  # to the last commit
     steps = tuple(
         StepFigures(
@@ -407,11 +435,13 @@ async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -
     tallies = [mc.cpus[h] for h in hosts]
     cpu_work = _work(tallies)  # of every step: each step's bound counts its share
     bound, bound_by = lower_bound(sc, stored, len(hosts), _seconds(hw, cpu_work) / sc.steps)
-    use = (
+    use: tuple[ClassUse, ...] = (
         _use("client NICs", [h.egress for h in hosts], elapsed),
         _use("server NICs", [s.host.ingress for s in mc.servers], elapsed),
         _use("disks", [d.time for d in disks], elapsed),
     )
+    if mc.fabric.core is not None:
+        use += (_use("fabric core", [mc.fabric.core], elapsed),)
     if hw.cpu is not None:
         use += (_use("client CPUs", [t.cores for t in tallies if isinstance(t, HostCpu)], elapsed),)
     if isinstance(mc.kv, ModelKV):
@@ -509,7 +539,7 @@ def _seconds(hw: Hardware, done: dict[str, int]) -> float:
 
 def project_checkpoint(sc: Scenario, progress: Progress | None = None) -> Projection:
     """Run ``sc`` in virtual time, seeded (the same scenario gives the same projection);
-    ``progress(done, total)`` hears of the bytes made durable as it goes."""
+    ``progress(done, total)`` hears of the stored bytes into the servers as it goes."""
     if sc.ranks < 1 or sc.ranks_per_host < 1:
         raise InvalidArgumentError("a projection needs at least one rank and one rank per host")
     if not 0 <= sc.fail_servers < sc.hardware.servers:
@@ -532,6 +562,10 @@ def project_checkpoint(sc: Scenario, progress: Progress | None = None) -> Projec
 
 
 __all__ = [
+    "PAPER_PEAK_GBPS",
+    "PAPER_PEAK_GB_S",
+    "PAPER_PRESET",
+    "PAPER_SUSTAINED_GB_S",
     "PRESETS",
     "ClassUse",
     "Phase",

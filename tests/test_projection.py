@@ -112,6 +112,25 @@ def test_a_projection_never_beats_its_lower_bound(enc: str, ranks: int, servers:
     assert load.rank_p50_s <= load.rank_p99_s <= load.duration_s
 
 
+def test_a_core_between_racks_bounds_the_save_and_its_peak() -> None:
+    """small-flash with a 10 GB/s core (the kind of limit meta-genai-24k fits to the Llama 3
+    paper): the core is a class of its own, it bounds the save, and no sample of the rate
+    into the servers passes it. The command takes ``--core-gbps`` and says so."""
+    hw = dataclasses.replace(SMALL, fabric=dataclasses.replace(SMALL.fabric, core_gbps=80.0))
+    p = project_checkpoint(Scenario("llama3-8b", 64, "rs-6-3", hw, load=False))
+    assert p.bound_by == "fabric core" and p.busiest == "fabric core"
+    assert p.duration_s >= p.lower_bound_s == pytest.approx(p.stored_bytes / 10e9)
+    # within 0.01%: requests of at most SMALL_MESSAGE bytes cost their latency only
+    assert 0 < p.sustained_gb_s <= p.peak_gb_s <= 10 * (1 + 1e-4)
+    times = [0.0] + [t for t, _ in p.timeline]
+    into = sum(rate * (t - times[k]) for k, (t, rate) in enumerate(p.timeline))
+    assert into == pytest.approx(p.stored_bytes / 1e9, rel=1e-3)  # and index files, requests
+    got = CliRunner().invoke(
+        cli_main, ["simulate", "checkpoint", "--ranks", "64", "--core-gbps", "80", "--save-only"]
+    )
+    assert got.exit_code == 0 and "(fabric core)" in got.output
+
+
 def test_the_command_reports_and_refuses_bad_input() -> None:
     runner = CliRunner()
     got = runner.invoke(

@@ -123,9 +123,58 @@ def test_an_oversubscribed_uplink_divides_a_racks_throughput(oversubscription: f
     assert timed(within) == pytest.approx(1.0, rel=1e-9)
 
 
+def test_a_core_caps_the_traffic_between_racks_in_aggregate() -> None:
+    """Three racks of 2 hosts on 1 GB/s NICs, and a 2 GB/s core. Rack 0 sends 1 GB from each
+    host to rack 1 and rack 1 sends 1 GB from each host to rack 2, all at once: 4 GB through
+    the core take 2 s, where the NICs alone allow 1 s. Within a rack the core is not held,
+    and the core counts what it carried."""
+    fabric = Fabric(FabricModel(nic_gbps=8.0, core_gbps=16.0))
+    r0, r1, r2 = fabric.add_rack(2), fabric.add_rack(2), fabric.add_rack(2)
+    pairs = [*zip(r0, r1, strict=True), *zip(r1, r2, strict=True)]
+    took = timed(lambda: asyncio.gather(*(fabric.send(s, d, int(GB)) for s, d in pairs)))
+    assert took == pytest.approx(2.0, rel=1e-9)
+    assert fabric.core is not None and fabric.core.served == 4 * GB
+    assert timed(lambda: fabric.send(r0[0], r0[1], int(GB))) == pytest.approx(1.0, rel=1e-9)
+    assert fabric.core.served == 4 * GB
+    assert Fabric(FabricModel(nic_gbps=8.0)).core is None
+
+
+def test_what_hosts_received_counts_messages_in_flight_as_far_as_their_slowest_hop() -> None:
+    """Two 1 GB messages into one host over 1 GB/s NICs share its ingress: half-way through
+    (1 s) it has 1 GB of them, whatever their ends; once done, all 2 GB. A message that its
+    source's NIC holds back counts as far as that NIC got, not its faster hops."""
+    fabric = Fabric(FabricModel(nic_gbps=8.0, rtt=0.002))
+    a, b, c = fabric.add_rack(3)
+    seen: list[float] = []
+
+    async def work() -> None:
+        sends = asyncio.gather(fabric.send(a, c, int(GB)), fabric.send(b, c, int(GB)))
+        await asyncio.sleep(1.0)
+        seen.append(fabric.received_so_far({c}))
+        seen.append(fabric.received_so_far({a, b}))
+        await sends
+        seen.append(fabric.received_so_far({c}))
+
+    timed(work)
+    assert seen == [pytest.approx(GB, rel=1e-9), 0.0, 2 * GB]
+
+    fast = Fabric(FabricModel(nic_gbps=8.0, core_gbps=80.0))  # a 10 GB/s core
+    (x,), (y,) = fast.add_rack(1), fast.add_rack(1)
+
+    async def half() -> None:
+        sending = asyncio.ensure_future(fast.send(x, y, int(GB)))
+        await asyncio.sleep(0.5)
+        seen.append(fast.received_so_far({y}))
+        await sending
+
+    timed(half)
+    assert seen[-1] == pytest.approx(GB / 2, rel=1e-9)
+
+
 def test_bad_fabric_figures_are_refused() -> None:
     for kwargs in ({"nic_gbps": 0.0}, {"nic_gbps": 1.0, "rtt": -1.0},
-                   {"nic_gbps": 1.0, "oversubscription": 0.5}):  # fmt: skip
+                   {"nic_gbps": 1.0, "oversubscription": 0.5},
+                   {"nic_gbps": 1.0, "core_gbps": 0.0}):  # fmt: skip
         with pytest.raises(ValueError):
             FabricModel(**kwargs)  # type: ignore[arg-type]
     with pytest.raises(ValueError):

@@ -6,7 +6,16 @@ an uplink and a downlink at its hosts' total NIC bandwidth divided by it. A mess
 host A to host B holds A's egress, B's ingress and, between racks, A's uplink and B's
 downlink, all at once. It is done when the slowest of them has served its bytes, and
 arrives half a round trip later. The spine is taken as non-blocking, as in a Clos fabric
-built for it, so only ToRs oversubscribe.
+built for it, unless ``core_gbps`` is given: then every message between racks also holds
+one ``core`` resource of that rate, the fabric's aggregate throughput between racks, reads
+and writes together. That is the storage fabric that the Llama 3 paper says checkpoint
+bursts "saturate for short durations"; its rate is not published, so a preset that sets it
+fits it (docs/simulate.md, *Presets*).
+
+``received_so_far(hosts)`` counts what those hosts received, each message still in flight
+as far as its slowest hop has served it (``Resource.served_since``): the rate into a set of
+hosts as the network carries it, where counting at message ends would bunch messages that
+share a hop and end together.
 
 Messages of at most ``SMALL_MESSAGE`` bytes (requests without payload, replies, reservations)
 take only their half round trip: their share of a hop under processor sharing is their size
@@ -25,8 +34,10 @@ with the same model of one host's NIC.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from tectonic_emu.sim.resources import Resource, SharedResource, use_all
@@ -35,12 +46,14 @@ from tectonic_emu.sim.resources import Resource, SharedResource, use_all
 @dataclass(frozen=True, slots=True)
 class FabricModel:
     """``nic_gbps`` each way per host; ``rtt`` seconds host to host; ``oversubscription``
-    of each rack's uplink (1: non-blocking)."""
+    of each rack's uplink (1: non-blocking); ``core_gbps`` between racks in aggregate
+    (None: non-blocking)."""
 
     nic_gbps: float
     rtt: float = 0.0
     oversubscription: float = 1.0
     source: str = ""
+    core_gbps: float | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.nic_gbps) and self.nic_gbps > 0):
@@ -49,11 +62,20 @@ class FabricModel:
             raise ValueError(f"round-trip time must be 0 or more, not {self.rtt} s")
         if not (math.isfinite(self.oversubscription) and self.oversubscription >= 1):
             raise ValueError(f"oversubscription must be 1 or more, not {self.oversubscription}")
+        if self.core_gbps is not None and not (
+            math.isfinite(self.core_gbps) and self.core_gbps > 0
+        ):
+            raise ValueError(f"the core's bandwidth must be positive, not {self.core_gbps} Gb/s")
 
     @property
     def nic_rate(self) -> float:
         """Bytes per second each way."""
         return self.nic_gbps * 1e9 / 8
+
+    @property
+    def core_rate(self) -> float | None:
+        """Bytes per second through the core between racks (None: non-blocking)."""
+        return None if self.core_gbps is None else self.core_gbps * 1e9 / 8
 
 
 @dataclass(eq=False)
@@ -87,6 +109,10 @@ class Fabric:
         self.discipline = discipline
         self.racks: list[Rack] = []
         self.hosts: list[Host] = []
+        rate = model.core_rate
+        self.core: Resource | None = None if rate is None else discipline(rate, name="core")
+        self._flows: dict[int, _Flow] = {}  # large messages in flight, by a number of their own
+        self._numbers = itertools.count()
 
     def add_rack(self, hosts: int) -> list[Host]:
         """A rack of ``hosts`` new hosts; returns them."""
@@ -114,7 +140,7 @@ class Fabric:
             return []
         hops = [src.egress, dst.ingress]
         if src.rack is not dst.rack:
-            for link in (src.rack.uplink, dst.rack.downlink):
+            for link in (src.rack.uplink, dst.rack.downlink, self.core):
                 if link is not None:
                     hops.append(link)
         return hops
@@ -125,11 +151,41 @@ class Fabric:
         if src is dst:
             return
         if nbytes > SMALL_MESSAGE:
-            await use_all([hop.begin(nbytes) for hop in self.path(src, dst)])
-        if self.model.rtt:
-            await asyncio.sleep(self.model.rtt / 2)
+            hops = self.path(src, dst)
+            jobs = [hop.begin(nbytes) for hop in hops]
+            number = next(self._numbers)
+            self._flows[number] = _Flow(dst, nbytes, hops, jobs, [hop.mark() for hop in hops])
+            try:
+                await use_all(jobs)
+            finally:
+                del self._flows[number]
         src.sent += nbytes
         dst.received += nbytes
+        if self.model.rtt:
+            await asyncio.sleep(self.model.rtt / 2)
+
+    def received_so_far(self, hosts: AbstractSet[Host]) -> float:
+        """Bytes ``hosts`` received until now, messages in flight as far as they got."""
+        done = sum(h.received for h in hosts)
+        return done + sum(f.served() for f in self._flows.values() if f.dst in hosts)
+
+
+@dataclass(slots=True, eq=False)
+class _Flow:
+    """A message in flight: its hops, its job on each and the mark each job began at."""
+
+    dst: Host
+    nbytes: int
+    hops: list[Resource]
+    jobs: list[asyncio.Future[None]]
+    marks: list[float]
+
+    def served(self) -> float:
+        """As far as its slowest hop got."""
+        return min(
+            self.nbytes if job.done() else hop.served_since(mark, self.nbytes)
+            for hop, job, mark in zip(self.hops, self.jobs, self.marks, strict=True)
+        )
 
 
 __all__ = ["SMALL_MESSAGE", "Fabric", "FabricModel", "Host", "Rack"]

@@ -70,6 +70,15 @@ class Resource(abc.ABC):
         ``SharedResource`` adds jobs in service as far as they got."""
         return self.worth_done
 
+    def mark(self) -> float:
+        """A mark to take just after ``begin``, for ``served_since``."""
+        return 0.0
+
+    def served_since(self, mark: float, amount: float) -> float:
+        """How much of a job of ``amount`` begun at ``mark`` has been served so far, while it
+        is in service (here: nothing until it is done; a ``SharedResource`` knows)."""
+        return 0.0
+
     def utilisation(self, elapsed: float) -> float:
         """The share of its capacity over ``elapsed`` seconds that finished jobs used."""
         return self.served / (self.capacity * elapsed) if elapsed > 0 else 0.0
@@ -126,6 +135,12 @@ class SharedResource(Resource):
 
     def worth_so_far(self) -> float:
         return self.worth_done + self._worth_rate * self._level_now() - self._worth_starts
+
+    def mark(self) -> float:
+        return self._level_now()  # just after begin: the level at which the job began
+
+    def served_since(self, mark: float, amount: float) -> float:
+        return min(amount, max(0.0, self._level_now() - mark))
 
     def begin(self, amount: float, *, worth: float | None = None) -> asyncio.Future[None]:
         amount = self._check(amount)
