@@ -276,7 +276,7 @@ def _report(result: Projection, options: dict[str, Any]) -> None:
 
 
 def plot_projection(result: Projection, directory: Path) -> list[Path]:
-    """A projection's plots: the rate onto the disks over time, the CDF of the ranks'
+    """A projection's plots: the rate into the servers over time, the CDF of the ranks'
     durations (the longest step), and each class of resource's utilisation."""
     from clients.plotting import bars, lines
 
