@@ -274,7 +274,7 @@ __all__ = ["checkpoint_cmd", "ckpt", "scale_cmd", "train_cmd"]
     default=24576,
     show_default=True,
     help="Ranks of the meta-genai-24k burst beside the Llama 3 paper (0: leave it out; "
-    "at 24,576 it takes about 5 minutes).",
+    "at 24,576 it takes about 6 minutes).",
 )
 @click.option(
     "--paper-scale",

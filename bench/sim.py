@@ -260,10 +260,10 @@ def paper_table(p: PaperBurst) -> Table:
         )
     return with_legend(
         t,
-        f"save {p.duration_s:.2f} s (slowest rank), bound by {p.bound_by}; files x {p.scale:g};"
-        f" projected in {p.wall_s:.0f} s of wall time",
-        "peak: the most made durable in one 100 ms sample; sustained: stored bytes over the "
-        "save's duration",
+        f"save {p.duration_s:.2f} s (slowest rank); its lower bound set by {p.bound_by}; "
+        f"files x {p.scale:g}; projected in {p.wall_s:.0f} s of wall time",
+        "peak: the most stored bytes into the servers in one 100 ms sample; sustained: "
+        "stored bytes over the save's duration",
         f"the preset's core is FITTED to the paper's 7 TB/s peak (docs/simulate.md); "
         f"* : beyond the {PAPER_TARGET:.0%} target",
     )
