@@ -267,7 +267,10 @@ def cells(table: Table) -> list[str]:
 def tables_of(name: str) -> list[tuple[str, Table]]:
     mod = module_of(name.split(",")[0])
     made = [(f, getattr(mod, f, lambda _: None)(WIDE[name])) for f in TABLES]
-    return [(f, t) for f, t in made if t is not None]
+    out: list[tuple[str, Table]] = []
+    for f, t in made:  # a maker may give one table, a list of them, or none
+        out += [(f, x) for x in (t if isinstance(t, list) else [] if t is None else [t])]
+    return out
 
 
 @pytest.mark.parametrize("name", WIDE)
