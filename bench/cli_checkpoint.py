@@ -271,10 +271,9 @@ __all__ = ["checkpoint_cmd", "ckpt", "scale_cmd", "train_cmd"]
 @click.option(
     "--paper-ranks",
     type=click.IntRange(0),
-    default=24576,
-    show_default=True,
-    help="Ranks of the meta-genai-24k burst beside the Llama 3 paper (0: leave it out; "
-    "at 24,576 it takes about 6 minutes).",
+    default=None,
+    help="Ranks of the meta-genai-24k burst beside the Llama 3 paper: the paper's 24,576 "
+    "GPUs unless given (about 6 minutes); 0 leaves it out.",
 )
 @click.option(
     "--paper-scale",
@@ -292,7 +291,7 @@ def sim_cmd(
     ranks: str,
     runs: int,
     no_fail: bool,
-    paper_ranks: int,
+    paper_ranks: int | None,
     paper_scale: float,
     directory: Path,
     as_json: bool,
@@ -319,7 +318,7 @@ def sim_cmd(
         encodings=[Encoding.parse(e).name for e in csv_list(encodings)],
         ranks=int_list(ranks, "--ranks"),
         fail=not no_fail,
-        paper_ranks=paper_ranks,
+        paper_ranks=mod.PAPER_RANKS if paper_ranks is None else paper_ranks,
         paper_scale=paper_scale,
     )
     emit(result, as_json, plot_dir, mod)

@@ -28,6 +28,8 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from bench.tables import as_tables
+
 err_console = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -107,8 +109,7 @@ def emit(result: Any, as_json: bool, plot_dir: Path | None, module: Any) -> None
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
         for make in ("table", "served_table", "targets_table"):
-            made = getattr(module, make, lambda _: None)(result)
-            for table in made if isinstance(made, list) else [] if made is None else [made]:
+            for table in as_tables(getattr(module, make, lambda _: None)(result)):
                 Console().print(table)
     if plot_dir is not None:
         for png in module.plot(result, plot_dir):

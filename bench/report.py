@@ -24,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from bench import environment
+from bench.tables import as_tables
 from tectonic_emu.config import parse_size
 
 
@@ -208,8 +209,7 @@ def markdown(table: Table) -> str:
 def tables_of(mod: Any, result: Any, extra: Sequence[str]) -> list[Table]:
     out: list[Table] = []
     for name in ("table", *extra):
-        made = getattr(mod, name)(result)
-        out += made if isinstance(made, list) else [] if made is None else [made]
+        out += as_tables(getattr(mod, name)(result))
     return out
 
 

@@ -26,6 +26,13 @@ def with_legend(table: Table, *lines: str | None) -> Table:
     return table
 
 
+def as_tables(made: Table | list[Table] | None) -> list[Table]:
+    """What a bench's table maker gave, as a list: it may give one table, a list, or none."""
+    if made is None:
+        return []
+    return made if isinstance(made, list) else [made]
+
+
 def beyond_raw(
     faster: Iterable[str],
     *,
@@ -50,4 +57,4 @@ def beyond_raw(
     return f"Above the raw disk ({', '.join(names)}): " + "; ".join(why) + "."
 
 
-__all__ = ["LEGEND_WIDTH", "WIDTH", "beyond_raw", "with_legend"]
+__all__ = ["LEGEND_WIDTH", "WIDTH", "as_tables", "beyond_raw", "with_legend"]

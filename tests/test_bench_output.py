@@ -28,6 +28,7 @@ from rich.text import Text
 from bench import checkpoint, ckpt, fits, fuse, hedge, scale, store
 from bench.cli import bar_columns
 from bench.progress import Stages
+from bench.tables import as_tables
 from tectonic_emu import resources
 from tectonic_emu.errors import InvalidArgumentError, NoSpaceError
 
@@ -268,8 +269,8 @@ def tables_of(name: str) -> list[tuple[str, Table]]:
     mod = module_of(name.split(",")[0])
     made = [(f, getattr(mod, f, lambda _: None)(WIDE[name])) for f in TABLES]
     out: list[tuple[str, Table]] = []
-    for f, t in made:  # a maker may give one table, a list of them, or none
-        out += [(f, x) for x in (t if isinstance(t, list) else [] if t is None else [t])]
+    for f, t in made:
+        out += [(f, x) for x in as_tables(t)]
     return out
 
 

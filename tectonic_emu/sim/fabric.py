@@ -151,12 +151,14 @@ class Fabric:
         if src is dst:
             return
         if nbytes > SMALL_MESSAGE:
-            hops = self.path(src, dst)
-            jobs = [hop.begin(nbytes) for hop in hops]
+            legs = []
+            for hop in self.path(src, dst):
+                job = hop.begin(nbytes)
+                legs.append((hop, hop.mark(), job))  # the mark is taken just after begin
             number = next(self._numbers)
-            self._flows[number] = _Flow(dst, nbytes, hops, jobs, [hop.mark() for hop in hops])
+            self._flows[number] = _Flow(dst, nbytes, legs)
             try:
-                await use_all(jobs)
+                await use_all([job for _, _, job in legs])
             finally:
                 del self._flows[number]
         src.sent += nbytes
@@ -172,19 +174,17 @@ class Fabric:
 
 @dataclass(slots=True, eq=False)
 class _Flow:
-    """A message in flight: its hops, its job on each and the mark each job began at."""
+    """A message in flight: for each hop, the hop, its mark when the job began, and the job."""
 
     dst: Host
     nbytes: int
-    hops: list[Resource]
-    jobs: list[asyncio.Future[None]]
-    marks: list[float]
+    legs: list[tuple[Resource, float, asyncio.Future[None]]]
 
     def served(self) -> float:
         """As far as its slowest hop got."""
         return min(
             self.nbytes if job.done() else hop.served_since(mark, self.nbytes)
-            for hop, job, mark in zip(self.hops, self.jobs, self.marks, strict=True)
+            for hop, mark, job in self.legs
         )
 
 
