@@ -97,6 +97,20 @@ _OPTIONS = (
         help="Virtual seconds into the save when they go down (0: down from the start).",
     ),
     click.option(
+        "--slow-servers",
+        type=click.IntRange(0),
+        default=0,
+        show_default=True,
+        help="Servers (drawn from the seed, none of those that fail) slowed by --slow-by.",
+    ),
+    click.option(
+        "--slow-by",
+        type=click.FloatRange(0),
+        default=0.05,
+        show_default=True,
+        help="Seconds each slow server adds to every call (as `tectonic-emu node slow`).",
+    ),
+    click.option(
         "--steps",
         type=click.IntRange(1, 10_000),
         default=1,
@@ -164,6 +178,8 @@ def scenario_of(o: dict[str, Any]) -> Scenario:
         seed=o["seed"],
         fail_servers=o["fail_servers"],
         fail_at=o["fail_at"],
+        slow_servers=o["slow_servers"],
+        slow_by=o["slow_by"],
         load=not o["save_only"],
         steps=o["steps"],
         interval=o["interval"],
@@ -205,6 +221,7 @@ def simulate_checkpoint(as_json: bool, plot_dir: Path | None, **options: Any) ->
       tectonic-emu simulate checkpoint --model llama3-8b --servers 36 --json
       tectonic-emu simulate checkpoint --ranks 4096 --metadata-shards 64
       tectonic-emu simulate checkpoint --ranks 64 --fail-servers 2 --fail-at 0.5
+      tectonic-emu simulate checkpoint --ranks 64 --slow-servers 1 --slow-by 0.05
       tectonic-emu simulate checkpoint --ranks 64 --steps 3 --interval 2 --async
     """
     try:
@@ -232,6 +249,9 @@ def _report(result: Projection, options: dict[str, Any]) -> None:
         at = options["fail_at"]
         when = f"at {at:g} s" if at else "from the start"
         click.echo(f"servers down {when}: {', '.join(map(str, result.failed_servers))}")
+    if result.slow_servers:
+        slow = ", ".join(map(str, result.slow_servers))
+        click.echo(f"servers slowed by {options['slow_by'] * 1e3:g} ms a call: {slow}")
     click.echo(
         f"save {result.duration_s:.2f} s (ranks p50 {result.rank_p50_s:.2f}, p99 "
         f"{result.rank_p99_s:.2f}, max {result.rank_max_s:.2f}): {result.throughput_gb_s:,.1f} GB/s"

@@ -47,6 +47,7 @@ from clients.ckpt_catalog import SharedIndexes
 from clients.ckpt_format import CheckpointCorruptError
 from clients.ckpt_models import CheckpointPlan, checkpoint_plan
 from tectonic_emu import clock, entropy
+from tectonic_emu.chunkstore.base import MAX_NODE_DELAY
 from tectonic_emu.client import Client
 from tectonic_emu.coding import Encoding
 from tectonic_emu.coding.synthetic import Synthetic
@@ -176,7 +177,8 @@ class Scenario:
     """One projected save: ``model``'s checkpoint on ``ranks`` ranks, ``ranks_per_host`` to a
     client host, stored with ``encoding`` in blocks of ``block_size`` on ``hardware``;
     ``fail_servers`` servers, drawn from the seed, go down ``fail_at`` virtual seconds into
-    the save (0: down from the start)."""
+    the save (0: down from the start); ``slow_servers`` others, drawn after them, add
+    ``slow_by`` seconds to every call throughout (as ``tectonic-emu node slow`` does)."""
 
     model: str
     ranks: int
@@ -188,6 +190,8 @@ class Scenario:
     seed: int = 1
     fail_servers: int = 0
     fail_at: float = 0.0
+    slow_servers: int = 0
+    slow_by: float = 0.0  # seconds added to each call of a slow server
     load: bool = True  # then every rank loads what it saved, once all have saved
     scale: float = 1.0  # every file's size times this (DLIO's files at full size: 1)
     write_ack: str = "quorum"  # the clients' (a served client's default; embedded: "all")
@@ -244,6 +248,7 @@ class Projection:
     servers: int
     encoding: str
     failed_servers: tuple[int, ...]  # down from fail_at on
+    slow_servers: tuple[int, ...]  # slow_by seconds more to each call, throughout
     bytes: int  # the checkpoint's bytes, as DLIO counts them
     stored_bytes: int  # times the encoding's overhead
     duration_s: float  # the slowest rank, start to commit (of the longest step)
@@ -403,7 +408,11 @@ async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -
                     durations[k][r] = blocked[k][r] = clock.monotonic() - due
             await asyncio.gather(*commits)
 
-    failed = sorted(entropy.new_rng().sample(range(hw.servers), sc.fail_servers))
+    rng = entropy.new_rng()
+    failed = sorted(rng.sample(range(hw.servers), sc.fail_servers))
+    slow = sorted(rng.sample(sorted(set(range(hw.servers)) - set(failed)), sc.slow_servers))
+    for n in slow:
+        mc.servers[n].delay = sc.slow_by
 
     def fail() -> None:
         for n in failed:
@@ -454,6 +463,7 @@ async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -
         servers=hw.servers,
         encoding=sc.encoding,
         failed_servers=tuple(failed),
+        slow_servers=tuple(slow),
         bytes=plan.total,
         stored_bytes=stored,
         duration_s=steps[worst].duration_s,
@@ -549,6 +559,13 @@ def project_checkpoint(sc: Scenario, progress: Progress | None = None) -> Projec
         )
     if not (math.isfinite(sc.fail_at) and sc.fail_at >= 0):
         raise InvalidArgumentError(f"--fail-at is 0 or more seconds, not {sc.fail_at}")
+    if not 0 <= sc.slow_servers <= sc.hardware.servers - sc.fail_servers:
+        raise InvalidArgumentError(
+            f"--slow-servers takes 0 to {sc.hardware.servers - sc.fail_servers} (the servers "
+            f"not failed), not {sc.slow_servers}"
+        )
+    if not (math.isfinite(sc.slow_by) and 0 <= sc.slow_by <= MAX_NODE_DELAY):
+        raise InvalidArgumentError(f"--slow-by is 0 to {MAX_NODE_DELAY:g} s, not {sc.slow_by}")
     if sc.steps < 1 or not (math.isfinite(sc.interval) and sc.interval >= 0):
         raise InvalidArgumentError(
             f"--steps is 1 or more and --interval 0 or more seconds, not {sc.steps} and "

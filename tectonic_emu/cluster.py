@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import secrets
 import signal
@@ -33,6 +34,7 @@ from tectonic_emu import clock
 from tectonic_emu._malloc import keep_freed_memory
 from tectonic_emu.argcheck import bool_arg, int_arg, number_arg, path_arg, str_arg
 from tectonic_emu.chunkstore import LocalNode, StorageNode
+from tectonic_emu.chunkstore.base import MAX_NODE_DELAY
 from tectonic_emu.chunkstore.health import HealthMonitor
 from tectonic_emu.chunkstore.netem import Pacer
 from tectonic_emu.chunkstore.remote import RemoteNode
@@ -464,13 +466,18 @@ class Cluster:
         return pid
 
     async def set_node_delay(self, n: int, seconds: float) -> None:
-        """Make served node ``n`` add ``seconds`` before every reply but heartbeats."""
+        """Make node ``n`` add ``seconds`` to every call (0 to undo): a served node before
+        every reply but heartbeats, for every client; an embedded one (a ``LocalNode``)
+        before every call, for this process only."""
         node = self._node(n)
-        if not isinstance(node, RemoteNode):
-            raise InvalidArgumentError(
-                "only a served node can be slowed (run `tectonic-emu serve` first)"
-            )
-        await node.set_delay(seconds)
+        if isinstance(node, RemoteNode):
+            await node.set_delay(seconds)
+            return
+        if not isinstance(node, LocalNode):
+            raise InvalidArgumentError(f"node {n} ({type(node).__name__}) cannot be slowed")
+        if not (math.isfinite(seconds) and 0.0 <= seconds <= MAX_NODE_DELAY):
+            raise InvalidArgumentError(f"delay must be 0..{MAX_NODE_DELAY:g} s, not {seconds}")
+        node.delay = seconds
 
     async def check_health(self) -> None:
         """Served: ping every node now (the heartbeat task does it every half second)."""

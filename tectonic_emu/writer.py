@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from tectonic_emu.argcheck import bytes_arg, int_arg
 from tectonic_emu.bufpool import copy_into, recycled, uninitialised
-from tectonic_emu.coding import Encoding
+from tectonic_emu.coding import Encoding, work
 from tectonic_emu.coding.synthetic import Payload, Synthetic, nbytes
 from tectonic_emu.config import MAX_SIZE, ClusterConfig
 from tectonic_emu.datapath import DataPath
@@ -173,6 +173,14 @@ class BlockPipeline:
         self._tasks.clear()
 
 
+def _copied(n: int, block_size: int, in_place: bool) -> int:
+    """Bytes of an ``n``-byte append that the writer copies into block buffers (counted as
+    work on the loop, where ``_add`` copies): all of them, or, for immutable input that
+    starts a block (``in_place``), only the tail short of a whole block. The regrowth copies
+    of a file smaller than a block are not counted (together at most its size)."""
+    return n % block_size if in_place else n
+
+
 class FileWriter:
     """The single writer of one file: ``append``, ``flush`` (durable), ``close`` (seal).
 
@@ -246,12 +254,14 @@ class FileWriter:
 
     async def _add(self, data: Payload, owned: bool = False) -> None:
         if isinstance(data, Synthetic) or self._described is not None:
-            await self._add_described(data)
+            await self._add_described(data, owned)
             return
         mv = memoryview(data).cast("B")
         self.offset += len(mv)
         bs = self._block_size
-        if not self._fill and (owned or isinstance(data, bytes)):
+        in_place = not self._fill and (owned or isinstance(data, bytes))
+        work.count("copy-warm", _copied(len(mv), bs, in_place))
+        if in_place:
             # Immutable input: hand whole blocks to the pipeline without copying.
             while len(mv) >= bs:
                 await self._pipeline.submit(mv[:bs])
@@ -268,12 +278,16 @@ class FileWriter:
                 self._streaming = True
                 await self._pipeline.submit(block)
 
-    async def _add_described(self, data: Payload) -> None:
+    async def _add_described(self, data: Payload, owned: bool) -> None:
         """``_add`` once a ``Synthetic`` piece came: whole blocks are cut from the pending
-        description (real bytes joined in as literals), nothing is copied."""
+        description (real bytes joined in as literals), nothing is copied; the copies the
+        bytes would get are counted, a ``Synthetic`` standing for a mutable buffer (a
+        tensor's) unless ``owned``."""
         if self._described is None:
             held = [] if self._buf is None else [bytes(self._buf[: self._fill])]
             self._described, self._buf, self._fill = Synthetic.join(held), None, 0
+        in_place = not len(self._described) and (owned or isinstance(data, bytes))
+        work.count("copy-warm", _copied(nbytes(data), self._block_size, in_place))
         pending = Synthetic.join([self._described, data])
         self.offset += nbytes(data)
         bs = self._block_size

@@ -13,9 +13,10 @@ from bench.sim import run_sim_bench
 def test_a_quick_run_measures_the_machine_and_pairs_each_real_run_with_its_projection(
     tmp_path: Path,
 ) -> None:
-    """One round of a tiny rs-6-3 save at 16 ranks and the same save with a node stopped:
-    every row has its real durations and its projection, the ratio is theirs, the machine's
-    figures are measured (positive), and the projection's hardware is built from them. The
+    """Two rounds of a tiny rs-6-3 save at 16 ranks, the same save with a node stopped and
+    with a node slowed: every row has its real durations and its projection, the ratio is
+    theirs, the machine's figures are measured (positive), and the projection's hardware is
+    built from them. The
     burst beside the paper (here 256 ranks of a 0.5 GB llama3-405b) has its figures over the
     paper's."""
     res = asyncio.run(
@@ -34,10 +35,12 @@ def test_a_quick_run_measures_the_machine_and_pairs_each_real_run_with_its_proje
         "rs-6-3 save, 16 ranks",
         "rs-6-3 save, 16 ranks: load",
         "rs-6-3 save, 16 ranks, node stopped",
+        "rs-6-3 save, 16 ranks, node slowed 200 ms, quorum",
+        "rs-6-3 save, 16 ranks, node slowed 200 ms, quorum: load",
     ]
     for row in res.rows:
         assert len(row.real_s) == 2 and all(s > 0 for s in row.real_s)
-        assert row.projected_s > 0
+        assert row.projected_s > 0 and row.fresh_gb_s > 0  # measured before each load
         assert row.ratio == row.projected_s / statistics.median(row.real_s)
     m = res.machine
     assert min(m.write_gb_s, m.read_gb_s, m.write_iops, m.read_iops, m.meta_ops) > 0
@@ -53,15 +56,17 @@ def test_a_quick_run_measures_the_machine_and_pairs_each_real_run_with_its_proje
     assert "FITTED" in str(paper.caption)
 
 
-def test_cases_cover_each_encoding_at_each_rank_count_and_one_failure() -> None:
+def test_cases_cover_each_encoding_at_each_rank_count_a_failure_and_a_slow_node() -> None:
     got = sim.cases(["r1", "rs-6-3"], [16, 1024], fail=True)
-    assert [(c.encoding, c.ranks, c.fail) for c in got] == [
-        ("r1", 16, False),
-        ("rs-6-3", 16, False),
-        ("r1", 1024, False),
-        ("rs-6-3", 1024, False),
-        ("rs-6-3", 16, True),
+    assert [(c.encoding, c.ranks, c.fail, c.slow) for c in got] == [
+        ("r1", 16, False, False),
+        ("rs-6-3", 16, False, False),
+        ("r1", 1024, False, False),
+        ("rs-6-3", 1024, False, False),
+        ("rs-6-3", 16, True, False),
+        ("rs-6-3", 16, False, True),
     ]
+    assert len(sim.cases(["r1"], [16], fail=False)) == 1
 
 
 def test_the_this_machine_preset_is_an_embedded_cluster_of_the_measured_figures() -> None:

@@ -678,3 +678,40 @@ def test_chunk_write_failure_on_a_cluster_as_wide_as_the_encoding(tmp_path: Path
         assert await c.client().read_file("/f") == DATA["rs-6-3"]
 
     run_with(root, go)
+
+
+def test_an_embedded_node_slowed_by_30_s_stalls_neither_quorum_writes_nor_reads(
+    tmp_path: Path,
+) -> None:
+    """``Cluster.set_node_delay`` on an embedded node (a ``LocalNode``), in virtual time over
+    the real nodes' I/O: each of its calls waits 30 s first. RS(6,3) on nine nodes puts a
+    chunk of every block there; writes at quorum are acknowledged by the other eight, and
+    reads race its chunks against parity, so neither waits the 30 s; a call to it does."""
+    from tectonic_emu import clock
+    from tectonic_emu.errors import InvalidArgumentError
+
+    from .conftest import SMALL_BLOCK, make_cluster
+
+    root = make_cluster(tmp_path / "c", nodes=9, encoding="rs-6-3", disks_per_node=1)
+    data = os.urandom(4 * SMALL_BLOCK * 6)
+
+    async def main() -> None:
+        async with Cluster.open(root, write_ack="quorum") as c:
+            client = c.client()
+            await c.set_node_delay(0, 30.0)
+            t0 = clock.monotonic()
+            await client.write_file("/f", data)
+            assert await client.read_file("/f") == data
+            assert clock.monotonic() - t0 < 30
+            t0 = clock.monotonic()
+            await c.nodes[0].usage()
+            assert clock.monotonic() - t0 >= 30
+            for bad in (-1.0, float("nan"), 3601.0):
+                with pytest.raises(InvalidArgumentError, match="delay must be"):
+                    await c.set_node_delay(0, bad)
+            await c.set_node_delay(0, 0.0)
+            t0 = clock.monotonic()
+            await c.nodes[0].usage()
+            assert clock.monotonic() - t0 < 1
+
+    clock.run_virtual(main())

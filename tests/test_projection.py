@@ -196,6 +196,25 @@ def test_servers_killed_mid_save_slow_it_but_every_rank_commits() -> None:
         project_checkpoint(dataclasses.replace(base, fail_servers=18))
 
 
+def test_a_slow_server_is_written_and_read_around() -> None:
+    """One of 18 servers adds 30 s to every call. The save's hedged writes place blocks
+    on the servers that answer their reservations first, and the load reads around it
+    (hedged reads race parity), so neither waits the 30 s. The same seed slows the same
+    server, never a failed one."""
+    base = Scenario("llama3-8b", 16, "rs-6-3", SMALL, scale=0.1)
+    slow = dataclasses.replace(base, slow_servers=1, slow_by=30.0)
+    got = project_checkpoint(slow)
+    assert len(got.slow_servers) == 1 and got.slow_servers == project_checkpoint(slow).slow_servers
+    assert got.duration_s < 30 and got.load is not None and got.load.duration_s < 30
+    both = project_checkpoint(
+        dataclasses.replace(slow, fail_servers=2, slow_servers=16, load=False, scale=0.01)
+    )  # every server that is not down is slow
+    assert sorted(both.slow_servers + both.failed_servers) == list(range(18))
+    for bad in ({"slow_servers": 19}, {"slow_by": -1.0}, {"slow_by": float("inf")}):
+        with pytest.raises(InvalidArgumentError, match="--slow"):
+            project_checkpoint(dataclasses.replace(slow, **bad))
+
+
 def test_checkpointers_sharing_indexes_decode_a_manifest_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -237,8 +256,10 @@ def test_checkpointers_sharing_indexes_decode_a_manifest_once(
 def test_periodic_steps_back_up_when_saves_outlast_the_interval_and_async_frees_the_ranks() -> None:
     """Three steps due 1 s apart, each save about 3 s: synchronous saves queue behind each
     other, so each step's duration (from when it was due) grows; with save_async every rank
-    is blocked only while its state is staged, far less than its step takes to commit. The
-    load reads the last step, with retention keeping one."""
+    is blocked only while its state is staged, far less than its step takes to commit
+    (staging takes turns on the rank's event loop with the copies of the steps before into
+    block buffers, so a later step is blocked longer). The load reads the last step, with
+    retention keeping one."""
     base = Scenario("llama3-8b", 16, "rs-6-3", SMALL, steps=3, interval=1.0, keep_last=1)
     sync = project_checkpoint(base)
     durations = [s.duration_s for s in sync.steps]
@@ -252,7 +273,8 @@ def test_periodic_steps_back_up_when_saves_outlast_the_interval_and_async_frees_
     assert cpu_bound.bound_by == "client CPUs"
     assert all(cpu_bound.lower_bound_s <= s.duration_s for s in cpu_bound.steps)
     asy = project_checkpoint(dataclasses.replace(base, async_save=True))
-    assert all(0 < s.blocked_max_s < s.duration_s / 4 for s in asy.steps)
+    assert all(0 < s.blocked_max_s < s.duration_s / 3 for s in asy.steps)
+    assert asy.steps[0].blocked_max_s < asy.steps[0].duration_s / 8
     with pytest.raises(InvalidArgumentError, match="--steps"):
         project_checkpoint(dataclasses.replace(base, steps=0))
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from tectonic_emu import clock
 from tectonic_emu.chunkstore import FaultyNode, LocalNode, MemoryNode
 from tectonic_emu.cluster import Cluster
-from tectonic_emu.coding import codec_for, crc32c, crc32c_each, crc32c_many, maybe_compress
+from tectonic_emu.coding import codec_for, crc32c, crc32c_each, crc32c_many, maybe_compress, work
 from tectonic_emu.coding.compression import decompress
 from tectonic_emu.coding.reed_solomon import parity_bytes
 from tectonic_emu.coding.synthetic import Payload, Segment, Synthetic
@@ -227,3 +227,44 @@ def test_a_memory_node_keeps_the_description_and_checks_it() -> None:
             await node.read_chunk(0, "c.0")
 
     asyncio.run(main())
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    pieces=st.lists(
+        st.tuples(
+            st.integers(0, 3).map(lambda k: k << 20) | st.integers(0, 3 << 20),  # block: 1 MiB
+            st.sampled_from(["view", "bytes", "owned"]),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_a_writer_counts_the_same_block_buffer_copies_for_synthetic_pieces(
+    pieces: list[tuple[int, str]],
+) -> None:
+    """Appending Synthetic pieces counts the copies into block buffers that the bytes they
+    describe get: a buffer's (a memoryview's) copied whole, an immutable or owned piece's
+    whole blocks handed over in place when it starts a block (coding/work.py)."""
+    values = [Synthetic.random(k, n) for k, (n, _) in enumerate(pieces)]
+
+    async def counted(synthetic: bool) -> dict[str, int]:
+        cluster, _ = memory_cluster("r1")
+        await cluster.meta.ensure_root(clock.wall())
+        tally = work.Tally()
+        with tally.active():
+            async with cluster.client().open_writer("/f") as w:
+                for value, (_, kind) in zip(values, pieces, strict=True):
+                    real = value.materialize()
+                    if kind == "bytes":
+                        await w.append(real)  # a literal in a synthetic run too
+                    elif synthetic:
+                        await w.append(value, owned=kind == "owned")
+                    else:
+                        await w.append(memoryview(real), owned=kind == "owned")
+        return tally.total
+
+    real = clock.run_virtual(counted(False))
+    assert clock.run_virtual(counted(True)).get("copy-warm", 0) == real.get("copy-warm", 0)
+    held = sum(n for n, kind in pieces if kind == "view")
+    assert real.get("copy-warm", 0) >= held  # a buffer's bytes are copied, every one

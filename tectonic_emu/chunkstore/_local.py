@@ -114,7 +114,9 @@ class LocalNode(StorageNode):
     ``sync=False`` skips fdatasync and directory fsync (page-cache mode: fast, not crash-safe).
     ``executor`` runs the blocking I/O; when None the node makes its own (8 threads) and shuts
     it down in ``close()``. Set ``available = False`` to make the node answer nothing
-    (every coroutine raises NodeUnavailableError) until it is set back to True.
+    (every coroutine raises NodeUnavailableError) until it is set back to True, and
+    ``delay`` to a number of seconds that every call waits first (a slow node, in this
+    process: ``Cluster.set_node_delay``).
 
     ``read_chunk`` returns a read-only view of a fresh ``bytes`` object that the caller alone
     holds: glibc recycles freed heap blocks (up to 32 MiB), so this is as fast as a buffer pool
@@ -137,6 +139,7 @@ class LocalNode(StorageNode):
         self.disks = disks
         self.sync = sync
         self.available = True
+        self.delay = 0.0
         self._closed = False
         self._own_executor: concurrent.futures.ThreadPoolExecutor | None = None
         if executor is None:
@@ -170,6 +173,12 @@ class LocalNode(StorageNode):
         if chunk_id is not None:
             check_chunk_id(chunk_id)
 
+    async def _enter(self) -> None:
+        """Wait out ``delay``, then raise NodeUnavailableError if the node is down or closed."""
+        if self.delay > 0:
+            await asyncio.sleep(self.delay)
+        self._check_up()
+
     def _check_up(self) -> None:
         if self._closed:
             raise NodeUnavailableError(f"node {self.node_id} is closed")
@@ -191,7 +200,7 @@ class LocalNode(StorageNode):
         or cancellation no file of this write remains; cancellation waits for the worker thread
         to stop (at most one fdatasync) so that this holds when CancelledError propagates.
         """
-        self._check_up()
+        await self._enter()
         view = as_byte_view(stored_bytes(payload, self.node_id))
         path = self.chunk_path(disk, chunk_id)
         job = _WriteJob(chunk_id, path, pack_header(chunk_id, view.nbytes, crc32c, flags), view)
@@ -270,7 +279,7 @@ class LocalNode(StorageNode):
         Raises ChunkNotFoundError, ChunkCorruptError (checksum, size or header mismatch; also
         for a chunk still being written), InvalidArgumentError, NodeUnavailableError.
         """
-        self._check_up()
+        await self._enter()
         path = self.chunk_path(disk, chunk_id)
         payload, info = await self._run(self._read_file, disk, chunk_id, path)
         return memoryview(payload), info
@@ -293,7 +302,7 @@ class LocalNode(StorageNode):
         """Read the payload straight into ``dest`` (one ``preadv``, no buffer of our own) and
         check it. If cancelled, waits for the worker's read to end before it re-raises, so
         nothing lands in ``dest`` afterwards."""
-        self._check_up()
+        await self._enter()
         path = self.chunk_path(disk, chunk_id)
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(self._executor, self._read_file_into, disk, chunk_id, path, dest)
@@ -351,7 +360,7 @@ class LocalNode(StorageNode):
         information, checked against the file size, and the offset of its payload, which is
         not read or checked (the node server sends it with ``sendfile``, and its client
         checks it). Raises as ``stat_chunk``."""
-        self._check_up()
+        await self._enter()
         return await self._run(self._open_checked, disk, chunk_id, self.chunk_path(disk, chunk_id))
 
     def _open_checked(self, disk: int, chunk_id: str, path: str) -> tuple[int, ChunkInfo, int]:
@@ -370,13 +379,13 @@ class LocalNode(StorageNode):
     async def delete_chunk(self, disk: int, chunk_id: str) -> None:
         """Unlink the chunk file; no error if absent. Not fsynced: a delete lost in a crash
         leaves an orphan chunk for garbage collection, never wrong data."""
-        self._check_up()
+        await self._enter()
         await self._run(_unlink_quiet, self.chunk_path(disk, chunk_id))
 
     async def stat_chunk(self, disk: int, chunk_id: str) -> ChunkInfo:
         """Header information, checked against the file size (so a torn file raises
         ChunkCorruptError); the payload is not read."""
-        self._check_up()
+        await self._enter()
         return await self._run(self._stat_file, disk, chunk_id, self.chunk_path(disk, chunk_id))
 
     def _stat_file(self, disk: int, chunk_id: str, path: str) -> ChunkInfo:
@@ -395,7 +404,7 @@ class LocalNode(StorageNode):
         chunk ids are skipped). A file whose header is unreadable is still listed, so garbage
         collection and scrubbing see it: with crc32c=0, flags=0 and the stored_len its size
         implies. A chunk being written is listed too; collectors should spare recent mtimes."""
-        self._check_up()
+        await self._enter()
         self._check_args(disk)
         return await self._run(self._list_disk, disk)
 
@@ -415,7 +424,7 @@ class LocalNode(StorageNode):
 
     async def usage(self) -> list[DiskUsage]:
         """Per disk: chunk files, their total size (headers included) and free bytes."""
-        self._check_up()
+        await self._enter()
         return await self._run(self._usage_sync)
 
     def _usage_sync(self) -> list[DiskUsage]:
@@ -442,7 +451,7 @@ class LocalNode(StorageNode):
     ) -> None:
         """Test hook: leave what a writer killed mid-write leaves (the header and the first
         ``keep`` payload bytes, no fsync, no cleanup)."""
-        self._check_up()
+        await self._enter()
         view = as_byte_view(stored_bytes(payload, self.node_id))
         path = self.chunk_path(disk, chunk_id)
         header = pack_header(chunk_id, view.nbytes, crc32c, flags)

@@ -17,6 +17,7 @@ from tectonic_emu.buffers import BytesLike
 from tectonic_emu.coding.synthetic import Payload, Synthetic
 from tectonic_emu.errors import ChunkCorruptError, InvalidArgumentError, NodeUnavailableError
 
+MAX_NODE_DELAY = 3600.0  # seconds: the most a slowed node (served or embedded) adds a call
 _CHUNK_ID = re.compile(r"[0-9a-z][0-9a-z.\-]{0,63}")
 
 
@@ -138,6 +139,7 @@ class StorageNode(abc.ABC):
 
 
 __all__ = [
+    "MAX_NODE_DELAY",
     "BytesLike",
     "ChunkData",
     "ChunkInfo",

@@ -34,7 +34,7 @@ from typing import Any
 
 from tectonic_emu.chunkstore import auth, limits, wire
 from tectonic_emu.chunkstore._local import LocalNode
-from tectonic_emu.chunkstore.base import BytesLike
+from tectonic_emu.chunkstore.base import MAX_NODE_DELAY, BytesLike
 from tectonic_emu.chunkstore.netem import LinkModel, Pacer, ReadGate
 from tectonic_emu.chunkstore.wire import HEADER_SIZE, MAX_META, FrameError, Header, Op
 from tectonic_emu.coding import crc32c
@@ -213,8 +213,8 @@ class NodeServer:
             return b"", b"", 0
         if h.op == Op.SET_DELAY:
             (delay,) = _unpack_exact(wire.DELAY, meta)
-            if not 0.0 <= delay <= 3600.0:
-                raise InvalidArgumentError(f"delay must be 0..3600 s, not {delay}")
+            if not 0.0 <= delay <= MAX_NODE_DELAY:
+                raise InvalidArgumentError(f"delay must be 0..{MAX_NODE_DELAY:g} s, not {delay}")
             self.delay = delay
             return b"", b"", 0
         raise InvalidArgumentError(f"op {h.op} not served")  # unreachable: checked in header

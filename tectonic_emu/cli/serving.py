@@ -22,6 +22,7 @@ from tectonic_emu.config import (
     parse_duration,
     parse_size,
 )
+from tectonic_emu.errors import InvalidArgumentError
 
 
 # -- serving ---------------------------------------------------------------------------------
@@ -264,6 +265,11 @@ def node_slow(cluster_dir: Path, node: int, delay: str) -> None:
     seconds = parse_duration(delay)
 
     async def go(c: Cluster) -> None:
+        if not c.served:  # an embedded node's delay would end with this command's process
+            raise InvalidArgumentError(
+                "only a served node can be slowed from the command line (run `tectonic-emu "
+                "serve` first)"
+            )
         await c.set_node_delay(node, seconds)
 
     run(with_cluster(cluster_dir, go))

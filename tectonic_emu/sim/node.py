@@ -21,6 +21,7 @@ node.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar, overload
 
@@ -38,7 +39,8 @@ T = TypeVar("T")
 
 class ModelServer:
     """One modelled storage server (module docstring). ``available`` is its power switch,
-    seen by every client's ``ModelNode``."""
+    seen by every client's ``ModelNode``; ``delay`` slows each call it answers, as
+    ``Cluster.set_node_delay`` does a real node."""
 
     def __init__(
         self, node_id: int, host: Host, disks: Sequence[Disk], *, capacity: int = 1 << 50
@@ -50,6 +52,7 @@ class ModelServer:
         self.disks = list(disks)
         self.store = MemoryNode(node_id, len(self.disks), capacity=capacity)
         self.available = True
+        self.delay = 0.0  # seconds added to every call (a slow server)
         self.cpu: work.Tally | None = None  # where its CPU work is charged (None: free)
 
     async def spend(self, kind: str, nbytes: int) -> None:
@@ -111,6 +114,8 @@ class ModelNode(StorageNode):
         await work.settle()
         await self.fabric.send(self.client, self.server.host, FRAME_BYTES + sent)
         self._check_up()  # it may have gone down while the frame was on the wire
+        if self.server.delay > 0:
+            await asyncio.sleep(self.server.delay)
         try:
             result = await answer()
         except Exception:
