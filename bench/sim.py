@@ -64,8 +64,6 @@ MODEL = "llama3-8b"
 FAIL_AT_S = 1.0  # seconds into the save when the failure scenario's node stops
 SLOW_BY_S = 0.2  # seconds the slow-node scenario's node adds to every call
 TARGET = 0.15
-CORES = os.cpu_count() or 1  # the threads of the fresh-memory measurement before each load
-_FRESH_SAMPLE = os.urandom(8 << 20)  # what it copies
 # The burst beside the paper: llama3-405b on the 24,576 GPUs of one of Meta's clusters.
 PAPER_MODEL, PAPER_ENCODING, PAPER_RANKS = "llama3-405b", "rs-9-6", 24576
 PAPER_TARGET = 0.20
@@ -137,11 +135,13 @@ class SimBench:
         return asdict(self)
 
 
-async def _real(case: Case, scale: float, directory: Path) -> tuple[float, float, float]:
+async def _real(
+    case: Case, scale: float, directory: Path, cores: int
+) -> tuple[float, float, float]:
     """(save seconds, load seconds, fresh memory GB/s) of ``case`` on an embedded cluster in
     ``directory``: every rank from a common start to its commit, then (caches dropped) the
-    host's rate of fresh memory as the load is about to meet it, then every rank's load of
-    its own state."""
+    host's rate of fresh memory as the load is about to meet it (``cores`` threads), then
+    every rank's load of its own state."""
     plan = checkpoint_plan(MODEL, case.ranks, scale)
     data = memoryview(os.urandom(plan.total))
     states, at = [], 0
@@ -169,7 +169,8 @@ async def _real(case: Case, scale: float, directory: Path) -> tuple[float, float
                 stop.cancel()  # a save done before FAIL_AT_S: no node to stop after it
             await cluster.datapath.drain()
             drop_caches()
-            fresh = await asyncio.to_thread(fresh_memory_gb_s, _FRESH_SAMPLE, threads=CORES)
+            sample = os.urandom(8 << 20)
+            fresh = await asyncio.to_thread(fresh_memory_gb_s, sample, threads=cores)
             t0 = time.perf_counter()
             got = await asyncio.gather(*(ckpt.load(r, 1) for r in range(case.ranks)))
             load = time.perf_counter() - t0
@@ -244,7 +245,7 @@ async def run_sim_bench(
     for rnd in range(runs):
         for case in todo:
             stage(f"round {rnd + 1}/{runs}: {case.name}")
-            save, load, gb_s = await _real(case, scale, directory)
+            save, load, gb_s = await _real(case, scale, directory, machine.cores)
             rows[case.name].real_s.append(save)
             fresh[case.name].append(gb_s)
             if not case.fail:

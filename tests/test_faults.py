@@ -33,6 +33,7 @@ from tectonic_emu import (
     DataUnavailableError,
     Encoding,
     NotEnoughNodesError,
+    clock,
 )
 from tectonic_emu.chunkstore import FaultyNode
 from tectonic_emu.chunkstore._format import (
@@ -42,10 +43,11 @@ from tectonic_emu.chunkstore._format import (
     encode_chunk,
 )
 from tectonic_emu.coding import crc32c
+from tectonic_emu.errors import InvalidArgumentError
 from tectonic_emu.services import collect_garbage, repair, scrub
 from tectonic_emu.services.scrub import ScrubReport
 
-from .conftest import run_with
+from .conftest import SMALL_BLOCK, make_cluster, run_with
 
 BLOCK = 16 << 10  # the clusters' block size: the size of every chunk
 
@@ -687,11 +689,6 @@ def test_an_embedded_node_slowed_by_30_s_stalls_neither_quorum_writes_nor_reads(
     the real nodes' I/O: each of its calls waits 30 s first. RS(6,3) on nine nodes puts a
     chunk of every block there; writes at quorum are acknowledged by the other eight, and
     reads race its chunks against parity, so neither waits the 30 s; a call to it does."""
-    from tectonic_emu import clock
-    from tectonic_emu.errors import InvalidArgumentError
-
-    from .conftest import SMALL_BLOCK, make_cluster
-
     root = make_cluster(tmp_path / "c", nodes=9, encoding="rs-6-3", disks_per_node=1)
     data = os.urandom(4 * SMALL_BLOCK * 6)
 
