@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tectonic_emu import clock
-from tectonic_emu.chunkstore import FaultyNode, MemoryNode
-from tectonic_emu.coding import Encoding
+from tectonic_emu.chunkstore import FaultyNode, LocalNode, MemoryNode
+from tectonic_emu.coding import Encoding, crc32c
 from tectonic_emu.datapath import DataPath
 from tectonic_emu.hedging import DEFAULT_HEDGE_AFTER
 from tectonic_emu.offload import InlineExecutor
@@ -115,6 +116,33 @@ def test_work_on_a_thread_takes_no_virtual_time() -> None:
             start = clock.monotonic()
             await asyncio.wait_for(loop.run_in_executor(pool, time.sleep, 0.2), timeout=0.01)
             return clock.monotonic() - start
+
+    assert clock.run_virtual(main()) == 0.0
+
+
+def test_a_local_nodes_chunk_write_on_its_pool_takes_no_virtual_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LocalNode's writes go to its own pool of disk threads; while one runs (here held 0.2 s
+    of real time) the clock stands still, so a 10 ms virtual timeout does not fire. (It once
+    submitted to the pool directly, out of the loop's sight, and the clock jumped to the next
+    timer mid-write: a slowed node's 30 s delay ended while its peers' writes were running.)"""
+    node = LocalNode(tmp_path / "node", node_id=0, disks=1, sync=False)
+    real = LocalNode._write_file
+
+    def held(self: LocalNode, disk: int, job: Any) -> None:
+        time.sleep(0.2)
+        real(self, disk, job)
+
+    monkeypatch.setattr(LocalNode, "_write_file", held)
+
+    async def main() -> float:
+        start = clock.monotonic()
+        await asyncio.wait_for(node.write_chunk(0, "c", b"x" * 10, crc32c=crc32c(b"x" * 10)), 0.01)
+        data, _ = await node.read_chunk(0, "c")
+        assert bytes(data) == b"x" * 10
+        await node.close()
+        return clock.monotonic() - start
 
     assert clock.run_virtual(main()) == 0.0
 

@@ -205,13 +205,13 @@ class LocalNode(StorageNode):
         path = self.chunk_path(disk, chunk_id)
         job = _WriteJob(chunk_id, path, pack_header(chunk_id, view.nbytes, crc32c, flags), view)
         loop = asyncio.get_running_loop()
-        cf = self._executor.submit(self._write_file, disk, job)
-        fut = asyncio.wrap_future(cf, loop=loop)
+        # Through the loop (not executor.submit), so a virtual-time loop sees the job out
+        # on a thread and holds its clock till it is back (clock.py).
+        fut = loop.run_in_executor(self._executor, self._write_file, disk, job)
         try:
             await asyncio.shield(fut)
         except asyncio.CancelledError:
-            job.abort.set()
-            cf.cancel()  # drops the job if no worker picked it up yet
+            job.abort.set()  # a job no worker picked up yet stops at once
             await _settle(fut)
             if job.created:  # the worker finished before it saw the abort
                 await _settle(loop.run_in_executor(self._executor, _unlink_best_effort, path))
