@@ -106,6 +106,22 @@ class _WriteJob:
         self.abort = threading.Event()
         # True while a file this job created exists; only the worker sets it.
         self.created = False
+        # Whether a worker took the job; under ``_taking`` with the abort, so that exactly
+        # one of the two sides decides whether the job runs.
+        self.taken = False
+        self._taking = threading.Lock()
+
+    def take(self) -> bool:
+        """The worker's: take the job, unless it was aborted first."""
+        with self._taking:
+            self.taken = not self.abort.is_set()
+            return self.taken
+
+    def drop(self) -> bool:
+        """The waiter's: abort the job; True if no worker had taken it (it never will)."""
+        with self._taking:
+            self.abort.set()
+            return not self.taken
 
 
 class LocalNode(StorageNode):
@@ -211,14 +227,16 @@ class LocalNode(StorageNode):
         try:
             await asyncio.shield(fut)
         except asyncio.CancelledError:
-            job.abort.set()  # a job no worker picked up yet stops at once
+            if job.drop():  # still queued: it will do nothing, so nothing to wait for
+                fut.add_done_callback(_retrieve)
+                raise
             await _settle(fut)
             if job.created:  # the worker finished before it saw the abort
                 await _settle(loop.run_in_executor(self._executor, _unlink_best_effort, path))
             raise
 
     def _write_file(self, disk: int, job: _WriteJob) -> None:
-        if job.abort.is_set():
+        if not job.take():
             raise _WriteAborted
         fan_dir = os.path.dirname(job.path)
         try:
@@ -624,6 +642,12 @@ def _unlink_best_effort(path: str) -> None:
     """Cleanup after a failed write: must not mask the error that caused it."""
     with contextlib.suppress(OSError):
         os.unlink(path)
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    """Mark a future's outcome seen: one that nobody awaits any more."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 async def _settle(fut: asyncio.Future[Any]) -> None:
