@@ -282,6 +282,12 @@ __all__ = ["checkpoint_cmd", "ckpt", "scale_cmd", "train_cmd"]
     show_default=True,
     help="llama3-405b's files times this, for that burst.",
 )
+@click.option(
+    "--keep-page-reporting",
+    is_flag=True,
+    help="Leave the VM's free page reporting on: freed memory goes back to the host and "
+    "comes back slowly, so loads swing 2-4x (held off by default, as root).",
+)
 @dir_option("Where the real runs' clusters go.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @plot_option
@@ -293,6 +299,7 @@ def sim_cmd(
     no_fail: bool,
     paper_ranks: int | None,
     paper_scale: float,
+    keep_page_reporting: bool,
     directory: Path,
     as_json: bool,
     plot_dir: Path | None,
@@ -320,5 +327,6 @@ def sim_cmd(
         fail=not no_fail,
         paper_ranks=mod.PAPER_RANKS if paper_ranks is None else paper_ranks,
         paper_scale=paper_scale,
+        hold_pages=not keep_page_reporting,
     )
     emit(result, as_json, plot_dir, mod)

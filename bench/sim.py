@@ -1,18 +1,22 @@
 """``tectonic-emu bench sim``: projections beside real runs on this machine (issue 20).
 
 Each run measures the ``this-machine`` preset first (``tectonic_emu/sim/machine.py``: the
-device by fio and a real ``LocalNode``, a node call, SQLite, the CPU). Then each scenario
+device by a real ``LocalNode`` and fio, a node call, SQLite, the CPU). Then each scenario
 runs for real (an embedded cluster in ``directory``, the real ``Checkpointer``, DLIO's
 files for llama3-8b scaled by ``scale``, random bytes) and projected (the same files as
 ``Synthetic`` values on ``this-machine``, in virtual time). Real runs take ``runs`` rounds,
 scenarios interleaved; the report gives each real duration's min/median/max, the
 projection, and the projection over the median. Target (issue 20): within 15%.
 
-Fresh memory is measured again in each round just before the load (``fresh_memory_gb_s``,
-after the save, as the load is about to meet it), and each scenario is projected on the
-median of its rounds' rates: on this kind of VM the rate swings 0.5-6 GB/s with what the
-host has taken back, and the one at the start of the run need not be the loads' (the
-projections therefore run after the real rounds).
+The machine is measured again beside each real run, since on a shared VM its rates swing
+from one minute to the next: the device just before the save (``measure_device``: a
+node's chunk writes and fio's reads, 1.2-1.8 and 2-3.7 GB/s on 2026-12-06), fresh memory
+just before the load (``fresh_memory_gb_s``, after the save, as the load is about to meet
+it). Each scenario is projected on the median of its rounds' rates (the projections
+therefore run after the real rounds). Fresh memory swung 0.5-6 GB/s with what the host had
+taken back of what the guest freed (free page reporting), so by default the run holds
+that off (as root; the order before is put back at the end) and ``SimBench.pages_held``
+says whether it could: the rate then is the guest's own, much the same from round to round.
 
 Scenarios: r1, r3 and rs-6-3 saves at 16 and 1,024 ranks, each followed by every rank's
 load of it, an rs-6-3 save with a node stopped ``FAIL_AT_S`` into it, and an rs-6-3 save
@@ -58,11 +62,21 @@ from clients.projection import (
 )
 from tectonic_emu import Cluster
 from tectonic_emu.sim.cpu import fresh_memory_gb_s
-from tectonic_emu.sim.machine import DISKS, NODES, Machine, drop_caches, measure
+from tectonic_emu.sim.machine import (
+    DISKS,
+    NODES,
+    Device,
+    Machine,
+    drop_caches,
+    measure,
+    measure_device,
+    page_reporting_held,
+)
 
 MODEL = "llama3-8b"
 FAIL_AT_S = 1.0  # seconds into the save when the failure scenario's node stops
 SLOW_BY_S = 0.2  # seconds the slow-node scenario's node adds to every call
+DEVICE_PROBE = 256 << 20  # bytes each way of the device's measurement before each real run
 TARGET = 0.15
 # The burst beside the paper: llama3-405b on the 24,576 GPUs of one of Meta's clusters.
 PAPER_MODEL, PAPER_ENCODING, PAPER_RANKS = "llama3-405b", "rs-9-6", 24576
@@ -101,6 +115,9 @@ class Row:
     projected_s: float = 0.0
     ratio: float = 0.0
     fresh_gb_s: float = 0.0  # the rate of fresh memory its projection took (module docstring)
+    write_gb_s: float = 0.0  # the device its projection took (module docstring)
+    read_gb_s: float = 0.0
+    write_latency_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,19 +146,30 @@ class SimBench:
     projection_wall_s: float  # all projections together
     load_avg: tuple[float, float, float]
     paper: PaperBurst | None = None  # None: not asked for (``paper_ranks=0``)
+    pages_held: bool = False  # free page reporting held off for the run (module docstring)
     cpu_count: int = field(default_factory=lambda: os.cpu_count() or 0)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-async def _real(
-    case: Case, scale: float, directory: Path, cores: int
-) -> tuple[float, float, float]:
-    """(save seconds, load seconds, fresh memory GB/s) of ``case`` on an embedded cluster in
-    ``directory``: every rank from a common start to its commit, then (caches dropped) the
-    host's rate of fresh memory as the load is about to meet it (``cores`` threads), then
-    every rank's load of its own state."""
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One real run of a case: its save and load (seconds), and the machine beside it:
+    the device and the host's fresh memory (GB/s)."""
+
+    save_s: float
+    load_s: float
+    device: Device
+    fresh_gb_s: float
+
+
+async def _real(case: Case, scale: float, directory: Path, cores: int) -> Round:
+    """``case`` on an embedded cluster in ``directory``: the device measured
+    (``measure_device``), every rank from a common start to its commit, then (caches
+    dropped) the host's rate of fresh memory as the load is about to meet it (``cores``
+    threads), then every rank's load of its own state."""
+    device = await measure_device(directory, DEVICE_PROBE)
     plan = checkpoint_plan(MODEL, case.ranks, scale)
     data = memoryview(os.urandom(plan.total))
     states, at = [], 0
@@ -178,9 +206,23 @@ async def _real(
                 if any(loaded[n] != bytes(v) for n, v in saved.items()):
                     raise RuntimeError(f"{case.name}: rank {r} loaded other bytes than it saved")
             await ckpt.close()
-        return save, load, fresh
+        return Round(save, load, device, fresh)
     finally:
         shutil.rmtree(root.parent, ignore_errors=True)
+
+
+def _beside(machine: Machine, rounds: Sequence[Round]) -> Machine:
+    """``machine`` with the device and fresh memory as its ``rounds`` met them: the median
+    of each (module docstring)."""
+    if not rounds:
+        return machine
+    return replace(
+        machine,
+        write_gb_s=statistics.median(r.device.write_gb_s for r in rounds),
+        read_gb_s=statistics.median(r.device.read_gb_s for r in rounds),
+        write_latency_s=statistics.median(r.device.write_latency_s for r in rounds),
+        fresh_gb_s=statistics.median(r.fresh_gb_s for r in rounds),
+    )
 
 
 def _projected(case: Case, scale: float, preset: Preset) -> tuple[float, float]:
@@ -228,16 +270,39 @@ async def run_sim_bench(
     fail: bool = True,
     paper_ranks: int = PAPER_RANKS,
     paper_scale: float = 1.0,
+    hold_pages: bool = True,
     step: Step = no_step,
 ) -> SimBench:
     """``paper_ranks``: the ranks of the projection beside the paper (0: none), its files
-    times ``paper_scale``."""
+    times ``paper_scale``. ``hold_pages``: hold free page reporting off for the run, where
+    this process may (module docstring)."""
+    if not hold_pages:
+        return await _run(directory, scale, runs, encodings, ranks, fail, paper_ranks,
+                          paper_scale, step)  # fmt: skip
+    with page_reporting_held() as held:
+        res = await _run(directory, scale, runs, encodings, ranks, fail, paper_ranks,
+                         paper_scale, step)  # fmt: skip
+    res.pages_held = held
+    return res
+
+
+async def _run(
+    directory: Path,
+    scale: float,
+    runs: int,
+    encodings: Sequence[str],
+    ranks: Sequence[int],
+    fail: bool,
+    paper_ranks: int,
+    paper_scale: float,
+    step: Step,
+) -> SimBench:
     todo = cases(encodings, ranks, fail)
     stage = Stages(step, 1 + len(todo) * (runs + 1) + bool(paper_ranks))
     stage("measuring this machine")
     machine = await measure(directory)
     rows: dict[str, Row] = {}
-    fresh: dict[str, list[float]] = {case.name: [] for case in todo}
+    rounds: dict[str, list[Round]] = {case.name: [] for case in todo}
     for case in todo:
         rows[case.name] = Row(case.name)
         if not case.fail:
@@ -245,21 +310,22 @@ async def run_sim_bench(
     for rnd in range(runs):
         for case in todo:
             stage(f"round {rnd + 1}/{runs}: {case.name}")
-            save, load, gb_s = await _real(case, scale, directory, machine.cores)
-            rows[case.name].real_s.append(save)
-            fresh[case.name].append(gb_s)
+            got = await _real(case, scale, directory, machine.cores)
+            rounds[case.name].append(got)
+            rows[case.name].real_s.append(got.save_s)
             if not case.fail:
-                rows[f"{case.name}: load"].real_s.append(load)
+                rows[f"{case.name}: load"].real_s.append(got.load_s)
     t0 = time.perf_counter()
     for case in todo:
         stage(f"projecting {case.name}")
-        met = statistics.median(fresh[case.name]) if fresh[case.name] else machine.fresh_gb_s
-        preset = machine_preset(replace(machine, fresh_gb_s=met))
-        save, load = await asyncio.to_thread(_projected, case, scale, preset)
-        rows[case.name].projected_s, rows[case.name].fresh_gb_s = save, met
-        if not case.fail:
-            rows[f"{case.name}: load"].projected_s = load
-            rows[f"{case.name}: load"].fresh_gb_s = met
+        met = _beside(machine, rounds[case.name])
+        save, load = await asyncio.to_thread(_projected, case, scale, machine_preset(met))
+        mine = [rows[case.name]] + ([] if case.fail else [rows[f"{case.name}: load"]])
+        for row, seconds in zip(mine, (save, load), strict=False):
+            row.projected_s = seconds
+            row.write_gb_s, row.read_gb_s = met.write_gb_s, met.read_gb_s
+            row.write_latency_s = met.write_latency_s
+            row.fresh_gb_s = met.fresh_gb_s
     wall = time.perf_counter() - t0
     for row in rows.values():
         row.ratio = row.projected_s / statistics.median(row.real_s) if row.real_s else 0.0
@@ -323,23 +389,30 @@ def machine_table(res: SimBench) -> Table:
         t,
         "real = min/median/max of the rounds; ratio = projected / real median "
         f"(* : beyond the {TARGET:.0%} target)",
-        f"this machine: device {m.write_gb_s:.2f} GB/s write, {m.read_gb_s:.2f} read"
+        f"this machine: device {m.write_gb_s:.2f} GB/s write (a chunk alone "
+        f"{m.write_latency_s * 1e3:.1f} ms more), {m.read_gb_s:.2f} read"
         f"{'' if m.cold_reads else ' (warm: not root)'}; {m.write_iops:,.0f}/{m.read_iops:,.0f}"
         f" small ops/s; a node call {m.call_s * 1e6:,.0f} us"
         f" ({m.call_cpu_s * 1e6:,.0f} of it the loop's); a metadata transaction "
         f"{m.txn_s * 1e3:.2f} ms; {m.cores} cores; fresh memory {m.fresh_gb_s:.2f} GB/s at "
-        f"the start, {_span([r.fresh_gb_s for r in res.rows])} before the loads (each "
-        "scenario projected on its rounds' median)",
-        f"load average {res.load_avg[0]:.1f}; projections took {res.projection_wall_s:.1f} s",
+        "the start",
+        f"beside the real runs (each scenario projected on its rounds' medians): device "
+        f"{_span([r.write_gb_s for r in res.rows])} write, "
+        f"{_span([r.read_gb_s for r in res.rows])} read, a chunk write alone waits "
+        f"{_span([r.write_latency_s * 1e3 for r in res.rows], 'ms')} more; fresh memory "
+        f"{_span([r.fresh_gb_s for r in res.rows])}",
+        f"load average {res.load_avg[0]:.1f}; projections took {res.projection_wall_s:.1f} s; "
+        "freed memory "
+        + ("held from the host" if res.pages_held else "reported to the host (not held)"),
     )
 
 
-def _span(rates: Sequence[float]) -> str:
-    """``rates`` (GB/s) as "a-b GB/s" (or one figure), those not measured (0) left out."""
-    got = sorted(r for r in rates if r > 0)
+def _span(figures: Sequence[float], unit: str = "GB/s") -> str:
+    """``figures`` as "a-b GB/s" (or one figure), those not measured (0) left out."""
+    got = sorted(r for r in figures if r > 0)
     if not got:
         return "not measured"
-    return f"{got[0]:.2f} GB/s" if got[0] == got[-1] else f"{got[0]:.2f}-{got[-1]:.2f} GB/s"
+    return f"{got[0]:.2f} {unit}" if got[0] == got[-1] else f"{got[0]:.2f}-{got[-1]:.2f} {unit}"
 
 
 def plot(res: SimBench, directory: Path) -> list[Path]:

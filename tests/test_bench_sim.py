@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 from pathlib import Path
 
 from bench import sim
 from bench.sim import run_sim_bench
+from tectonic_emu.sim.machine import PAGE_REPORTING
 
 
 def test_a_quick_run_measures_the_machine_and_pairs_each_real_run_with_its_projection(
@@ -16,9 +18,10 @@ def test_a_quick_run_measures_the_machine_and_pairs_each_real_run_with_its_proje
     """Two rounds of a tiny rs-6-3 save at 16 ranks, the same save with a node stopped and
     with a node slowed: every row has its real durations and its projection, the ratio is
     theirs, the machine's figures are measured (positive), and the projection's hardware is
-    built from them. The
+    built from them; free page reporting was held off where it could be, and put back. The
     burst beside the paper (here 256 ranks of a 0.5 GB llama3-405b) has its figures over the
     paper's."""
+    order_before = PAGE_REPORTING.read_text() if PAGE_REPORTING.exists() else ""
     res = asyncio.run(
         run_sim_bench(
             directory=tmp_path,
@@ -48,6 +51,8 @@ def test_a_quick_run_measures_the_machine_and_pairs_each_real_run_with_its_proje
     hw = m.hardware()
     assert hw.embedded and hw.devices == 1 and hw.disk.write_bw == m.write_gb_s * 1e9
     assert not list(tmp_path.iterdir())  # every cluster and file cleaned up
+    assert res.pages_held or os.geteuid() != 0 or not PAGE_REPORTING.exists()
+    assert not PAGE_REPORTING.exists() or PAGE_REPORTING.read_text() == order_before
     machine, paper = sim.table(res)
     assert "ratio = projected / real median" in str(machine.caption)
     p = res.paper
@@ -88,3 +93,26 @@ def test_the_this_machine_preset_is_an_embedded_cluster_of_the_measured_figures(
     got = project_checkpoint(sc)
     assert got.hosts == 1 and got.lower_bound_s <= got.duration_s
     assert got.load is not None and got.load.lower_bound_s <= got.load.duration_s
+
+
+def test_page_reporting_is_held_off_within_and_put_back_after(tmp_path: Path) -> None:
+    """The kernel's parameter (a file here) reads an order no block reaches while held, and
+    its order before once left, an error inside or not; where there is no such parameter
+    (no free page reporting, or not root), nothing is held and nothing is written."""
+    from tectonic_emu.sim.machine import NO_REPORTING_ORDER, page_reporting_held
+
+    param = tmp_path / "page_reporting_order"
+    param.write_text("9\n")
+    with page_reporting_held(param) as held:
+        assert held and param.read_text().strip() == str(NO_REPORTING_ORDER)
+    assert param.read_text().strip() == "9"
+    try:
+        with page_reporting_held(param):
+            raise KeyError("inside")
+    except KeyError:
+        pass
+    assert param.read_text().strip() == "9"
+    missing = tmp_path / "none" / "page_reporting_order"
+    with page_reporting_held(missing) as held:
+        assert not held
+    assert not missing.exists()

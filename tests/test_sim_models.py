@@ -74,6 +74,20 @@ def test_a_queue_depth_of_one_serialises_the_latency() -> None:
     assert took == pytest.approx(10 * (1e-3 + 1e-6), rel=1e-9)
 
 
+def test_writes_wait_their_own_latency_and_overlap_it() -> None:
+    """A write alone takes ``write_latency`` and its bytes, a read ``latency`` and its bytes;
+    eight writes at once wait their latency together and share the bandwidth (this
+    machine's synced chunk files: the journal commits overlap, sim/machine.py)."""
+    model = DiskModel("synced", 2e9, 1e9, 1e6, 1e6, 1e-4, 0.0, 32, "test", write_latency=2e-3)
+    assert timed(lambda: Disk(model).write(8 * MiB)) == pytest.approx(2e-3 + 8 * MiB / 1e9)
+    assert timed(lambda: Disk(model).read(8 * MiB)) == pytest.approx(1e-4 + 8 * MiB / 2e9)
+    disk = Disk(model)
+    took = timed(lambda: asyncio.gather(*(disk.write(8 * MiB) for _ in range(8))))
+    assert took == pytest.approx(2e-3 + 64 * MiB / 1e9)
+    with pytest.raises(ValueError, match="write_latency"):
+        DiskModel("bad", 1e9, 1e9, 1.0, 1.0, 0.0, 0.0, 1, "", write_latency=-1.0)
+
+
 def test_disk_presets_name_their_sources_and_bad_figures_are_refused() -> None:
     for model in PRESETS.values():
         assert "Assumed" in model.source and len(model.source) > 80

@@ -7,7 +7,8 @@ bandwidth; many small ones together reach the IOPS figure and no more. Concurren
 share the device. On top of that:
 
 - ``latency``: seconds each operation waits that overlap with other operations, such as a
-  flash page read or program;
+  flash page read or program; ``write_latency``, where given, is the writes' (a file
+  system's journal commit behind each synced chunk file, on this machine);
 - ``seek``: seconds of the device's own time, such as a disk head's seek and rotation;
 - ``queue_depth``: at most this many operations in the device at once; the others wait
   for a slot, as in the block layer's queue.
@@ -38,14 +39,17 @@ class DiskModel:
     seek: float  # per operation, of the device's own time
     queue_depth: int
     source: str
+    write_latency: float | None = None  # None: ``latency``
 
     def __post_init__(self) -> None:
         for field in ("read_bw", "write_bw", "read_iops", "write_iops"):
             value = getattr(self, field)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{self.name}: {field} must be positive, not {value}")
-        for field in ("latency", "seek"):
+        for field in ("latency", "seek", "write_latency"):
             value = getattr(self, field)
+            if value is None:
+                continue
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{self.name}: {field} must be 0 or more, not {value}")
         if self.queue_depth < 1:
@@ -118,9 +122,12 @@ class Disk:
         return self.time.worth_so_far()
 
     async def _io(self, nbytes: int, *, write: bool) -> None:
+        latency = self.model.latency
+        if write and self.model.write_latency is not None:
+            latency = self.model.write_latency
         async with self._slots:
-            if self.model.latency:
-                await asyncio.sleep(self.model.latency)
+            if latency:
+                await asyncio.sleep(latency)
             service = self.model.service(nbytes, write=write)
             await self.time.begin(service, worth=nbytes if write else 0.0)
         self.ops += 1

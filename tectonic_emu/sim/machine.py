@@ -2,10 +2,15 @@
 
 Measured by the code the real runs use, in a directory on the disk the runs use:
 
-- **the device:** its bandwidth by fio, direct I/O (no page cache, so no CPU copying
-  pages: that is charged as the nodes' ``copy`` work), 8 MiB requests, ``QUEUE_DEPTH`` at
-  once; its small operations by a real ``LocalNode`` writing (with fdatasync) and reading
-  back (page cache dropped, as root) 4 KiB chunks at that depth;
+- **the device:** its write bandwidth as a real ``LocalNode`` gets it, 8 MiB chunks
+  from page-aligned memory (``O_DIRECT``, no copy) each written and fdatasync'd, and its
+  read bandwidth by fio, direct I/O (no page cache, so no CPU copying pages: that is
+  charged as the nodes' ``copy`` work), 8 MiB requests; its small operations by a real
+  ``LocalNode`` writing (with fdatasync) and reading back (page cache dropped, as root)
+  4 KiB chunks. All ``QUEUE_DEPTH`` at once, through a pool of as many threads: an
+  embedded cluster's I/O pool. fio's direct writes measured 2.0-2.8 GB/s on 2026-12-06
+  where the node's chunk writes got 1.5-1.8: each chunk file's fdatasync commits ext4's
+  journal, and fio's one file has no such commits;
 - **a node call:** a ``LocalNode.stat_chunk`` round trip through its I/O pool, the price
   of every call (embedded nodes have no network); and the same calls ``CALLS_AT_ONCE`` at
   once, whose time each is what the loop spends on a call, since their waits overlap:
@@ -29,15 +34,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import mmap
 import os
 import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from tectonic_emu.chunkstore import LocalNode
+from tectonic_emu.cluster import IO_THREADS
 from tectonic_emu.coding import crc32c
 from tectonic_emu.metadata import SQLiteKV
 from tectonic_emu.sim.cluster import Hardware
@@ -47,7 +56,8 @@ from tectonic_emu.sim.fabric import FabricModel
 from tectonic_emu.sim.metadata import MetadataModel
 
 NODES, DISKS = 9, 2  # an embedded cluster's (Cluster.create's defaults for rs-6-3)
-QUEUE_DEPTH = 8  # chunk operations at once in the device measurement
+QUEUE_DEPTH = IO_THREADS  # chunk operations at once in the device measurement
+BIG_CHUNK = 8 << 20  # the write bandwidth's chunks: a block of the default size at r1
 CALLS_AT_ONCE = 64  # node calls at once in the measurement of a call's cost on the loop
 
 
@@ -62,11 +72,41 @@ def drop_caches() -> bool:
     return True
 
 
+# The guest kernel's free page reporting (virtio-balloon): blocks of 2**order pages freed in
+# the guest are handed back to the host, and the next touch of each page waits for the host
+# to fault it in again. An order above the largest block the kernel has stops it.
+PAGE_REPORTING = Path("/sys/module/page_reporting/parameters/page_reporting_order")
+NO_REPORTING_ORDER = 11  # x86-64's largest block is order 10 (MAX_PAGE_ORDER)
+
+
+@contextmanager
+def page_reporting_held(path: Path = PAGE_REPORTING) -> Iterator[bool]:
+    """Within it, memory this guest frees stays its own (free page reporting off, root
+    only); the order before is put back at the end. Yields whether it was held: False where
+    the kernel reports no free pages, refuses the order, or the caller is not root.
+
+    On this project's VMs the host took freed memory back within seconds, and the next
+    touch of it ran at 0.4 GB/s against 1.1-1.5 with reporting held (2026-12-06, both
+    cores busy; ../shared/MACHINE.md's first quirk): a load's time followed what the host
+    had taken back, 2-4x from one round to the next."""
+    try:
+        before = path.read_text().strip()
+        path.write_text(f"{NO_REPORTING_ORDER}\n")
+        held = path.read_text().strip() == str(NO_REPORTING_ORDER)
+    except OSError:
+        yield False
+        return
+    try:
+        yield held
+    finally:
+        path.write_text(f"{before}\n")
+
+
 @dataclass(frozen=True, slots=True)
 class Machine:
     """What ``this-machine`` is made of, each figure measured (``measure``)."""
 
-    write_gb_s: float  # fio direct 8 MiB writes, QUEUE_DEPTH at once
+    write_gb_s: float  # a LocalNode's 8 MiB chunk writes, fdatasync'd, QUEUE_DEPTH at once
     read_gb_s: float  # fio direct 8 MiB reads
     write_iops: float  # 4 KiB chunk writes per second, QUEUE_DEPTH at once
     read_iops: float
@@ -78,6 +118,7 @@ class Machine:
     cold_reads: bool  # whether the page cache could be dropped (root)
     fresh_gb_s: float = 0.0  # copies into fresh memory, all threads together (0: not limited)
     call_cpu_s: float = 0.0  # the loop's time per node call, CALLS_AT_ONCE at once
+    write_latency_s: float = 0.0  # an 8 MiB chunk write alone, beyond bytes and call
 
     def hardware(self) -> Hardware:
         return Hardware(
@@ -89,6 +130,7 @@ class Machine:
                 read_iops=self.read_iops,
                 write_iops=self.write_iops,
                 latency=0.0,
+                write_latency=self.write_latency_s,
                 seek=0.0,
                 queue_depth=QUEUE_DEPTH,
                 name="this machine's device",
@@ -125,9 +167,8 @@ async def measure(directory: Path) -> Machine:
     work = Path(tempfile.mkdtemp(prefix="tectonic-sim-machine-", dir=directory))
     pool = concurrent.futures.ThreadPoolExecutor(QUEUE_DEPTH)
     try:
-        write_gb_s = await asyncio.to_thread(_fio, work / "raw.bin", "write")
-        read_gb_s = await asyncio.to_thread(_fio, work / "raw.bin", "read")
         node = LocalNode(work / "node", 0, 1, executor=pool)
+        device = await _device(node, work / "raw.bin")
         small = os.urandom(4096)
         write_small = await _chunk_ops(node, "s", small, 256)
         cold = drop_caches()
@@ -143,8 +184,9 @@ async def measure(directory: Path) -> Machine:
         pool.shutdown()
         shutil.rmtree(work, ignore_errors=True)
     return Machine(
-        write_gb_s=write_gb_s,
-        read_gb_s=read_gb_s,
+        write_gb_s=device.write_gb_s,
+        read_gb_s=device.read_gb_s,
+        write_latency_s=device.write_latency_s,
         write_iops=256 / write_small,
         read_iops=256 / read_small,
         call_s=call_s,
@@ -182,7 +224,7 @@ def _fio(path: Path, rw: str, size: int = 512 << 20) -> float:
 
 
 async def _chunk_ops(
-    node: LocalNode, prefix: str, payload: bytes, count: int, *, read: bool = False
+    node: LocalNode, prefix: str, payload: bytes | memoryview, count: int, *, read: bool = False
 ) -> float:
     """Seconds for ``count`` chunk writes (or reads) of ``payload``, QUEUE_DEPTH at once."""
     crc = crc32c(payload)
@@ -198,6 +240,70 @@ async def _chunk_ops(
     t0 = time.perf_counter()
     await asyncio.gather(*(one(k) for k in range(count)))
     return time.perf_counter() - t0
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """The device as a node uses it (module docstring): GB/s of chunk writes and of reads,
+    and the seconds a chunk write alone waits beyond its bytes and its call (fdatasync's
+    journal commit), which writes at once overlap."""
+
+    write_gb_s: float
+    read_gb_s: float
+    write_latency_s: float
+
+
+async def measure_device(directory: Path, total: int = 512 << 20) -> Device:
+    """The device under ``directory`` as ``measure`` takes it, ``total`` bytes each way:
+    on a shared VM its rates swing 1.2-1.8 (write) and 2-3.7 (read) GB/s from one minute to
+    the next (2026-12-06), so ``bench sim`` takes them again beside each real run."""
+    work = Path(tempfile.mkdtemp(prefix="tectonic-sim-device-", dir=directory))
+    pool = concurrent.futures.ThreadPoolExecutor(QUEUE_DEPTH)
+    try:
+        node = LocalNode(work / "node", 0, 1, executor=pool)
+        try:
+            return await _device(node, work / "raw.bin", total)
+        finally:
+            await node.close()
+    finally:
+        pool.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+async def _device(node: LocalNode, raw: Path, total: int = 512 << 20) -> Device:
+    """``node``'s chunk writes, fio's reads at ``raw`` (module docstring)."""
+    big = mmap.mmap(-1, BIG_CHUNK)
+    big.write(os.urandom(BIG_CHUNK))
+    try:
+        with memoryview(big) as view:
+            count = max(1, total // BIG_CHUNK)
+            write_gb_s = count * BIG_CHUNK / await _chunk_ops(node, "b", view, count) / 1e9
+            alone = await _one_at_a_time(node, view)
+    finally:
+        big.close()
+    for k in range(count):  # the small operations' measurement is not to find them
+        await node.delete_chunk(0, f"b{k}")
+    await asyncio.to_thread(_fio, raw, "write", total)  # a file to read
+    drop_caches()
+    read_gb_s = await asyncio.to_thread(_fio, raw, "read", total)
+    return Device(write_gb_s, read_gb_s, max(0.0, alone - BIG_CHUNK / (write_gb_s * 1e9)))
+
+
+async def _one_at_a_time(node: LocalNode, view: memoryview, count: int = 8) -> float:
+    """Seconds a BIG_CHUNK write takes alone, less a call's round trip (``stat_chunk``),
+    the mean of ``count``; the chunks deleted after."""
+    crc = crc32c(view)
+    t0 = time.perf_counter()
+    for k in range(count):
+        await node.write_chunk(0, f"a{k}", view, crc32c=crc)
+    write_s = (time.perf_counter() - t0) / count
+    t0 = time.perf_counter()
+    for k in range(count):
+        await node.stat_chunk(0, f"a{k}")
+    call_s = (time.perf_counter() - t0) / count
+    for k in range(count):
+        await node.delete_chunk(0, f"a{k}")
+    return max(0.0, write_s - call_s)
 
 
 async def _call_cost(node: LocalNode, calls: int = 2000) -> float:
@@ -237,4 +343,15 @@ async def _metadata(path: Path) -> tuple[float, float]:
         await kv.close()
 
 
-__all__ = ["DISKS", "NODES", "QUEUE_DEPTH", "Machine", "drop_caches", "measure"]
+__all__ = [
+    "DISKS",
+    "NODES",
+    "Device",
+    "QUEUE_DEPTH",
+    "Machine",
+    "drop_caches",
+    "measure",
+    "NO_REPORTING_ORDER",
+    "PAGE_REPORTING",
+    "page_reporting_held",
+]
