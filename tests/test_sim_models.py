@@ -262,6 +262,36 @@ def test_durable_writes_sync_their_log_on_the_device_they_share() -> None:
     assert hdd.bytes_written == 4096
 
 
+def test_commits_share_flushes_of_the_log_and_sync_waits_for_one() -> None:
+    """The real group commit (``GroupCommit``) on the model's log: a commit that need not be
+    durable costs the log nothing until ``sync``, which flushes its page; twenty durable
+    commits at once share a few flushes (one at a time, each covering every commit counted
+    before it began) instead of twenty, and every page appended is written once."""
+    hdd = Disk(HDD, name="shared")
+    kv = ModelKV(MetadataModel(1, 1e9, 0.0, log_bytes=4096), log=hdd)
+    page = HDD.service(4096, write=True)
+
+    async def put(k: int, *, durable: bool) -> None:
+        async with kv.transaction(durable=durable) as tx:
+            await tx.put(b"n\x00\x01%d" % k, b"v")
+
+    async def main() -> tuple[float, float, float]:
+        t0 = clock.monotonic()
+        await put(0, durable=False)
+        lazy = clock.monotonic() - t0
+        t0 = clock.monotonic()
+        await kv.sync()
+        synced = clock.monotonic() - t0
+        t0 = clock.monotonic()
+        await asyncio.gather(*(put(k, durable=True) for k in range(1, 21)))
+        return lazy, synced, clock.monotonic() - t0
+
+    lazy, synced, twenty = clock.run_virtual(main())
+    assert lazy == pytest.approx(0, abs=1e-9) and synced == pytest.approx(page, rel=1e-6)
+    assert twenty < 3 * page + 19 * 4096 / HDD.write_bw  # not 20 flushes one after another
+    assert hdd.bytes_written == 21 * 4096 and hdd.ops < 5
+
+
 @pytest.mark.parametrize("serial_s", [0.0, 1e-3])
 def test_a_store_of_one_connection_serves_one_transaction_at_a_time(serial_s: float) -> None:
     """Ten transactions at once on a store that holds each for 1 ms (SQLite's one
