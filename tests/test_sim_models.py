@@ -88,6 +88,33 @@ def test_writes_wait_their_own_latency_and_overlap_it() -> None:
         DiskModel("bad", 1e9, 1e9, 1.0, 1.0, 0.0, 0.0, 1, "", write_latency=-1.0)
 
 
+def test_a_flush_waits_for_the_writes_the_device_holds_then_writes_its_bytes() -> None:
+    """An fsync's barrier: a 4 KiB flush begun beside a 64 MiB write ends after it (and
+    its own page), where a plain 4 KiB write beside it takes its share and ends first; a
+    flush on an idle device is a write."""
+    model = DiskModel("d", 1e9, 1e9, 1e6, 1e6, 0.0, 0.0, 32, "test")
+    big = 64 * MiB / 1e9
+
+    async def beside(small: Callable[[Disk], Awaitable[None]]) -> tuple[float, float]:
+        disk = Disk(model)
+        t0 = clock.monotonic()
+        ends: list[float] = []
+
+        async def timed_end(work: Awaitable[None]) -> None:
+            await work
+            ends.append(clock.monotonic() - t0)
+
+        await asyncio.gather(timed_end(disk.write(64 * MiB)), timed_end(small(disk)))
+        return ends[0], ends[1]
+
+    first, flushed = clock.run_virtual(beside(lambda d: d.flush(4096)))
+    assert first == pytest.approx(big, rel=1e-6)
+    assert flushed == pytest.approx(big + 4096 / 1e9, rel=1e-6)
+    small_end, _ = clock.run_virtual(beside(lambda d: d.write(4096)))
+    assert small_end < 1e-5
+    assert timed(lambda: Disk(model).flush(4096)) == pytest.approx(4096 / 1e9)
+
+
 def test_disk_presets_name_their_sources_and_bad_figures_are_refused() -> None:
     for model in PRESETS.values():
         assert "Assumed" in model.source and len(model.source) > 80

@@ -104,6 +104,7 @@ class Disk:
         self.model = model
         self.time = time if time is not None else SharedResource(1.0, name=name or model.name)
         self._slots = asyncio.Semaphore(model.queue_depth)
+        self._writing: set[asyncio.Future[None]] = set()  # writes the device holds now
         self.ops = 0
         self.bytes_read = 0
         self.bytes_written = 0
@@ -116,6 +117,16 @@ class Disk:
         await self._io(nbytes, write=True)
         self.bytes_written += nbytes
 
+    async def flush(self, nbytes: int) -> None:
+        """Write ``nbytes`` and make them durable as an fsync does: first every write the
+        device holds now ends, since a cache flush waits for the writes before it (a
+        journal commit behind them, on this machine); then the bytes. On this machine a
+        SQLite WAL fsync took 13-18 ms beside 3-4 chunk writes of 8 MiB in flight, about
+        what is left of them, where a 4 KiB write alone takes under 1 ms (2026-12-06)."""
+        if self._writing:
+            await asyncio.wait(list(self._writing))
+        await self.write(nbytes)
+
     def written_so_far(self) -> float:
         """Bytes written until now, writes in progress as far as they got (as far as the
         device-time resource tells: a ``QueueResource`` counts each as it ends)."""
@@ -126,10 +137,19 @@ class Disk:
         if write and self.model.write_latency is not None:
             latency = self.model.write_latency
         async with self._slots:
-            if latency:
-                await asyncio.sleep(latency)
-            service = self.model.service(nbytes, write=write)
-            await self.time.begin(service, worth=nbytes if write else 0.0)
+            done: asyncio.Future[None] | None = None
+            if write:
+                done = asyncio.get_running_loop().create_future()
+                self._writing.add(done)
+            try:
+                if latency:
+                    await asyncio.sleep(latency)
+                service = self.model.service(nbytes, write=write)
+                await self.time.begin(service, worth=nbytes if write else 0.0)
+            finally:
+                if done is not None:
+                    self._writing.discard(done)
+                    done.set_result(None)
         self.ops += 1
 
 

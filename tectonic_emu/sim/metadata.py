@@ -15,12 +15,12 @@ the ``MemoryKV`` as it is, then, once the store is released, waits for its charg
 - with ``log_bytes`` and a ``log`` device, each transaction that wrote appends that many
   bytes to the store's log, and flushes of the log make them durable as SQLite's do: by
   the real ``GroupCommit`` (``metadata/_common.py``). A durable transaction waits for a
-  flush that began after its commit, ``sync`` for one that covers every commit so far, and
-  one flush at a time writes what was appended since the last one on the device, sharing
-  it with whatever else it serves. A writer syncs once a block (``writer.py``), so these
-  flushes are what a block's slot waits for beside its chunk writes: a real 16-rank r1
-  save's ``sync`` took 14-18 ms (median) where the model had charged it nothing
-  (2026-12-06).
+  flush that began after its commit, ``sync`` for one that covers every commit so far,
+  and one flush at a time writes what was appended since the last one on the device,
+  after the writes the device holds when it begins (``Disk.flush``, an fsync's barrier).
+  A writer syncs once a block (``writer.py``), so these flushes are what a block's slot
+  waits for beside its chunk writes: a real 16-rank r1 save's ``sync`` took 14-21 ms
+  (median) where the model had charged it nothing (2026-12-06).
 
 Charging after the store is released keeps one client's wait from holding every other
 client. ``MemoryKV`` runs transactions one at a time, and holding it through the charge
@@ -104,7 +104,7 @@ class ModelKV(KVStore):
         """Write what was appended to the log since the last flush (module docstring)."""
         assert self.log is not None, "only a store with a log counts its commits"
         upto = self.commits.commits
-        await self.log.write(self.model.log_bytes * (upto - self._flushed))
+        await self.log.flush(self.model.log_bytes * (upto - self._flushed))
         self._flushed = upto
 
     def transaction(self, *, durable: bool = True) -> _ChargedTransaction:
