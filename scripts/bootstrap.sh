@@ -11,8 +11,7 @@ need_apt=()
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     # fuse3 serves the FUSE mount (issue 4); the store itself needs nothing from apt.
     command -v fusermount3 >/dev/null || need_apt+=(fuse3)
-    # fio drives the mount in its tests (sequential and random writes with verification),
-    # and measures the device for the this-machine preset (tectonic_emu/sim/machine.py).
+    # fio drives the mount in its tests (sequential and random writes with verification).
     command -v fio >/dev/null || need_apt+=(fio)
     # GlusterFS is one of the peers bench checkpoint compares against (issue 7).
     command -v glusterd >/dev/null || need_apt+=(glusterfs-server)

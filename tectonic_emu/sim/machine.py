@@ -2,15 +2,17 @@
 
 Measured by the code the real runs use, in a directory on the disk the runs use:
 
-- **the device:** its write bandwidth as a real ``LocalNode`` gets it, 8 MiB chunks
-  from page-aligned memory (``O_DIRECT``, no copy) each written and fdatasync'd, and its
-  read bandwidth by fio, direct I/O (no page cache, so no CPU copying pages: that is
-  charged as the nodes' ``copy`` work), 8 MiB requests; its small operations by a real
-  ``LocalNode`` writing (with fdatasync) and reading back (page cache dropped, as root)
-  4 KiB chunks. All ``QUEUE_DEPTH`` at once, through a pool of as many threads: an
-  embedded cluster's I/O pool. fio's direct writes measured 2.0-2.8 GB/s on 2026-12-06
-  where the node's chunk writes got 1.5-1.8: each chunk file's fdatasync commits ext4's
-  journal, and fio's one file has no such commits;
+- **the device:** as a real ``LocalNode`` uses it: 8 MiB chunks from page-aligned memory
+  (``O_DIRECT``, no copy) each written and fdatasync'd, then read back cold through the
+  page cache (its bandwidths; the page-cache copy is also charged as the nodes' ``copy``
+  work, on the CPU, which overlaps the device); the same write alone (what it waits
+  beyond its bytes and its call, ``DiskModel.write_latency``); and 4 KiB chunks written
+  with fdatasync and read back cold (its small operations). All ``QUEUE_DEPTH`` at once,
+  through a pool of as many threads: an embedded cluster's I/O pool. This used to be fio's
+  direct I/O on one file: its writes measured 2.0-2.8 GB/s on 2026-12-06 where the node's
+  chunk writes got 1.5-1.8 (each chunk file's fdatasync commits ext4's journal; fio's one
+  file has none to commit), and its direct reads 1.5-1.9 GB/s in a run whose real loads
+  were the fastest of the day;
 - **a node call:** a ``LocalNode.stat_chunk`` round trip through its I/O pool, the price
   of every call (embedded nodes have no network); and the same calls ``CALLS_AT_ONCE`` at
   once, whose time each is what the loop spends on a call, since their waits overlap:
@@ -33,11 +35,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import mmap
 import os
 import shutil
-import subprocess
+import statistics
 import tempfile
 import time
 from collections.abc import Iterator
@@ -107,7 +108,7 @@ class Machine:
     """What ``this-machine`` is made of, each figure measured (``measure``)."""
 
     write_gb_s: float  # a LocalNode's 8 MiB chunk writes, fdatasync'd, QUEUE_DEPTH at once
-    read_gb_s: float  # fio direct 8 MiB reads
+    read_gb_s: float  # the same chunks read back cold, QUEUE_DEPTH at once
     write_iops: float  # 4 KiB chunk writes per second, QUEUE_DEPTH at once
     read_iops: float
     call_s: float  # one node call through the I/O pool
@@ -168,7 +169,7 @@ async def measure(directory: Path) -> Machine:
     pool = concurrent.futures.ThreadPoolExecutor(QUEUE_DEPTH)
     try:
         node = LocalNode(work / "node", 0, 1, executor=pool)
-        device = await _device(node, work / "raw.bin")
+        device = await _device(node)
         small = os.urandom(4096)
         write_small = await _chunk_ops(node, "s", small, 256)
         cold = drop_caches()
@@ -198,29 +199,6 @@ async def measure(directory: Path) -> Machine:
         cold_reads=cold,
         fresh_gb_s=cpu.fresh_gb_s or 0.0,
     )
-
-
-def _fio(path: Path, rw: str, size: int = 512 << 20) -> float:
-    """GB/s of fio's direct ``rw`` (write or read) of ``size`` bytes at ``path``, 8 MiB
-    requests, QUEUE_DEPTH at once, the writes fsynced at the end."""
-    fio = shutil.which("fio")
-    if fio is None:
-        raise RuntimeError("this-machine measures the device with fio: apt-get install fio")
-    cmd = [
-        fio,
-        "--name=device",
-        f"--filename={path}",
-        f"--rw={rw}",
-        "--bs=8M",
-        f"--size={size}",
-        "--direct=1",
-        "--ioengine=libaio",
-        f"--iodepth={QUEUE_DEPTH}",
-        "--output-format=json",
-    ]
-    cmd += ["--end_fsync=1"] if rw == "write" else []
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return float(json.loads(out[out.index("{") :])["jobs"][0][rw]["bw_bytes"]) / 1e9
 
 
 async def _chunk_ops(
@@ -255,14 +233,15 @@ class Device:
 
 async def measure_device(directory: Path, total: int = 512 << 20) -> Device:
     """The device under ``directory`` as ``measure`` takes it, ``total`` bytes each way:
-    on a shared VM its rates swing 1.2-1.8 (write) and 2-3.7 (read) GB/s from one minute to
-    the next (2026-12-06), so ``bench sim`` takes them again beside each real run."""
+    on a shared VM its rates swing 1.3-2.5 (write) and 1.9-3.2 (read) GB/s from one
+    minute to the next (2026-12-06), so ``bench sim`` takes them again beside each real
+    run."""
     work = Path(tempfile.mkdtemp(prefix="tectonic-sim-device-", dir=directory))
     pool = concurrent.futures.ThreadPoolExecutor(QUEUE_DEPTH)
     try:
         node = LocalNode(work / "node", 0, 1, executor=pool)
         try:
-            return await _device(node, work / "raw.bin", total)
+            return await _device(node, total)
         finally:
             await node.close()
     finally:
@@ -270,8 +249,8 @@ async def measure_device(directory: Path, total: int = 512 << 20) -> Device:
         shutil.rmtree(work, ignore_errors=True)
 
 
-async def _device(node: LocalNode, raw: Path, total: int = 512 << 20) -> Device:
-    """``node``'s chunk writes, fio's reads at ``raw`` (module docstring)."""
+async def _device(node: LocalNode, total: int = 512 << 20) -> Device:
+    """``node``'s chunk writes and reads (module docstring)."""
     big = mmap.mmap(-1, BIG_CHUNK)
     big.write(os.urandom(BIG_CHUNK))
     try:
@@ -281,29 +260,29 @@ async def _device(node: LocalNode, raw: Path, total: int = 512 << 20) -> Device:
             alone = await _one_at_a_time(node, view)
     finally:
         big.close()
+    drop_caches()
+    read_gb_s = count * BIG_CHUNK / await _chunk_ops(node, "b", b"", count, read=True) / 1e9
     for k in range(count):  # the small operations' measurement is not to find them
         await node.delete_chunk(0, f"b{k}")
-    await asyncio.to_thread(_fio, raw, "write", total)  # a file to read
-    drop_caches()
-    read_gb_s = await asyncio.to_thread(_fio, raw, "read", total)
     return Device(write_gb_s, read_gb_s, max(0.0, alone - BIG_CHUNK / (write_gb_s * 1e9)))
 
 
 async def _one_at_a_time(node: LocalNode, view: memoryview, count: int = 8) -> float:
-    """Seconds a BIG_CHUNK write takes alone, less a call's round trip (``stat_chunk``),
-    the mean of ``count``; the chunks deleted after."""
+    """Seconds a BIG_CHUNK write takes alone, less a call's round trip (``stat_chunk``):
+    the medians of ``count`` of each, the chunks deleted after."""
     crc = crc32c(view)
-    t0 = time.perf_counter()
+    writes, calls = [], []
     for k in range(count):
+        t0 = time.perf_counter()
         await node.write_chunk(0, f"a{k}", view, crc32c=crc)
-    write_s = (time.perf_counter() - t0) / count
-    t0 = time.perf_counter()
+        writes.append(time.perf_counter() - t0)
     for k in range(count):
+        t0 = time.perf_counter()
         await node.stat_chunk(0, f"a{k}")
-    call_s = (time.perf_counter() - t0) / count
+        calls.append(time.perf_counter() - t0)
     for k in range(count):
         await node.delete_chunk(0, f"a{k}")
-    return max(0.0, write_s - call_s)
+    return max(0.0, statistics.median(writes) - statistics.median(calls))
 
 
 async def _call_cost(node: LocalNode, calls: int = 2000) -> float:
