@@ -267,7 +267,9 @@ __all__ = ["checkpoint_cmd", "ckpt", "scale_cmd", "train_cmd"]
 @click.option("--encodings", default="r1,r3,rs-6-3", show_default=True, help="Comma-separated.")
 @click.option("--ranks", default="16,1024", show_default=True, help="Rank counts, comma-separated.")
 @click.option("--runs", default=3, show_default=True, help="Rounds of real runs, interleaved.")
-@click.option("--no-fail", is_flag=True, help="Leave out the save with a node stopped.")
+@click.option(
+    "--no-fail", is_flag=True, help="Leave out the saves with a node stopped and a node slowed."
+)
 @click.option(
     "--paper-ranks",
     type=click.IntRange(0),
@@ -306,8 +308,10 @@ def sim_cmd(
 ) -> None:
     """Projections beside real runs on this machine: measures the this-machine preset
     (device, node calls, metadata, CPU), then runs each checkpoint save and load for real
-    on an embedded cluster and projected in virtual time, and reports the ratio. Then
+    on an embedded cluster, measuring the device and fresh memory again beside each, and
+    projects it in virtual time on those figures, and reports the ratio. Then
     meta-genai-24k projects a Llama 3 checkpoint burst beside the paper's 7 and 2 TB/s.
+    As root it holds the VM's free page reporting off meanwhile (put back after).
 
     \b
     Example:
