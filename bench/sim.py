@@ -40,6 +40,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -278,10 +279,7 @@ async def run_sim_bench(
     """``paper_ranks``: the ranks of the projection beside the paper (0: none), its files
     times ``paper_scale``. ``hold_pages``: hold free page reporting off for the run, where
     this process may (module docstring)."""
-    if not hold_pages:
-        return await _run(directory, scale, runs, encodings, ranks, fail, paper_ranks,
-                          paper_scale, step)  # fmt: skip
-    with page_reporting_held() as held:
+    with page_reporting_held() if hold_pages else nullcontext(False) as held:
         res = await _run(directory, scale, runs, encodings, ranks, fail, paper_ranks,
                          paper_scale, step)  # fmt: skip
     res.pages_held = held

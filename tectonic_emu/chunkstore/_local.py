@@ -460,8 +460,7 @@ async def _settle(fut: asyncio.Future[Any]) -> None:
     while not fut.done():
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait([fut])
-    if not fut.cancelled():
-        fut.exception()  # mark it retrieved
+    _retrieve(fut)
 
 
 __all__ = ["LocalNode"]

@@ -330,6 +330,7 @@ __all__ = [
     "Machine",
     "drop_caches",
     "measure",
+    "measure_device",
     "NO_REPORTING_ORDER",
     "PAGE_REPORTING",
     "page_reporting_held",
