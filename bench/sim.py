@@ -9,14 +9,22 @@ scenarios interleaved; the report gives each real duration's min/median/max, the
 projection, and the projection over the median. Target (issue 20): within 15%.
 
 The machine is measured again beside each real run, since on a shared VM its rates swing
-from one minute to the next: the device just before the save (``measure_device``: a
-node's chunk writes and reads, 1.3-2.5 and 1.9-3.2 GB/s on 2026-12-06), fresh memory
-just before the load (``fresh_memory_gb_s``, after the save, as the load is about to meet
-it). Each scenario is projected on the median of its rounds' rates (the projections
-therefore run after the real rounds). Fresh memory swung 0.5-6 GB/s with what the host had
-taken back of what the guest freed (free page reporting), so by default the run holds
-that off (as root; the order before is put back at the end) and ``SimBench.pages_held``
-says whether it could: the rate then is the guest's own, much the same from round to round.
+from one minute to the next: the device just before the save and again once the round is
+over (``measure_device``: a node's chunk writes and reads, 1.3-2.5 and 1.9-3.2 GB/s on
+2026-12-06), fresh memory just before the load (``fresh_memory_gb_s``, after the save, as
+the load is about to meet it). Each scenario is projected on the medians of its rounds'
+figures (the projections therefore run after the real rounds). The device's two
+measurements around one round were no closer to each other than to any other (eight
+rounds of a 16-rank r1 save: writes 1.37-1.85 GB/s, correlation 0.29 between a round's
+two, none with its save, which held at 0.86-1.05 s), so each is one more sample of the
+same device.
+
+Fresh memory swung 0.5-6 GB/s with what the host had taken back of what the guest freed
+(free page reporting), so by default the run holds that off (as root; the order before is
+put back at the end) and ``SimBench.pages_held`` says whether it could. Held, it first
+touches ``WARM_FRACTION`` of the available memory at once and frees it
+(``warm_free_memory``): memory freed before the hold, or never touched since boot, would
+otherwise still wait for the host, and the first rounds of the run met it.
 
 Scenarios: r1, r3 and rs-6-3 saves at 16 and 1,024 ranks, each followed by every rank's
 load of it, an rs-6-3 save with a node stopped ``FAIL_AT_S`` into it, and an rs-6-3 save
@@ -66,12 +74,15 @@ from tectonic_emu.sim.cpu import fresh_memory_gb_s
 from tectonic_emu.sim.machine import (
     DISKS,
     NODES,
+    WARM_FRACTION,
     Device,
     Machine,
+    available_memory,
     drop_caches,
     measure,
     measure_device,
     page_reporting_held,
+    warm_free_memory,
 )
 
 MODEL = "llama3-8b"
@@ -150,6 +161,8 @@ class SimBench:
     load_avg: tuple[float, float, float]
     paper: PaperBurst | None = None  # None: not asked for (``paper_ranks=0``)
     pages_held: bool = False  # free page reporting held off for the run (module docstring)
+    warmed_gb: float = 0.0  # free memory touched first, while held (module docstring)
+    warm_s: float = 0.0  # seconds that took
     cpu_count: int = field(default_factory=lambda: os.cpu_count() or 0)
 
     def to_dict(self) -> dict[str, Any]:
@@ -159,12 +172,13 @@ class SimBench:
 @dataclass(frozen=True, slots=True)
 class Round:
     """One real run of a case: its save and load (seconds), and the machine beside it:
-    the device and the host's fresh memory (GB/s)."""
+    the device before and after, and the host's fresh memory (GB/s)."""
 
     save_s: float
     load_s: float
     device: Device
     fresh_gb_s: float
+    device_after: Device  # measured again once the round is over
 
 
 async def _real(case: Case, scale: float, directory: Path, cores: int) -> Round:
@@ -209,21 +223,23 @@ async def _real(case: Case, scale: float, directory: Path, cores: int) -> Round:
                 if any(loaded[n] != bytes(v) for n, v in saved.items()):
                     raise RuntimeError(f"{case.name}: rank {r} loaded other bytes than it saved")
             await ckpt.close()
-        return Round(save, load, device, fresh)
     finally:
         shutil.rmtree(root.parent, ignore_errors=True)
+    return Round(save, load, device, fresh, await measure_device(directory, DEVICE_PROBE))
 
 
 def _beside(machine: Machine, rounds: Sequence[Round]) -> Machine:
     """``machine`` with the device and fresh memory as its ``rounds`` met them: the median
-    of each (module docstring)."""
+    of each, the device's over its measurements before and after each round (module
+    docstring)."""
     if not rounds:
         return machine
+    devices = [d for r in rounds for d in (r.device, r.device_after)]
     return replace(
         machine,
-        write_gb_s=statistics.median(r.device.write_gb_s for r in rounds),
-        read_gb_s=statistics.median(r.device.read_gb_s for r in rounds),
-        write_latency_s=statistics.median(r.device.write_latency_s for r in rounds),
+        write_gb_s=statistics.median(d.write_gb_s for d in devices),
+        read_gb_s=statistics.median(d.read_gb_s for d in devices),
+        write_latency_s=statistics.median(d.write_latency_s for d in devices),
         fresh_gb_s=statistics.median(r.fresh_gb_s for r in rounds),
     )
 
@@ -274,14 +290,19 @@ async def run_sim_bench(
     paper_ranks: int = PAPER_RANKS,
     paper_scale: float = 1.0,
     hold_pages: bool = True,
+    warm_bytes: int | None = None,
     step: Step = no_step,
 ) -> SimBench:
     """``paper_ranks``: the ranks of the projection beside the paper (0: none), its files
     times ``paper_scale``. ``hold_pages``: hold free page reporting off for the run, where
-    this process may (module docstring)."""
+    this process may, and first touch ``warm_bytes`` of free memory (None:
+    ``WARM_FRACTION`` of what is available; module docstring)."""
     with page_reporting_held() if hold_pages else nullcontext(False) as held:
+        warm = 0
+        if held:
+            warm = int(WARM_FRACTION * available_memory()) if warm_bytes is None else warm_bytes
         res = await _run(directory, scale, runs, encodings, ranks, fail, paper_ranks,
-                         paper_scale, step)  # fmt: skip
+                         paper_scale, warm, step)  # fmt: skip
     res.pages_held = held
     return res
 
@@ -295,10 +316,15 @@ async def _run(
     fail: bool,
     paper_ranks: int,
     paper_scale: float,
+    warm: int,
     step: Step,
 ) -> SimBench:
     todo = cases(encodings, ranks, fail)
-    stage = Stages(step, 1 + len(todo) * (runs + 1) + bool(paper_ranks))
+    stage = Stages(step, 1 + bool(warm) + len(todo) * (runs + 1) + bool(paper_ranks))
+    warm_s = 0.0
+    if warm:
+        stage(f"touching {warm / 1e9:.1f} GB of free memory")
+        warm_s = await asyncio.to_thread(warm_free_memory, warm)
     stage("measuring this machine")
     machine = await measure(directory)
     rows: dict[str, Row] = {}
@@ -333,7 +359,8 @@ async def _run(
     if paper_ranks:
         stage(f"projecting {PAPER_MODEL} on {paper_ranks:,} ranks, {PAPER_PRESET}")
         paper = await asyncio.to_thread(paper_burst, paper_ranks, paper_scale)
-    return SimBench(machine, scale, runs, list(rows.values()), wall, os.getloadavg(), paper)
+    return SimBench(machine, scale, runs, list(rows.values()), wall, os.getloadavg(), paper,
+                    warmed_gb=warm / 1e9, warm_s=warm_s)  # fmt: skip
 
 
 def table(res: SimBench) -> list[Table]:
@@ -397,14 +424,18 @@ def machine_table(res: SimBench) -> Table:
         f" ({m.call_cpu_s * 1e6:,.0f} of it the loop's); a metadata transaction "
         f"{m.txn_s * 1e3:.2f} ms; {m.cores} cores; fresh memory {m.fresh_gb_s:.2f} GB/s at "
         "the start",
-        f"beside the real runs (each scenario projected on its rounds' medians): device "
+        f"before and after each real run (each scenario projected on the medians): device "
         f"{_span([r.write_gb_s for r in res.rows])} write, "
         f"{_span([r.read_gb_s for r in res.rows])} read, a chunk write alone waits "
         f"{_span([r.write_latency_s * 1e3 for r in res.rows], 'ms')} more; fresh memory "
         f"{_span([r.fresh_gb_s for r in res.rows])}",
         f"load average {res.load_avg[0]:.1f}; projections took {res.projection_wall_s:.1f} s; "
         "freed memory "
-        + ("held from the host" if res.pages_held else "reported to the host (not held)"),
+        + (
+            f"held from the host, {res.warmed_gb:.1f} GB touched first ({res.warm_s:.0f} s)"
+            if res.pages_held
+            else "reported to the host (not held)"
+        ),
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import statistics
 from pathlib import Path
 
@@ -31,6 +32,7 @@ def test_a_quick_run_measures_the_machine_and_pairs_each_real_run_with_its_proje
             ranks=[16],
             paper_ranks=256,
             paper_scale=0.0001,
+            warm_bytes=64 << 20,
         )
     )
     names = [r.name for r in res.rows]
@@ -52,6 +54,9 @@ def test_a_quick_run_measures_the_machine_and_pairs_each_real_run_with_its_proje
     assert hw.embedded and hw.devices == 1 and hw.disk.write_bw == m.write_gb_s * 1e9
     assert not list(tmp_path.iterdir())  # every cluster and file cleaned up
     assert res.pages_held or os.geteuid() != 0 or not PAGE_REPORTING.exists()
+    assert (res.warmed_gb, res.warm_s > 0) == (
+        ((64 << 20) / 1e9, True) if res.pages_held else (0.0, False)
+    )
     assert not PAGE_REPORTING.exists() or PAGE_REPORTING.read_text() == order_before
     machine, paper = sim.table(res)
     assert "ratio = projected / real median" in str(machine.caption)
@@ -116,3 +121,23 @@ def test_page_reporting_is_held_off_within_and_put_back_after(tmp_path: Path) ->
     with page_reporting_held(missing) as held:
         assert not held
     assert not missing.exists()
+
+
+def test_available_memory_reads_the_kernels_figure_and_warming_touches_what_it_is_asked(
+    tmp_path: Path,
+) -> None:
+    """``MemAvailable`` in bytes (0 where the file or the line is missing); warming maps and
+    touches the bytes asked for, more than one step of them, and gives them back."""
+    from tectonic_emu.sim.machine import available_memory, warm_free_memory
+
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal:       24683520 kB\nMemAvailable:   23713000 kB\n")
+    assert available_memory(info) == 23713000 * 1024
+    info.write_text("MemTotal:       24683520 kB\n")
+    assert available_memory(info) == 0
+    assert available_memory(tmp_path / "none") == 0
+    assert available_memory() > 0
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    assert warm_free_memory((300 << 20) + 12345) > 0
+    touched = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert touched >= (300 << 20) // (2 << 20)  # a fault a page, at most 2 MiB (huge)
