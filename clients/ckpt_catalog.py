@@ -26,16 +26,28 @@ MANIFESTS_KEPT = 4  # decoded manifests a Catalog keeps (the newest steps asked 
 
 
 class Index:
-    """A committed manifest with its entries by name and by (name, rank): immutable, so
-    Catalogs can share it."""
+    """A committed manifest with its entries by name and by (name, rank), and each rank's
+    names in ``by_name``'s order: immutable, so Catalogs can share it. A load of every
+    rank's own state walks only that rank's names (``names_of``), where walking every name
+    for each rank had made it grow with ranks times names: 0.5 s of a real 1,024-rank
+    load's 1.3 s on the loop (2026-12-06)."""
 
     def __init__(self, manifest: Manifest) -> None:
         self.manifest = manifest
         self.by_name: dict[str, list[Entry]] = {}
         self.own: dict[tuple[str, int], Entry] = {}
+        by_rank: dict[int, list[str]] = {}
         for e in manifest.entries:
             self.by_name.setdefault(e.name, []).append(e)
-            self.own.setdefault((e.name, e.rank), e)
+            if (e.name, e.rank) not in self.own:
+                self.own[e.name, e.rank] = e
+                by_rank.setdefault(e.rank, []).append(e.name)
+        order = {name: k for k, name in enumerate(self.by_name)}
+        self._by_rank = {r: sorted(names, key=order.__getitem__) for r, names in by_rank.items()}
+
+    def names_of(self, rank: int) -> list[str]:
+        """The names ``rank`` saved, in ``by_name``'s order."""
+        return self._by_rank.get(rank, [])
 
 
 class Indexed:
@@ -48,6 +60,7 @@ class Indexed:
         self.manifest = self.index.manifest
         self.by_name = self.index.by_name
         self.own = self.index.own
+        self.names_of = self.index.names_of
         self.files = files
 
 

@@ -165,7 +165,9 @@ class Loader:
         into = into or {}
         # (name, the entry to read or the first of a resharded Shard's, its box, where to)
         jobs: list[tuple[str, Entry, Box | None, Any]] = []
-        for name in selected(names, ix.by_name, m.step, self.root):
+        # At the saved world size a rank reads only what it saved: its own names will do.
+        mine = ws == m.world_size and names is None
+        for name in ix.names_of(rank) if mine else selected(names, ix.by_name, m.step, self.root):
             entries = ix.by_name[name]
             first, given = entries[0], into.get(name)
             if ws == m.world_size:
@@ -268,7 +270,7 @@ class Loader:
         for k, (out, rank) in enumerate(zip(outs, ranks, strict=True)):
             given = into[k] if into is not None else None
             chosen = names[k] if names is not None else None
-            for name in ix.by_name if chosen is None else chosen:
+            for name in ix.names_of(rank) if chosen is None else chosen:
                 e = ix.own.get((name, rank))
                 if e is None:
                     if chosen is not None:

@@ -47,3 +47,21 @@ def test_a_shard_takes_numpy_integers_and_stores_ints() -> None:
     s = Shard(np.zeros((2, 3)), (np.int64(4), np.int32(3)), (np.int64(2), 0))
     assert s.global_shape == (4, 3) and s.offset == (2, 0)
     assert all(type(x) is int for x in (*s.global_shape, *s.offset))
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 5), st.sampled_from("abcdefg")).map(
+            lambda rn: Entry(rn[0], rn[1], "bytes")
+        ),
+        max_size=30,
+    )
+)
+def test_each_ranks_names_are_those_it_saved_in_the_manifests_order(es: list[Entry]) -> None:
+    """``Index.names_of`` (what a load at the saved world size walks) is, for every rank,
+    the names of ``by_name`` that the rank has an entry for, in that order, each once."""
+    from clients.ckpt_catalog import Index
+
+    ix = Index(Manifest(1, 6, tuple(es)))
+    for rank in range(7):
+        assert ix.names_of(rank) == [n for n in ix.by_name if (n, rank) in ix.own]
