@@ -305,12 +305,20 @@ async def abort(catalog: Catalog, step: int, rank: int, exc: BaseException) -> N
 
 
 async def _checksums(pieces: list[Payload]) -> list[int]:
-    """The CRC32C of each piece: the small ones in one call, each big one in a worker thread
-    (it releases the GIL), all at once."""
+    """The CRC32C of each piece, all at once: each big one in a worker thread (it releases
+    the GIL), the small ones together in one call, on a worker thread too once they add up
+    to a big one. A 1,024-rank save's pieces are all small (550 KB); checksummed on the
+    event loop they held it 0.05 s for each half of its 1.1 GB, before any block could
+    start (2026-12-06)."""
     small = [k for k, p in enumerate(pieces) if len(p) < 1 << 20]
     big = [k for k, p in enumerate(pieces) if len(p) >= 1 << 20]
     out = [0] * len(pieces)
-    for k, crc in zip(small, crc32c_each([pieces[k] for k in small]), strict=True):
+    few = [pieces[k] for k in small]
+    if sum(len(p) for p in few) < 1 << 20:
+        crcs = crc32c_each(few)
+    else:
+        crcs = await asyncio.to_thread(crc32c_each, few)
+    for k, crc in zip(small, crcs, strict=True):
         out[k] = crc
     for k, crc in zip(
         big, await asyncio.gather(*(asyncio.to_thread(crc32c, pieces[k]) for k in big)), strict=True
