@@ -147,8 +147,12 @@ class ModelNode(StorageNode):
 
         async def answer() -> tuple[ChunkData, ChunkInfo]:
             info = await store.stat_chunk(disk, chunk_id)
-            await self.server.disk(disk).read(info.stored_len)
-            await self.server.spend("copy", info.stored_len)  # out of the page cache, anew
+            # The copy out of the page cache, anew, goes on while the device reads: a
+            # buffered read copies each page once its readahead lands. Charged one after
+            # the other, a projected 16-rank load on this machine spent 86 ms a chunk on
+            # the device, then 43 ms more copying, where the real one overlaps them.
+            n = info.stored_len
+            await asyncio.gather(self.server.disk(disk).read(n), self.server.spend("copy", n))
             return await store.read_chunk(disk, chunk_id)
 
         return await self._call(answer, back=lambda got: got[1].stored_len)
