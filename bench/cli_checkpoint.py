@@ -288,7 +288,8 @@ __all__ = ["checkpoint_cmd", "ckpt", "scale_cmd", "train_cmd"]
     "--keep-page-reporting",
     is_flag=True,
     help="Leave the VM's free page reporting on: freed memory goes back to the host and "
-    "comes back slowly, so loads swing 2-4x (held off by default, as root).",
+    "comes back slowly, so loads swing 2-4x (held off by default, as root, after half of "
+    "the free memory is touched once).",
 )
 @dir_option("Where the real runs' clusters go.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -308,10 +309,11 @@ def sim_cmd(
 ) -> None:
     """Projections beside real runs on this machine: measures the this-machine preset
     (device, node calls, metadata, CPU), then runs each checkpoint save and load for real
-    on an embedded cluster, measuring the device and fresh memory again beside each, and
-    projects it in virtual time on those figures, and reports the ratio. Then
-    meta-genai-24k projects a Llama 3 checkpoint burst beside the paper's 7 and 2 TB/s.
-    As root it holds the VM's free page reporting off meanwhile (put back after).
+    on an embedded cluster, measuring the device before and after each and fresh memory
+    before each load, and projects it in virtual time on those figures, and reports the
+    ratio. Then meta-genai-24k projects a Llama 3 checkpoint burst beside the paper's 7
+    and 2 TB/s. As root it holds the VM's free page reporting off meanwhile (put back
+    after), having first touched half of the available memory once.
 
     \b
     Example:

@@ -70,6 +70,7 @@ from clients.projection import (
     project_checkpoint,
 )
 from tectonic_emu import Cluster
+from tectonic_emu.resources import memory_available
 from tectonic_emu.sim.cpu import fresh_memory_gb_s
 from tectonic_emu.sim.machine import (
     DISKS,
@@ -77,7 +78,6 @@ from tectonic_emu.sim.machine import (
     WARM_FRACTION,
     Device,
     Machine,
-    available_memory,
     drop_caches,
     measure,
     measure_device,
@@ -300,7 +300,7 @@ async def run_sim_bench(
     with page_reporting_held() if hold_pages else nullcontext(False) as held:
         warm = 0
         if held:
-            warm = int(WARM_FRACTION * available_memory()) if warm_bytes is None else warm_bytes
+            warm = int(WARM_FRACTION * memory_available()) if warm_bytes is None else warm_bytes
         res = await _run(directory, scale, runs, encodings, ranks, fail, paper_ranks,
                          paper_scale, warm, step)  # fmt: skip
     res.pages_held = held

@@ -103,23 +103,10 @@ def page_reporting_held(path: Path = PAGE_REPORTING) -> Iterator[bool]:
         path.write_text(f"{before}\n")
 
 
-# Of the memory the kernel says is available, what ``warm_free_memory`` touches by default.
+# Of the memory a run may still take (``resources.memory_available``), what bench sim warms.
 WARM_FRACTION = 0.5
-_MEMINFO = Path("/proc/meminfo")
 _WARM_STEP = 256 << 20  # bytes mapped at a time
 _ZEROS = bytes(1 << 20)
-
-
-def available_memory(path: Path = _MEMINFO) -> int:
-    """Bytes of memory the kernel says it could give without swapping (``MemAvailable``);
-    0 where it does not say."""
-    try:
-        for line in path.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
 
 
 def warm_free_memory(nbytes: int) -> float:
@@ -381,7 +368,6 @@ __all__ = [
     "NO_REPORTING_ORDER",
     "PAGE_REPORTING",
     "WARM_FRACTION",
-    "available_memory",
     "page_reporting_held",
     "warm_free_memory",
 ]
