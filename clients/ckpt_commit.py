@@ -170,8 +170,9 @@ class StepWriter:
 
         Pieces are checksummed a group of ``_APPEND_GROUP`` bytes at a time, just before the
         group is appended, so that a group's checksums overlap the writing of the groups
-        before it: checksumming the whole file first held its first block back by about a
-        second a file at a 112 GB save on four hosts (docs/simulate.md)."""
+        before it. With the whole file checksummed first, a real 1,024-rank save's first
+        block started 0.07-0.09 s in (now 0.044 s), and a projected 112 GB save on four
+        hosts waited about a second a file (docs/simulate.md)."""
         items: list[tuple[Entry, list[Part]]] = []
         pos = appended = 0
         path = self.catalog.path(data)

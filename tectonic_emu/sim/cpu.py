@@ -72,10 +72,9 @@ class CpuModel:
 
     @classmethod
     def measure(cls, *, cores: int | None = None, repeat: int = 5) -> CpuModel:
-        """Each kind timed here on 8 MiB calls over 64 MiB of random bytes (the best of
-        ``repeat`` passes),
-        with ``cores`` (default: this machine's) cores; and the host's rate of fresh
-        memory (``fresh_memory_gb_s``)."""
+        """Each kind timed here in 8 MiB calls over 64 MiB of random bytes (the best of
+        ``repeat`` passes), with ``cores`` (default: this machine's) cores; and the host's
+        rate of fresh memory (``fresh_memory_gb_s``)."""
         data = os.urandom(_MEASURE_BYTES)
         cores = cores or os.cpu_count() or 1
         fresh = fresh_memory_gb_s(data[:_MEASURE_CALL], threads=cores)  # first: memory is new
@@ -149,8 +148,8 @@ ASSUMED_SERVER_CORE: Mapping[str, float] = {
 # Each kind is measured on calls of _MEASURE_CALL bytes (a block, a chunk) taken in turn
 # from _MEASURE_BYTES, twice this machine's 32 MiB L3: a checkpoint's state comes from
 # memory, not the cache. On one 8 MiB buffer, warm in the cache, CRC32C measured 18-26
-# GB/s and RS encode 34; beyond the cache 11-13.5 and 7-11, and a real 1,024-rank save
-# checksummed its small pieces on the loop at 11 (2026-12-06).
+# GB/s and RS encode 34; over 64 MiB 12-14.4 and 17-21, and a real 1,024-rank save
+# checksummed its small pieces at 11 (2026-12-06).
 _MEASURE_BYTES = 64 << 20
 _MEASURE_CALL = 8 << 20
 
@@ -208,7 +207,7 @@ def _measurements(data: bytes) -> dict[str, Callable[[], object]]:
     rs = codec_for(Encoding.parse("rs-6-3"))
     mac = FrameMac(bytes(32))
     # Each call's chunks but its first three data chunks, as a decode of three lost finds them.
-    survivors = {id(p): {i: c for i, c in enumerate(rs.encode(p)) if i >= 3} for p in calls}
+    survivors = [{i: c for i, c in enumerate(rs.encode(p)) if i >= 3} for p in calls]
     # Copies into fresh memory, kept: a load's values and a node's page cache are new pages
     # (1.3 GB/s here, against 5-9 GB/s into memory just freed).
     kept: list[bytes] = []
@@ -221,10 +220,14 @@ def _measurements(data: bytes) -> dict[str, Callable[[], object]]:
 
         return run
 
+    def decode() -> None:
+        for chunks in survivors:
+            rs.decode(chunks, _MEASURE_CALL)
+
     return {
         "crc32c": each(crc32c),
         "rs-encode": each(rs.encode),
-        "rs-decode": each(lambda p: rs.decode(survivors[id(p)], len(p))),
+        "rs-decode": decode,
         "blake2b": each(lambda p: hashlib.blake2b(p, digest_size=16).digest()),
         # a frame's MAC, and the copy a socket send makes
         "wire": each(lambda p: (mac.tag(mac.next_seq(), [p]), bytearray(p))),
