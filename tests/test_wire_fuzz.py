@@ -39,7 +39,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tectonic_emu.chunkstore import auth, wire
-from tectonic_emu.chunkstore.base import check_chunk_id
+from tectonic_emu.chunkstore.base import is_chunk_id
 from tectonic_emu.chunkstore.remote import RemoteNode, fixed_address
 from tectonic_emu.chunkstore.server import MAX_INFLIGHT, SWEEPER
 from tectonic_emu.chunkstore.wire import MAX_META, Op
@@ -544,20 +544,12 @@ bad_chunk_ids = st.one_of(
         lambda t: t[0] + bytes([t[1]]) + t[2]
     ),
     st.text(st.characters(min_codepoint=0, max_codepoint=127), min_size=1, max_size=80)
-    .filter(lambda s: not _is_chunk_id(s))
+    .filter(lambda s: not is_chunk_id(s))
     .map(str.encode),
     st.just(b"a" * 65),
 )
 bad_disks = st.integers(DISKS, 0xFFFF)
 bad_delays = st.sampled_from([-1.0, -0.0001, 3600.5, 1e300, math.inf, -math.inf, math.nan])
-
-
-def _is_chunk_id(s: str) -> bool:
-    try:
-        check_chunk_id(s)
-    except InvalidArgumentError:
-        return False
-    return True
 
 
 @st.composite

@@ -14,13 +14,12 @@ from pathlib import Path
 
 from tectonic_emu.bufpool import BufferPool, address_of
 from tectonic_emu.chunkstore._format import HEADER_SIZE, PAYLOAD_OFFSET
-from tectonic_emu.chunkstore.base import check_chunk_id
+from tectonic_emu.chunkstore.base import is_chunk_id
 from tectonic_emu.coding._native import pinned
 from tectonic_emu.errors import (
     AlreadyExistsError,
     ChunkCorruptError,
     ChunkNotFoundError,
-    InvalidArgumentError,
 )
 from tectonic_emu.localfile import file_kind
 
@@ -187,17 +186,9 @@ def _chunk_files(disk_dir: Path) -> list[tuple[str, str]]:
     for fan_dir in fan_dirs:
         with contextlib.suppress(FileNotFoundError), os.scandir(fan_dir) as entries:
             for e in entries:
-                if e.is_file(follow_symlinks=False) and _is_chunk_id(e.name):
+                if e.is_file(follow_symlinks=False) and is_chunk_id(e.name):
                     found.append((e.name, e.path))
     return found
-
-
-def _is_chunk_id(name: str) -> bool:
-    try:
-        check_chunk_id(name)
-    except InvalidArgumentError:
-        return False
-    return True
 
 
 def _write_torn_file(chunk_id: str, path: str, header: bytes, partial: memoryview) -> None:

@@ -22,9 +22,14 @@ _CHUNK_ID = re.compile(r"[0-9a-z][0-9a-z.\-]{0,63}")
 
 
 def check_chunk_id(chunk_id: str) -> str:
-    if not _CHUNK_ID.fullmatch(chunk_id):
+    if not is_chunk_id(chunk_id):
         raise InvalidArgumentError("not a valid chunk id", chunk_id)
     return chunk_id
+
+
+def is_chunk_id(name: str) -> bool:
+    """Whether ``name`` is a valid chunk id (``check_chunk_id`` raises where it is not)."""
+    return _CHUNK_ID.fullmatch(name) is not None
 
 
 #: What a node returns for a chunk: bytes, or the ``Synthetic`` payload a node that keeps
@@ -147,5 +152,6 @@ __all__ = [
     "Payload",
     "StorageNode",
     "check_chunk_id",
+    "is_chunk_id",
     "stored_bytes",
 ]
