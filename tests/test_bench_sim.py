@@ -46,6 +46,7 @@ def test_a_quick_run_measures_the_machine_and_pairs_each_real_run_with_its_proje
     for row in res.rows:
         assert len(row.real_s) == 2 and all(s > 0 for s in row.real_s)
         assert row.projected_s > 0 and row.fresh_gb_s > 0  # measured before each load
+        assert row.copy_gb_s > 0
         assert row.ratio == row.projected_s / statistics.median(row.real_s)
     m = res.machine
     assert min(m.write_gb_s, m.read_gb_s, m.write_iops, m.read_iops, m.meta_ops) > 0
@@ -132,3 +133,10 @@ def test_warming_touches_what_it_is_asked_and_gives_it_back() -> None:
     assert warm_free_memory((300 << 20) + 12345) > 0
     touched = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
     assert touched >= (300 << 20) // (2 << 20)  # a fault a page, at most 2 MiB (huge)
+
+
+def test_apart_runs_in_a_new_process_and_returns_its_result() -> None:
+    """Each real round runs in a process of its own (bench/sim.py: its heap is new)."""
+    pid = asyncio.run(sim.apart(os.getpid))
+    assert pid != os.getpid()
+    assert asyncio.run(sim.apart(sum, [1, 2, 3])) == 6
