@@ -285,6 +285,12 @@ __all__ = ["checkpoint_cmd", "ckpt", "scale_cmd", "train_cmd"]
     help="llama3-405b's files times this, for that burst.",
 )
 @click.option(
+    "--trace",
+    is_flag=True,
+    help="Then one more real round of each scenario and its projection, timed stage by "
+    "stage (blocks, chunk writes and reads, commits, arenas): where the two differ.",
+)
+@click.option(
     "--keep-page-reporting",
     is_flag=True,
     help="Leave the VM's free page reporting on: freed memory goes back to the host and "
@@ -302,6 +308,7 @@ def sim_cmd(
     no_fail: bool,
     paper_ranks: int | None,
     paper_scale: float,
+    trace: bool,
     keep_page_reporting: bool,
     directory: Path,
     as_json: bool,
@@ -320,6 +327,8 @@ def sim_cmd(
     Example:
       tectonic-emu bench sim --scale 0.01 --runs 3
       tectonic-emu bench sim --encodings rs-6-3 --ranks 16 --runs 1 --paper-ranks 0 --json
+      tectonic-emu bench sim --encodings r1 --ranks 1024 --runs 1 --no-fail \
+          --paper-ranks 0 --trace
     """
     from bench import sim as mod
 
@@ -335,5 +344,6 @@ def sim_cmd(
         paper_ranks=mod.PAPER_RANKS if paper_ranks is None else paper_ranks,
         paper_scale=paper_scale,
         hold_pages=not keep_page_reporting,
+        trace=trace,
     )
     emit(result, as_json, plot_dir, mod)

@@ -68,6 +68,7 @@ from rich.table import Table
 
 from bench.progress import Stages, Step, no_step
 from bench.schema import schema_of
+from bench.sim_trace import CaseTrace, Span, Stage, StageStats, compare, traced
 from bench.tables import with_legend
 from clients.checkpoint import Checkpointer
 from clients.ckpt_models import checkpoint_plan
@@ -177,6 +178,7 @@ class SimBench:
     pages_held: bool = False  # free page reporting held off for the run (module docstring)
     warmed_gb: float = 0.0  # free memory touched first, while held (module docstring)
     warm_s: float = 0.0  # seconds that took
+    traces: list[CaseTrace] = field(default_factory=list)  # with ``trace``: each case's stages
     cpu_count: int = field(default_factory=lambda: os.cpu_count() or 0)
 
     def to_dict(self) -> dict[str, Any]:
@@ -261,6 +263,20 @@ async def apart(fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
 
+def _traced_round(case: Case, scale: float, directory: Path, cores: int) -> list[Span]:
+    """``_real_round``'s spans (``bench/sim_trace.py``)."""
+    with traced() as spans:
+        _real_round(case, scale, directory, cores)
+    return spans
+
+
+def _traced_projection(case: Case, scale: float, preset: Preset) -> list[Span]:
+    """``_projected``'s spans (``bench/sim_trace.py``)."""
+    with traced() as spans:
+        _projected(case, scale, preset)
+    return spans
+
+
 def _beside(machine: Machine, rounds: Sequence[Round]) -> Machine:
     """``machine`` with the device, fresh memory and copies into new values as its
     ``rounds`` met them: the median of each, the device's over its measurements before and
@@ -325,18 +341,21 @@ async def run_sim_bench(
     paper_scale: float = 1.0,
     hold_pages: bool = True,
     warm_bytes: int | None = None,
+    trace: bool = False,
     step: Step = no_step,
 ) -> SimBench:
     """``paper_ranks``: the ranks of the projection beside the paper (0: none), its files
     times ``paper_scale``. ``hold_pages``: hold free page reporting off for the run, where
     this process may, and first touch ``warm_bytes`` of free memory (None:
-    ``WARM_FRACTION`` of what is available; module docstring)."""
+    ``WARM_FRACTION`` of what is available; module docstring). ``trace``: then one more
+    real round of each case, and its projection, timed stage by stage
+    (``bench/sim_trace.py``)."""
     with page_reporting_held() if hold_pages else nullcontext(False) as held:
         warm = 0
         if held:
             warm = int(WARM_FRACTION * memory_available()) if warm_bytes is None else warm_bytes
         res = await _run(directory, scale, runs, encodings, ranks, fail, paper_ranks,
-                         paper_scale, warm, step)  # fmt: skip
+                         paper_scale, warm, trace, step)  # fmt: skip
     res.pages_held = held
     return res
 
@@ -351,10 +370,12 @@ async def _run(
     paper_ranks: int,
     paper_scale: float,
     warm: int,
+    trace: bool,
     step: Step,
 ) -> SimBench:
     todo = cases(encodings, ranks, fail)
-    stage = Stages(step, 1 + bool(warm) + len(todo) * (runs + 1) + bool(paper_ranks))
+    stages = 1 + bool(warm) + len(todo) * (runs + 1 + trace) + bool(paper_ranks)
+    stage = Stages(step, stages)
     warm_s = 0.0
     if warm:
         stage(f"touching {warm / 1e9:.1f} GB of free memory")
@@ -376,9 +397,10 @@ async def _run(
             if not case.fail:
                 rows[f"{case.name}: load"].real_s.append(got.load_s)
     t0 = time.perf_counter()
+    met_by: dict[str, Machine] = {}
     for case in todo:
         stage(f"projecting {case.name}")
-        met = _beside(machine, rounds[case.name])
+        met = met_by[case.name] = _beside(machine, rounds[case.name])
         save, load = await asyncio.to_thread(_projected, case, scale, machine_preset(met))
         mine = [rows[case.name]] + ([] if case.fail else [rows[f"{case.name}: load"]])
         for row, seconds in zip(mine, (save, load), strict=False):
@@ -388,6 +410,13 @@ async def _run(
             row.fresh_gb_s = met.fresh_gb_s
             row.copy_gb_s = met.cpu_gb_s["copy"]
     wall = time.perf_counter() - t0
+    traces = []
+    for case in todo if trace else ():
+        stage(f"tracing {case.name}")
+        real = await apart(_traced_round, case, scale, directory, machine.cores)
+        preset = machine_preset(met_by[case.name])
+        projected = await asyncio.to_thread(_traced_projection, case, scale, preset)
+        traces.append(compare(case.name, real, projected))
     for row in rows.values():
         row.ratio = row.projected_s / statistics.median(row.real_s) if row.real_s else 0.0
     paper = None
@@ -395,12 +424,46 @@ async def _run(
         stage(f"projecting {PAPER_MODEL} on {paper_ranks:,} ranks, {PAPER_PRESET}")
         paper = await asyncio.to_thread(paper_burst, paper_ranks, paper_scale)
     return SimBench(machine, scale, runs, list(rows.values()), wall, os.getloadavg(), paper,
-                    warmed_gb=warm / 1e9, warm_s=warm_s)  # fmt: skip
+                    warmed_gb=warm / 1e9, warm_s=warm_s, traces=traces)  # fmt: skip
 
 
 def table(res: SimBench) -> list[Table]:
-    """The projections beside the real runs and, if it ran, the burst beside the paper."""
-    return [machine_table(res)] + ([] if res.paper is None else [paper_table(res.paper)])
+    """The projections beside the real runs, each case's stages if traced, and, if it ran,
+    the burst beside the paper."""
+    paper = [] if res.paper is None else [paper_table(res.paper)]
+    return [machine_table(res)] + [trace_table(t) for t in res.traces] + paper
+
+
+def trace_table(trace: CaseTrace) -> Table:
+    t = Table(title=f"{trace.name}: stage by stage, real/projected", title_justify="left")
+    t.add_column("stage", no_wrap=True)
+    for col in ("calls", "mean ms", "in flight", "last end s"):
+        t.add_column(col, justify="right")
+
+    def pair(st: Stage, fmt: Callable[[StageStats], str]) -> str:
+        return "/".join("-" if s is None else fmt(s) for s in (st.real, st.projected))
+
+    for st in trace.stages:
+        t.add_row(
+            f"{st.phase}: {st.stage}",
+            pair(st, lambda s: f"{s.calls:,}"),
+            pair(st, lambda s: _short(s.mean_s * 1e3)),
+            pair(st, lambda s: _short(s.in_flight)),
+            pair(st, lambda s: _short(s.last_end_s)),
+        )
+    return with_legend(
+        t,
+        "one more round than those measured, and its projection, each call of each stage "
+        "timed on the loop's clock (bench/sim_trace.py); in flight: the calls' time over "
+        "the phase's; last end: from the phase's start",
+    )
+
+
+def _short(x: float) -> str:
+    """Three figures or so: 1,302, 243.7, 0.94."""
+    if x >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.1f}" if x >= 10 else f"{x:.2f}"
 
 
 def paper_table(p: PaperBurst) -> Table:
@@ -515,4 +578,5 @@ __all__ = [
     "plot",
     "run_sim_bench",
     "table",
+    "trace_table",
 ]
