@@ -317,8 +317,8 @@ def sim_cmd(
     """Projections beside real runs on this machine: measures the this-machine preset
     (device, node calls, metadata, CPU), then runs each checkpoint save and load for real
     on an embedded cluster, each round in a new process, measuring the device before and
-    after each and fresh memory and copies before each load, and projects it in virtual
-    time on those figures, and reports the ratio. Then meta-genai-24k projects a Llama 3
+    after each and fresh memory before each load, and projects it in virtual time on
+    those figures, and reports the ratio. Then meta-genai-24k projects a Llama 3
     checkpoint burst beside the paper's 7 and 2 TB/s. As root it holds the VM's free page
     reporting off meanwhile (put back after), having first touched half of the available
     memory once.

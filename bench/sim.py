@@ -19,10 +19,12 @@ the same thing: three rounds' loads then spread by 0.02-0.15 s, not 0.6 (2026-12
 The machine is measured again beside each real run, since on a shared VM its rates swing
 from one minute to the next: the device just before the save and again once the round is
 over (``measure_device``: a node's chunk writes and reads, 1.3-2.5 and 1.9-3.2 GB/s on
-2026-12-06), fresh memory and a thread's copies into new values just before the load
-(``fresh_memory_gb_s``, ``copy_gb_s``: after the save, in the round's process, as the load
-is about to meet them). Each scenario is projected on the medians of its rounds' figures
-(the projections therefore run after the real rounds). The device's two
+2026-12-06), fresh memory just before the load (``fresh_memory_gb_s``: after the save, in
+the round's process, as the load is about to meet it). Each scenario is projected on the
+medians of its rounds' figures (the projections therefore run after the real rounds). A
+thread's rate of copies into new ``bytes``, measured there the same way, depended on what
+the save had left in the heap (copies of 0.94 MB values ran at 1.9 GB/s there, at 1.5-1.6
+in a new process), so the copies stay at ``CpuModel.measure``'s rate. The device's two
 measurements around one round were no closer to each other than to any other (eight
 rounds of a 16-rank r1 save: writes 1.37-1.85 GB/s, correlation 0.29 between a round's
 two, none with its save, which held at 0.86-1.05 s), so each is one more sample of the
@@ -83,7 +85,7 @@ from clients.projection import (
 )
 from tectonic_emu import Cluster
 from tectonic_emu.resources import memory_available
-from tectonic_emu.sim.cpu import copy_gb_s, fresh_memory_gb_s
+from tectonic_emu.sim.cpu import fresh_memory_gb_s
 from tectonic_emu.sim.machine import (
     DISKS,
     NODES,
@@ -143,7 +145,6 @@ class Row:
     projected_s: float = 0.0
     ratio: float = 0.0
     fresh_gb_s: float = 0.0  # the rate of fresh memory its projection took (module docstring)
-    copy_gb_s: float = 0.0  # the rate of copies into new values its projection took (same)
     write_gb_s: float = 0.0  # the device its projection took (module docstring)
     read_gb_s: float = 0.0
     write_latency_s: float = 0.0
@@ -188,14 +189,12 @@ class SimBench:
 @dataclass(frozen=True, slots=True)
 class Round:
     """One real run of a case: its save and load (seconds), and the machine beside it:
-    the device before and after, the host's fresh memory and a thread's copies into new
-    values (GB/s)."""
+    the device before and after, and the host's fresh memory (GB/s)."""
 
     save_s: float
     load_s: float
     device: Device
     fresh_gb_s: float
-    copy_gb_s: float
     device_after: Device  # measured again once the round is over
 
 
@@ -234,19 +233,16 @@ async def _real(case: Case, scale: float, directory: Path, cores: int) -> Round:
             drop_caches()
             sample = os.urandom(8 << 20)
             fresh = await asyncio.to_thread(fresh_memory_gb_s, sample, threads=cores)
-            kept: list[bytes] = []  # held through the load, which so meets new memory too
-            copy = copy_gb_s(sample, kept)  # on the loop's thread, as the load's copies
             t0 = time.perf_counter()
             got = await asyncio.gather(*(ckpt.load(r, 1) for r in range(case.ranks)))
             load = time.perf_counter() - t0
-            del kept
             for r, (loaded, saved) in enumerate(zip(got, states, strict=True)):
                 if any(loaded[n] != bytes(v) for n, v in saved.items()):
                     raise RuntimeError(f"{case.name}: rank {r} loaded other bytes than it saved")
             await ckpt.close()
     finally:
         shutil.rmtree(root.parent, ignore_errors=True)
-    return Round(save, load, device, fresh, copy, await measure_device(directory, DEVICE_PROBE))
+    return Round(save, load, device, fresh, await measure_device(directory, DEVICE_PROBE))
 
 
 def _real_round(case: Case, scale: float, directory: Path, cores: int) -> Round:
@@ -278,9 +274,9 @@ def _traced_projection(case: Case, scale: float, preset: Preset) -> list[Span]:
 
 
 def _beside(machine: Machine, rounds: Sequence[Round]) -> Machine:
-    """``machine`` with the device, fresh memory and copies into new values as its
-    ``rounds`` met them: the median of each, the device's over its measurements before and
-    after each round (module docstring)."""
+    """``machine`` with the device and fresh memory as its ``rounds`` met them: the median
+    of each, the device's over its measurements before and after each round (module
+    docstring)."""
     if not rounds:
         return machine
     devices = [d for r in rounds for d in (r.device, r.device_after)]
@@ -290,7 +286,6 @@ def _beside(machine: Machine, rounds: Sequence[Round]) -> Machine:
         read_gb_s=statistics.median(d.read_gb_s for d in devices),
         write_latency_s=statistics.median(d.write_latency_s for d in devices),
         fresh_gb_s=statistics.median(r.fresh_gb_s for r in rounds),
-        cpu_gb_s={**machine.cpu_gb_s, "copy": statistics.median(r.copy_gb_s for r in rounds)},
     )
 
 
@@ -408,7 +403,6 @@ async def _run(
             row.write_gb_s, row.read_gb_s = met.write_gb_s, met.read_gb_s
             row.write_latency_s = met.write_latency_s
             row.fresh_gb_s = met.fresh_gb_s
-            row.copy_gb_s = met.cpu_gb_s["copy"]
     wall = time.perf_counter() - t0
     traces = []
     for case in todo if trace else ():
@@ -526,8 +520,7 @@ def machine_table(res: SimBench) -> Table:
         f"{_span([r.write_gb_s for r in res.rows])} write, "
         f"{_span([r.read_gb_s for r in res.rows])} read, a chunk write alone waits "
         f"{_span([r.write_latency_s * 1e3 for r in res.rows], 'ms')} more; fresh memory "
-        f"{_span([r.fresh_gb_s for r in res.rows])}, a thread's copies into new values "
-        f"{_span([r.copy_gb_s for r in res.rows])}",
+        f"{_span([r.fresh_gb_s for r in res.rows])}",
         f"load average {res.load_avg[0]:.1f}; projections took {res.projection_wall_s:.1f} s; "
         "freed memory "
         + (

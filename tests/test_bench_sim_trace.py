@@ -58,9 +58,10 @@ def test_a_span_belongs_to_the_phase_it_starts_in_and_in_flight_is_its_share() -
 def test_traced_wraps_every_stage_while_entered_and_puts_them_back() -> None:
     before = {where: _target(where)[0].__dict__[_target(where)[1]] for _, where in STAGES}
     with traced() as spans:
-        assert PartReader.__dict__["read_arena"] is not before[
-            "clients.ckpt_parts:PartReader.read_arena"
-        ]
+        assert (
+            PartReader.__dict__["read_arena"]
+            is not before["clients.ckpt_parts:PartReader.read_arena"]
+        )
     assert spans == []
     assert {where: _target(where)[0].__dict__[_target(where)[1]] for _, where in STAGES} == before
     with pytest.raises(TypeError), traced([("x", "clients.ckpt_parts:PartReader.__init__")]):

@@ -15,7 +15,7 @@ from tectonic_emu import clock
 from tectonic_emu.coding import Encoding, codec_for, crc32c, crc32c_each, crc32c_many, work
 from tectonic_emu.coding.synthetic import Synthetic
 from tectonic_emu.offload import InlineExecutor, offload
-from tectonic_emu.sim.cpu import ASSUMED_SERVER_CORE, CpuModel, HostCpu, copy_gb_s
+from tectonic_emu.sim.cpu import ASSUMED_SERVER_CORE, CpuModel, HostCpu
 
 ONE_GBPS = {kind: 1.0 for kind in work.KINDS}
 
@@ -178,17 +178,6 @@ def test_measured_rates_are_this_machines() -> None:
     assert model.cores >= 1
     assert set(model.gbps) == set(work.KINDS)
     assert all(0.01 < rate < 1000 for rate in model.gbps.values())
-
-
-def test_copies_into_new_values_are_kept_for_the_caller_and_timed() -> None:
-    """``copy_gb_s`` (bench sim, before each load): every copy is the data and stays the
-    caller's, so what is allocated after it is new memory; one pass, with a short last
-    piece left out rather than counted."""
-    kept: list[bytes] = [b"before"]
-    data = bytes(range(256)) * 4096  # 1 MiB
-    rate = copy_gb_s(data, kept, total=(3 << 20) + 5)
-    assert 0.01 < rate < 1000
-    assert kept[0] == b"before" and len(kept) == 4 and all(k == data for k in kept[1:])
 
 
 def test_slow_client_cpus_bound_the_save_and_the_report_says_so() -> None:

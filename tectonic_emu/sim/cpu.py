@@ -186,21 +186,6 @@ def fresh_memory_gb_s(data: bytes, *, threads: int, total: int = 256 << 20) -> f
     return threads * per * len(src) / max(elapsed, 1e-9) / 1e9
 
 
-def copy_gb_s(data: bytes, kept: list[bytes], *, total: int = 256 << 20) -> float:
-    """GB/s of copies of ``data`` into new ``bytes`` on this thread, ``total`` bytes in all,
-    each appended to ``kept``: the ``copy`` kind as a load makes its values, measured in
-    the process about to load (``bench sim``). The caller holds ``kept`` until the load is
-    done, so that what the load allocates is new memory, as it is without the measurement.
-    One pass, not the best of several: each pass meets new memory, and the first is the
-    one the load is like."""
-    view = memoryview(data)
-    count = max(1, total // len(view))
-    t0 = time.perf_counter()
-    for _ in range(count):
-        kept.append(bytes(view))
-    return count * len(view) / max(time.perf_counter() - t0, 1e-9) / 1e9
-
-
 def _gbps(fn: Callable[[], object], repeat: int) -> float:
     fn()  # warm: tables, pages
     best = math.inf
@@ -251,4 +236,4 @@ def _measurements(data: bytes) -> dict[str, Callable[[], object]]:
     }
 
 
-__all__ = ["ASSUMED_SERVER_CORE", "CpuModel", "HostCpu", "copy_gb_s", "fresh_memory_gb_s"]
+__all__ = ["ASSUMED_SERVER_CORE", "CpuModel", "HostCpu", "fresh_memory_gb_s"]
