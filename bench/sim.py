@@ -559,11 +559,11 @@ SCHEMA = schema_of(SimBench, "tectonic-emu/bench-sim/1", "tectonic-emu bench sim
 
 __all__ = [
     "SCHEMA",
-    "apart",
     "Case",
     "PaperBurst",
     "Row",
     "SimBench",
+    "apart",
     "cases",
     "machine_table",
     "paper_burst",
