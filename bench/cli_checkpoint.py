@@ -327,7 +327,7 @@ def sim_cmd(
     Example:
       tectonic-emu bench sim --scale 0.01 --runs 3
       tectonic-emu bench sim --encodings rs-6-3 --ranks 16 --runs 1 --paper-ranks 0 --json
-      tectonic-emu bench sim --encodings r1 --ranks 1024 --runs 1 --no-fail \
+      tectonic-emu bench sim --encodings r1 --ranks 1024 --runs 1 --no-fail \\
           --paper-ranks 0 --trace
     """
     from bench import sim as mod
