@@ -274,7 +274,9 @@ def rank_error(rank: object, world_size: int) -> CheckpointError | None:
         and 0 <= rank < world_size
     ):
         return None
-    return CheckpointError(f"rank {rank} is not in [0, {world_size})")
+    # A number as it is, anything else by its repr: one line, whatever it holds.
+    shown = rank if isinstance(rank, (int, np.integer)) else repr(rank)
+    return CheckpointError(f"rank {shown} is not in [0, {world_size})")
 
 
 __all__ = [

@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clients.ckpt_format import Entry, Manifest, Part, Shard, entry_text
+from clients.ckpt_format import Entry, Manifest, Part, Shard, entry_text, rank_error
 
 ints = st.integers(min_value=0, max_value=2**63 - 1)
 names = st.text(min_size=1, max_size=20)  # quotes, control characters, non-ASCII
@@ -65,3 +65,14 @@ def test_each_ranks_names_are_those_it_saved_in_the_manifests_order(es: list[Ent
     ix = Index(Manifest(1, 6, tuple(es)))
     for rank in range(7):
         assert ix.names_of(rank) == [n for n in ix.by_name if (n, rank) in ix.own]
+
+
+@given(st.one_of(st.text(), st.floats(allow_nan=True), st.integers(), st.booleans()))
+def test_a_rank_refused_is_named_in_one_line(rank: object) -> None:
+    """Whatever a caller passes as a rank, its error is one line (docs/errors.md): a text
+    rank of "\\n" once printed a line break (found by tests/test_api_types.py)."""
+    err = rank_error(rank, 4)
+    if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < 4:
+        assert err is None
+        return
+    assert err is not None and "\n" not in str(err) and "is not in [0, 4)" in str(err)
