@@ -9,6 +9,10 @@ mixed in where one fits, so ``except FileNotFoundError`` works on our errors too
 from __future__ import annotations
 
 import errno as _errno
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import asyncio
 
 
 class TectonicError(OSError):
@@ -178,6 +182,16 @@ class AuthenticationError(TectonicError, PermissionError):
     default_errno = _errno.EACCES
 
 
+def retrieved(fut: asyncio.Future[Any]) -> None:
+    """Mark a future's outcome seen (as a done callback): its error is reported elsewhere,
+    or by nobody once its owner is abandoned. Left unseen, the loop logs it when the future
+    is collected, with a traceback that Python 3.11 formats by parsing source, and a
+    collection inside another ``ast.parse`` (hypothesis's, in a later test) then failed
+    with "AST constructor recursion depth mismatch" (CPython gh-106905)."""
+    if not fut.cancelled():
+        fut.exception()
+
+
 def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The first leaf of an exception group: ``TaskGroup`` wraps errors, our callers want the
     plain typed error."""
@@ -217,4 +231,5 @@ __all__ = [
     "WriterClosedError",
     "first_error",
     "reason",
+    "retrieved",
 ]

@@ -26,6 +26,7 @@ from tectonic_emu.errors import (
     InvalidArgumentError,
     TectonicError,
     WriterClosedError,
+    retrieved,
 )
 from tectonic_emu.intents import ChunkIntent
 from tectonic_emu.metadata.layers import Metadata, new_id
@@ -99,7 +100,9 @@ class BlockPipeline:
             await self._retire_oldest()
         prev = self._tasks[-1][1] if self._tasks else None
         committed = asyncio.get_running_loop().create_future()
-        self._tasks.append((asyncio.create_task(self._run(block, prev, committed)), committed))
+        task = asyncio.create_task(self._run(block, prev, committed))
+        task.add_done_callback(retrieved)  # raised by submit or drain; by none if abandoned
+        self._tasks.append((task, committed))
 
     async def _retire_oldest(self) -> None:
         task, _ = self._tasks[0]

@@ -76,6 +76,7 @@ from tectonic_emu.errors import (
     ChunkNotFoundError,
     InvalidArgumentError,
     NodeUnavailableError,
+    retrieved,
 )
 from tectonic_emu.localfile import make_private
 
@@ -191,7 +192,7 @@ class LocalNode(StorageNode):
             await asyncio.shield(fut)
         except asyncio.CancelledError:
             if job.drop():  # still queued: it will do nothing, so nothing to wait for
-                fut.add_done_callback(_retrieve)
+                fut.add_done_callback(retrieved)
                 raise
             await _settle(fut)
             if job.created:  # the worker finished before it saw the abort
@@ -446,12 +447,6 @@ class LocalNode(StorageNode):
             await asyncio.to_thread(executor.shutdown)
 
 
-def _retrieve(fut: asyncio.Future[Any]) -> None:
-    """Mark a future's outcome seen: one that nobody awaits any more."""
-    if not fut.cancelled():
-        fut.exception()
-
-
 async def _settle(fut: asyncio.Future[Any]) -> None:
     """Wait until ``fut`` is done, through further cancellations, and swallow its outcome.
 
@@ -460,7 +455,7 @@ async def _settle(fut: asyncio.Future[Any]) -> None:
     while not fut.done():
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait([fut])
-    _retrieve(fut)
+    retrieved(fut)
 
 
 __all__ = ["LocalNode"]
