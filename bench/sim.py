@@ -199,11 +199,20 @@ class Round:
 
 
 async def _real(case: Case, scale: float, directory: Path, cores: int) -> Round:
-    """``case`` on an embedded cluster in ``directory``: the device measured
-    (``measure_device``), every rank from a common start to its commit, then (caches
-    dropped) the host's rate of fresh memory as the load is about to meet it (``cores``
-    threads), then every rank's load of its own state."""
+    """``case`` run (``_save_and_load``) with the device measured (``measure_device``)
+    before and after."""
     device = await measure_device(directory, DEVICE_PROBE)
+    save, load, fresh = await _save_and_load(case, scale, directory, cores)
+    return Round(save, load, device, fresh, await measure_device(directory, DEVICE_PROBE))
+
+
+async def _save_and_load(
+    case: Case, scale: float, directory: Path, cores: int
+) -> tuple[float, float, float]:
+    """``case`` on an embedded cluster in ``directory``: every rank from a common start to
+    its commit, then (caches dropped) the host's rate of fresh memory as the load is about
+    to meet it (``cores`` threads), then every rank's load of its own state. The save's and
+    the load's seconds, and that rate (GB/s)."""
     plan = checkpoint_plan(MODEL, case.ranks, scale)
     data = memoryview(os.urandom(plan.total))
     states, at = [], 0
@@ -242,7 +251,7 @@ async def _real(case: Case, scale: float, directory: Path, cores: int) -> Round:
             await ckpt.close()
     finally:
         shutil.rmtree(root.parent, ignore_errors=True)
-    return Round(save, load, device, fresh, await measure_device(directory, DEVICE_PROBE))
+    return save, load, fresh
 
 
 def _real_round(case: Case, scale: float, directory: Path, cores: int) -> Round:
@@ -260,9 +269,10 @@ async def apart(fn: Callable[..., T], *args: Any) -> T:
 
 
 def _traced_round(case: Case, scale: float, directory: Path, cores: int) -> list[Span]:
-    """``_real_round``'s spans (``bench/sim_trace.py``)."""
+    """The spans (``bench/sim_trace.py``) of ``case``'s save and load, without the device's
+    measurements, which a traced round does not report."""
     with traced() as spans:
-        _real_round(case, scale, directory, cores)
+        asyncio.run(_save_and_load(case, scale, directory, cores))
     return spans
 
 

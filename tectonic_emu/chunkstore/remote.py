@@ -45,6 +45,7 @@ from tectonic_emu.errors import (
     InvalidArgumentError,
     NodeUnavailableError,
     reason,
+    retrieved,
 )
 
 log = logging.getLogger(__name__)
@@ -370,8 +371,7 @@ class RemoteNode(StorageNode):
     def _opened(self, kind: str, task: asyncio.Task[_ClientConnection]) -> None:
         if self._connecting.get(kind) is task:
             del self._connecting[kind]
-        if not task.cancelled():
-            task.exception()  # retrieved: its waiters (if any are left) re-raise it
+        retrieved(task)  # its waiters (if any are left) re-raise it
 
     async def _open(self, kind: str) -> _ClientConnection:
         address = self.resolve()

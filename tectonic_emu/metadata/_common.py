@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from tectonic_emu.errors import InvalidArgumentError
+from tectonic_emu.errors import InvalidArgumentError, retrieved
 from tectonic_emu.metadata.kv import KVStore, Transaction
 
 _T = TypeVar("_T")
@@ -238,8 +238,7 @@ async def settled(work: Awaitable[_T]) -> _T:
         return await asyncio.shield(fut)
     except asyncio.CancelledError:
         await asyncio.wait([fut])
-        if not fut.cancelled():
-            fut.exception()  # reported by the failed transaction's caller, not the loop
+        retrieved(fut)  # reported by the failed transaction's caller, not the loop
         raise
 
 
