@@ -386,7 +386,8 @@ async def _run(
         stage(f"touching {warm / 1e9:.1f} GB of free memory")
         warm_s = await asyncio.to_thread(warm_free_memory, warm)
     stage("measuring this machine")
-    machine = await measure(directory)
+    plans = [checkpoint_plan(MODEL, c.ranks, scale) for c in todo]
+    machine = await measure(directory, {f.size for p in plans for r in p.per_rank for f in r.files})
     rows: dict[str, Row] = {}
     rounds: dict[str, list[Round]] = {case.name: [] for case in todo}
     for case in todo:

@@ -13,7 +13,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from clients.ckpt_models import MODELS, get_model
+from clients.ckpt_models import MODELS, checkpoint_plan, get_model
 from clients.projection import (
     PAPER_PEAK_GB_S,
     PAPER_PRESET,
@@ -159,7 +159,12 @@ def scenario_options(f: F) -> F:
 
 def scenario_of(o: dict[str, Any]) -> Scenario:
     """The scenario the options ``o`` name (raises InvalidArgumentError for a bad one)."""
-    p = this_machine() if o["preset"] == THIS_MACHINE else PRESETS[o["preset"]]
+    ranks = get_model(o["model"]).ranks if o["ranks"] is None else o["ranks"]
+    if o["preset"] == THIS_MACHINE:  # copies measured at the sizes of the values it loads
+        plan = checkpoint_plan(o["model"], ranks)
+        p = this_machine(value_sizes={f.size for r in plan.per_rank for f in r.files})
+    else:
+        p = PRESETS[o["preset"]]
     hw = p.hardware
     if o["servers"] is not None:
         hw = dataclasses.replace(hw, servers=o["servers"])
@@ -169,7 +174,6 @@ def scenario_of(o: dict[str, Any]) -> Scenario:
         meta = MetadataModel(o["metadata_shards"], o["metadata_qps"], hw.fabric.rtt)
         hw = dataclasses.replace(hw, metadata=meta)
     Encoding.parse(o["encoding"])
-    ranks = get_model(o["model"]).ranks if o["ranks"] is None else o["ranks"]
     return p.scenario(
         o["model"],
         ranks,

@@ -37,7 +37,7 @@ import dataclasses
 import math
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,11 +94,13 @@ class Preset:
         )
 
 
-def this_machine(directory: Path | None = None) -> Preset:
+def this_machine(directory: Path | None = None, value_sizes: Iterable[int] = ()) -> Preset:
     """The ``this-machine`` preset, measured now in ``directory`` (default: the temp dir):
-    an embedded cluster on this machine's device, cores and SQLite
-    (``tectonic_emu/sim/machine.py``; ``bench sim`` compares it with real runs)."""
-    return machine_preset(asyncio.run(measure(directory or Path(tempfile.gettempdir()))))
+    an embedded cluster on this machine's device, cores and SQLite, its copies measured at
+    ``value_sizes`` too (``tectonic_emu/sim/machine.py``; ``bench sim`` compares it with
+    real runs)."""
+    where = directory or Path(tempfile.gettempdir())
+    return machine_preset(asyncio.run(measure(where, value_sizes)))
 
 
 def machine_preset(machine: Machine) -> Preset:

@@ -15,7 +15,13 @@ from tectonic_emu import clock
 from tectonic_emu.coding import Encoding, codec_for, crc32c, crc32c_each, crc32c_many, work
 from tectonic_emu.coding.synthetic import Synthetic
 from tectonic_emu.offload import InlineExecutor, offload
-from tectonic_emu.sim.cpu import ASSUMED_SERVER_CORE, CpuModel, HostCpu
+from tectonic_emu.sim.cpu import (
+    ASSUMED_SERVER_CORE,
+    COPY_SIZES,
+    CpuModel,
+    HostCpu,
+    copy_rates,
+)
 
 ONE_GBPS = {kind: 1.0 for kind in work.KINDS}
 
@@ -163,6 +169,47 @@ def test_copies_into_fresh_memory_share_the_hosts_rate_of_it() -> None:
     assert clock.run_virtual(run(1.0)) == [1.0, 2.0, 2.0]
     with pytest.raises(ValueError, match="positive rate"):
         CpuModel(1, ONE_GBPS, fresh_gb_s=0.0)
+
+
+def test_a_copy_takes_the_rate_measured_for_its_size() -> None:
+    """Rates at 1 MB and 100 MB: a copy of either size takes its own, one of 10 MB the
+    rate halfway between them (halfway on the log of the size), smaller and larger ones
+    the nearest end's; without rates by size every copy takes ``gbps["copy"]``."""
+    model = CpuModel(1, ONE_GBPS, copy_sizes=((10**6, 1.0), (10**8, 3.0)))
+    assert model.copy_gbps(10**6) == 1.0
+    assert model.copy_gbps(10**8) == 3.0
+    assert model.copy_gbps(10**7) == pytest.approx(2.0)
+    assert model.copy_gbps(1000) == 1.0
+    assert model.copy_gbps(10**10) == 3.0
+    assert CpuModel(1, {**ONE_GBPS, "copy": 5.0}).copy_gbps(10**6) == 5.0
+
+    async def run(sizes: list[int]) -> float:
+        cpu = HostCpu(model, name="host")
+        with cpu.active():
+            for n in sizes:
+                work.count("copy", n)
+                work.count("crc32c", n)  # other kinds keep their one rate
+            await work.settle()
+        return clock.monotonic()
+
+    # 1 GB as a thousand 1 MB copies (1 s) or ten 100 MB ones (1/3 s), plus 1 s of CRC
+    assert clock.run_virtual(run([10**6] * 1000)) == pytest.approx(2.0)
+    assert clock.run_virtual(run([10**8] * 10)) == pytest.approx(1 + 1 / 3)
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [((10**6, 0.0),), ((0, 1.0),), ((10**8, 1.0), (10**6, 1.0)), ((10**6, 1.0), (10**6, 2.0))],
+)
+def test_copy_rates_by_size_are_positive_and_in_order(sizes: tuple[tuple[int, float], ...]) -> None:
+    with pytest.raises(ValueError, match=r"copies of positive sizes|copy rates by size"):
+        CpuModel(1, ONE_GBPS, copy_sizes=sizes)
+
+
+def test_copies_by_size_are_measured_each_in_a_new_process() -> None:
+    rates = copy_rates([1 << 20, 100_000, 1 << 20, 8, 1 << 30], total=16 << 20)
+    assert sorted(rates) == [COPY_SIZES[0], 100_000, 1 << 20, COPY_SIZES[1]]
+    assert all(0.05 < r < 1000 for r in rates.values())
 
 
 def test_a_cpu_model_needs_every_rate_and_a_core() -> None:

@@ -24,13 +24,16 @@ sample), and the CPU of servers on hosts of their own.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import math
 import mmap
+import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,13 +50,17 @@ class CpuModel:
     rate of copies into fresh memory however many threads make them (a VM whose host hands
     it new pages at one rate, ../shared/MACHINE.md); None: each core's ``copy`` rate.
     ``call_s``: seconds of the event loop's Python per node call (its future, its job on
-    an I/O pool, its wake-up), where measured; 0: not charged."""
+    an I/O pool, its wake-up), where measured; 0: not charged. ``copy_sizes``: (bytes,
+    GB/s) of one core's copies of values of that size into fresh memory, where measured
+    (``copy_rates``): a copy of another size takes the rate of its neighbours, interpolated
+    on the log of the size and held beyond the ends; empty: ``gbps["copy"]`` at any size."""
 
     cores: int
     gbps: Mapping[str, float] = field(hash=False)
     source: str = ""
     fresh_gb_s: float | None = None
     call_s: float = 0.0
+    copy_sizes: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.cores < 1:
@@ -65,6 +72,24 @@ class CpuModel:
             raise ValueError(f"fresh memory comes at a positive rate, not {self.fresh_gb_s}")
         if not (math.isfinite(self.call_s) and self.call_s >= 0):
             raise ValueError(f"a call's cost cannot be negative: {self.call_s}")
+        if any(not (n > 0 and rate > 0) for n, rate in self.copy_sizes):
+            raise ValueError(f"copies of positive sizes at positive rates: {self.copy_sizes}")
+        if list(self.copy_sizes) != sorted(dict(self.copy_sizes).items()):
+            raise ValueError(f"copy rates by size, each size once, in order: {self.copy_sizes}")
+
+    def copy_gbps(self, nbytes: int) -> float:
+        """GB/s of one core's copy of ``nbytes`` into fresh memory (``copy_sizes``)."""
+        points = self.copy_sizes
+        if not points:
+            return self.gbps["copy"]
+        k = bisect.bisect_left(points, nbytes, key=lambda p: p[0])
+        if k == 0:
+            return points[0][1]
+        if k == len(points):
+            return points[-1][1]
+        (n0, r0), (n1, r1) = points[k - 1], points[k]
+        w = math.log(nbytes / n0) / math.log(n1 / n0)
+        return r0 + w * (r1 - r0)
 
     def seconds(self, done: Mapping[str, int]) -> float:
         """Core-seconds that ``done`` (bytes per kind) takes."""
@@ -105,10 +130,17 @@ class HostCpu(work.Tally):
         )
         self.owed_fresh = 0  # bytes copied into fresh memory, not charged yet
         self._per_byte = {kind: 1 / (rate * 1e9) for kind, rate in model.gbps.items()}
+        self._copy_per_byte: dict[int, float] = {}  # by size, where rates differ by size
 
     def add(self, kind: str, nbytes: int) -> None:
         super().add(kind, nbytes)
-        seconds = nbytes * self._per_byte[kind]
+        if kind == "copy" and self.model.copy_sizes:
+            per = self._copy_per_byte.get(nbytes)
+            if per is None:
+                per = self._copy_per_byte[nbytes] = 1 / (self.model.copy_gbps(nbytes) * 1e9)
+            seconds = nbytes * per
+        else:
+            seconds = nbytes * self._per_byte[kind]
         self.owed += seconds
         if not self.threads:
             self.owed_loop += seconds
@@ -152,6 +184,10 @@ ASSUMED_SERVER_CORE: Mapping[str, float] = {
 # checksummed its small pieces at 11 (2026-12-06).
 _MEASURE_BYTES = 64 << 20
 _MEASURE_CALL = 8 << 20
+# Copies by size (copy_rates): 512 MiB of each size measured within 2-4% from one process
+# to the next, where 256 MiB spread by 8% (2026-12-06).
+COPY_PROBE_BYTES = 512 << 20
+COPY_SIZES = (64 << 10, 64 << 20)  # the sizes copy_rates measures, at least and at most
 
 
 def fresh_memory_gb_s(data: bytes, *, threads: int, total: int = 256 << 20) -> float:
@@ -184,6 +220,39 @@ def fresh_memory_gb_s(data: bytes, *, threads: int, total: int = 256 << 20) -> f
         for dest in out:
             dest.close()
     return threads * per * len(src) / max(elapsed, 1e-9) / 1e9
+
+
+def fresh_copy_gb_s(size: int, total: int = COPY_PROBE_BYTES) -> float:
+    """GB/s of this thread's copies of ``size`` bytes into new ``bytes``, kept, ``total``
+    bytes of them, as a load makes its values (``clients/ckpt_parts.as_bytes``): from a
+    buffer of random bytes at offsets that move by ``size``, with malloc tuned as a
+    cluster's process has it (``_malloc.py``). Meant for a new process (``copy_rates``):
+    what the heap holds already decides what a copy costs."""
+    from tectonic_emu._malloc import keep_freed_memory
+
+    keep_freed_memory()
+    src = memoryview(os.urandom(max(_MEASURE_BYTES, 2 * size)))
+    count = max(1, total // size)
+    kept: list[bytes] = []
+    t0 = time.perf_counter()
+    for k in range(count):
+        at = k * size % (len(src) - size + 1)
+        kept.append(bytes(src[at : at + size]))
+    return count * size / max(time.perf_counter() - t0, 1e-9) / 1e9
+
+
+def copy_rates(sizes: Iterable[int], total: int = COPY_PROBE_BYTES) -> dict[int, float]:
+    """``fresh_copy_gb_s`` of each size, each in a new process (spawned: a fork would start
+    with this one's heap). A size beyond ``COPY_SIZES`` is measured at the nearer end (a
+    rate by size holds beyond its ends): smaller copies would take millions of calls,
+    larger ones more memory than the probe's bytes."""
+    lo, hi = COPY_SIZES
+    spawn = multiprocessing.get_context("spawn")
+    out = {}
+    for size in sorted({min(max(n, lo), hi) for n in sizes}):
+        with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+            out[size] = pool.submit(fresh_copy_gb_s, size, total).result()
+    return out
 
 
 def _gbps(fn: Callable[[], object], repeat: int) -> float:
@@ -236,4 +305,13 @@ def _measurements(data: bytes) -> dict[str, Callable[[], object]]:
     }
 
 
-__all__ = ["ASSUMED_SERVER_CORE", "CpuModel", "HostCpu", "fresh_memory_gb_s"]
+__all__ = [
+    "ASSUMED_SERVER_CORE",
+    "COPY_PROBE_BYTES",
+    "COPY_SIZES",
+    "CpuModel",
+    "HostCpu",
+    "copy_rates",
+    "fresh_copy_gb_s",
+    "fresh_memory_gb_s",
+]

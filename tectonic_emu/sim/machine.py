@@ -24,7 +24,12 @@ Measured by the code the real runs use, in a directory on the disk the runs use:
   shard's), and a page of its WAL synced on the device by each transaction that writes;
 - **the client's CPU:** ``CpuModel.measure()`` on this machine's cores, and the rate at
   which the host gives the process fresh memory (``fresh_memory_gb_s``, first thing, while
-  the process's memory is still new); embedded nodes have no wire, so frames cost no CPU.
+  the process's memory is still new); embedded nodes have no wire, so frames cost no CPU;
+- **copies by size:** a copy into fresh memory of each value size the workload loads, and
+  of a chunk (``copy_rates``, each in a new process). One rate did not fit both: in real
+  loads, 0.94 MB values copied at 1.73-1.77 GB/s of the loop's CPU and 60 MB ones at
+  2.08-2.23, as copies alone in a new process measured them (1.74 and 1.97-2.13), where
+  ``CpuModel.measure``'s 8 MiB ``copy`` gave 1.94 for both (2026-12-06).
 
 ``Machine.hardware()`` is an embedded cluster of ``NODES`` nodes of ``DISKS`` disks on it
 (``Hardware.embedded``: one device, the nodes' CPU work the one host's). ``bench sim``
@@ -41,9 +46,9 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tectonic_emu.chunkstore import LocalNode
@@ -51,7 +56,7 @@ from tectonic_emu.cluster import IO_THREADS
 from tectonic_emu.coding import crc32c
 from tectonic_emu.metadata import SQLiteKV
 from tectonic_emu.sim.cluster import Hardware
-from tectonic_emu.sim.cpu import CpuModel
+from tectonic_emu.sim.cpu import CpuModel, copy_rates
 from tectonic_emu.sim.devices import DiskModel
 from tectonic_emu.sim.fabric import FabricModel
 from tectonic_emu.sim.metadata import MetadataModel
@@ -154,6 +159,8 @@ class Machine:
     fresh_gb_s: float = 0.0  # copies into fresh memory, all threads together (0: not limited)
     call_cpu_s: float = 0.0  # the loop's time per node call, CALLS_AT_ONCE at once
     write_latency_s: float = 0.0  # an 8 MiB chunk write alone, beyond bytes and call
+    # GB/s of one core's copies into fresh memory by size (bytes, as text: JSON's keys)
+    copy_gb_s: dict[str, float] = field(default_factory=dict)
 
     def hardware(self) -> Hardware:
         return Hardware(
@@ -191,14 +198,18 @@ class Machine:
                 "measured (tectonic_emu/sim/machine.py)",
                 fresh_gb_s=self.fresh_gb_s or None,
                 call_s=self.call_cpu_s,
+                copy_sizes=tuple(sorted((int(n), r) for n, r in self.copy_gb_s.items())),
             ),
             embedded=True,
         )
 
 
-async def measure(directory: Path) -> Machine:
-    """``this-machine``'s figures (module docstring), measured in ``directory``."""
+async def measure(directory: Path, value_sizes: Iterable[int] = ()) -> Machine:
+    """``this-machine``'s figures (module docstring), measured in ``directory``, with
+    copies of ``value_sizes`` (the sizes of the values a projection will load) and of a
+    chunk."""
     cpu = CpuModel.measure()
+    copies = await asyncio.to_thread(copy_rates, {BIG_CHUNK, *value_sizes})
     work = Path(tempfile.mkdtemp(prefix="tectonic-sim-machine-", dir=directory))
     pool = concurrent.futures.ThreadPoolExecutor(QUEUE_DEPTH)
     try:
@@ -232,6 +243,7 @@ async def measure(directory: Path) -> Machine:
         cpu_gb_s=dict(cpu.gbps),
         cold_reads=cold,
         fresh_gb_s=cpu.fresh_gb_s or 0.0,
+        copy_gb_s={str(n): rate for n, rate in copies.items()},
     )
 
 
