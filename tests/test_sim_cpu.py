@@ -18,6 +18,7 @@ from tectonic_emu.offload import InlineExecutor, offload
 from tectonic_emu.sim.cpu import (
     ASSUMED_SERVER_CORE,
     COPY_SIZES,
+    REPLY_SHARE,
     CpuModel,
     HostCpu,
     copy_rates,
@@ -278,8 +279,10 @@ def test_an_embedded_clusters_nodes_spend_the_client_hosts_cpu() -> None:
 
 
 def test_each_node_call_costs_the_loop_its_measured_python() -> None:
-    """With ``call_s`` of 1 ms, ten calls at once on a host of four cores end 1 ms apart,
-    the last at 10 ms: a call's Python is the loop's, one at a time. Without it, free."""
+    """With ``call_s`` of 1 ms, ten calls at once on a host of four cores take 10 ms of the
+    loop: a call's Python is the loop's, one at a time, half of it as the call is made
+    (the ten made by 5 ms) and the rest (``REPLY_SHARE``) as its reply is taken up (one
+    every 0.5 ms after). Without it, free."""
 
     async def run(call_s: float) -> list[float]:
         cpu = HostCpu(CpuModel(4, ONE_GBPS, call_s=call_s), name="host")
@@ -289,13 +292,44 @@ def test_each_node_call_costs_the_loop_its_measured_python() -> None:
             with cpu.active():
                 work.calls(1)
                 await work.settle()
+                work.calls(1, replies=True)
+                await work.settle()
             ends.append(round(clock.monotonic(), 9))
 
         await asyncio.gather(*(call() for _ in range(10)))
-        assert cpu.calls == 10
+        assert cpu.calls == 10  # replies are not calls
         return ends
 
-    assert clock.run_virtual(run(1e-3)) == pytest.approx([k * 1e-3 for k in range(1, 11)])
+    assert REPLY_SHARE == 0.5
+    got = clock.run_virtual(run(1e-3))
+    assert got == pytest.approx([5e-3 + k * 0.5e-3 for k in range(1, 11)])
     assert clock.run_virtual(run(0.0)) == [0.0] * 10
+
+
+def test_a_reply_waits_for_the_loop_behind_work_already_on_it() -> None:
+    """A 10 ms copy on the loop, then a call's reply due at 1 ms: the reply is taken up
+    once the copy is done (10 ms, and its own share after), as a real loop runs a ready
+    callback only between others."""
+
+    async def run() -> list[float]:
+        cpu = HostCpu(CpuModel(4, ONE_GBPS, call_s=2e-3), name="host")
+        ends: list[float] = []
+
+        async def copy() -> None:
+            with cpu.active():
+                work.count("copy", 10**7)  # 10 ms at 1 GB/s, on the loop
+                await work.settle()
+
+        async def reply() -> None:
+            await asyncio.sleep(1e-3)
+            with cpu.active():
+                work.calls(1, replies=True)
+                await work.settle()
+            ends.append(round(clock.monotonic(), 9))
+
+        await asyncio.gather(copy(), reply())
+        return ends
+
+    assert clock.run_virtual(run()) == pytest.approx([10e-3 + REPLY_SHARE * 2e-3])
     with pytest.raises(ValueError, match="call's cost"):
         CpuModel(1, ONE_GBPS, call_s=-1.0)

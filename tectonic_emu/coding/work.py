@@ -64,10 +64,11 @@ class Tally:
     def add(self, kind: str, nbytes: int) -> None:
         self.total[kind] = self.total.get(kind, 0) + nbytes
 
-    def add_calls(self, n: int) -> None:
-        """``n`` node calls made (their Python on the event loop, which a subclass may
-        charge: ``sim.cpu.CpuModel.call_s``)."""
-        self.calls += n
+    def add_calls(self, n: int, *, replies: bool = False) -> None:
+        """``n`` node calls made, or (``replies``) their replies taken up: their Python on
+        the event loop, which a subclass may charge (``sim.cpu.CpuModel.call_s``)."""
+        if not replies:
+            self.calls += n
 
     @contextmanager
     def on_thread(self) -> Iterator[None]:
@@ -111,11 +112,12 @@ def count(kind: str, nbytes: int) -> None:
         tally.add(kind, nbytes)
 
 
-def calls(n: int) -> None:
-    """``n`` node calls made now, in the current tally if any (``Tally.add_calls``)."""
+def calls(n: int, *, replies: bool = False) -> None:
+    """``n`` node calls made now, or (``replies``) their replies taken up, in the current
+    tally if any (``Tally.add_calls``)."""
     tally = _CURRENT.get()
     if tally is not None:
-        tally.add_calls(n)
+        tally.add_calls(n, replies=replies)
 
 
 @contextmanager

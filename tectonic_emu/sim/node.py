@@ -127,6 +127,7 @@ class ModelNode(StorageNode):
             work.count("wire", FRAME_BYTES + received)
             if received:
                 work.count("crc32c", received)
+        work.calls(1, replies=True)  # the reply taken up on the loop
         await work.settle()
         return result
 
