@@ -18,7 +18,6 @@ from tectonic_emu.offload import InlineExecutor, offload
 from tectonic_emu.sim.cpu import (
     ASSUMED_SERVER_CORE,
     COPY_SIZES,
-    REPLY_SHARE,
     CpuModel,
     HostCpu,
     copy_rates,
@@ -280,12 +279,12 @@ def test_an_embedded_clusters_nodes_spend_the_client_hosts_cpu() -> None:
 
 def test_each_node_call_costs_the_loop_its_measured_python() -> None:
     """With ``call_s`` of 1 ms, ten calls at once on a host of four cores take 10 ms of the
-    loop: a call's Python is the loop's, one at a time, half of it as the call is made
-    (the ten made by 5 ms) and the rest (``REPLY_SHARE``) as its reply is taken up (one
-    every 0.5 ms after). Without it, free."""
+    loop: a call's Python is the loop's, one at a time, a quarter of it as its reply is
+    taken up (``reply_share``) and the rest as the call is made: the ten made by 7.5 ms,
+    the replies taken up one every 0.25 ms after. Without it, free."""
 
     async def run(call_s: float) -> list[float]:
-        cpu = HostCpu(CpuModel(4, ONE_GBPS, call_s=call_s), name="host")
+        cpu = HostCpu(CpuModel(4, ONE_GBPS, call_s=call_s, reply_share=0.25), name="host")
         ends: list[float] = []
 
         async def call() -> None:
@@ -300,9 +299,8 @@ def test_each_node_call_costs_the_loop_its_measured_python() -> None:
         assert cpu.calls == 10  # replies are not calls
         return ends
 
-    assert REPLY_SHARE == 0.5
     got = clock.run_virtual(run(1e-3))
-    assert got == pytest.approx([5e-3 + k * 0.5e-3 for k in range(1, 11)])
+    assert got == pytest.approx([7.5e-3 + k * 0.25e-3 for k in range(1, 11)])
     assert clock.run_virtual(run(0.0)) == [0.0] * 10
 
 
@@ -312,7 +310,7 @@ def test_a_reply_waits_for_the_loop_behind_work_already_on_it() -> None:
     callback only between others."""
 
     async def run() -> list[float]:
-        cpu = HostCpu(CpuModel(4, ONE_GBPS, call_s=2e-3), name="host")
+        cpu = HostCpu(CpuModel(4, ONE_GBPS, call_s=2e-3, reply_share=0.5), name="host")
         ends: list[float] = []
 
         async def copy() -> None:
@@ -330,6 +328,8 @@ def test_a_reply_waits_for_the_loop_behind_work_already_on_it() -> None:
         await asyncio.gather(copy(), reply())
         return ends
 
-    assert clock.run_virtual(run()) == pytest.approx([10e-3 + REPLY_SHARE * 2e-3])
+    assert clock.run_virtual(run()) == pytest.approx([10e-3 + 0.5 * 2e-3])
     with pytest.raises(ValueError, match="call's cost"):
         CpuModel(1, ONE_GBPS, call_s=-1.0)
+    with pytest.raises(ValueError, match="reply's share"):
+        CpuModel(1, ONE_GBPS, reply_share=1.5)

@@ -50,11 +50,12 @@ class CpuModel:
     rate of copies into fresh memory however many threads make them (a VM whose host hands
     it new pages at one rate, ../shared/MACHINE.md); None: each core's ``copy`` rate.
     ``call_s``: seconds of the event loop's Python per node call (its future, its job on
-    an I/O pool, its wake-up; ``REPLY_SHARE`` of it as the reply is taken up), where
-    measured; 0: not charged. ``copy_sizes``: (bytes,
-    GB/s) of one core's copies of values of that size into fresh memory, where measured
-    (``copy_rates``): a copy of another size takes the rate of its neighbours, interpolated
-    on the log of the size and held beyond the ends; empty: ``gbps["copy"]`` at any size."""
+    an I/O pool, its wake-up), where measured; 0: not charged. ``reply_share`` of it is
+    charged as the reply is taken up, the rest as the call is made: a reply waits for the
+    loop as any callback does. ``copy_sizes``: (bytes, GB/s) of one core's copies of
+    values of that size into fresh memory, where measured (``copy_rates``): a copy of
+    another size takes the rate of its neighbours, interpolated on the log of the size and
+    held beyond the ends; empty: ``gbps["copy"]`` at any size."""
 
     cores: int
     gbps: Mapping[str, float] = field(hash=False)
@@ -62,6 +63,7 @@ class CpuModel:
     fresh_gb_s: float | None = None
     call_s: float = 0.0
     copy_sizes: tuple[tuple[int, float], ...] = ()
+    reply_share: float = 0.0
 
     def __post_init__(self) -> None:
         if self.cores < 1:
@@ -73,6 +75,8 @@ class CpuModel:
             raise ValueError(f"fresh memory comes at a positive rate, not {self.fresh_gb_s}")
         if not (math.isfinite(self.call_s) and self.call_s >= 0):
             raise ValueError(f"a call's cost cannot be negative: {self.call_s}")
+        if not 0 <= self.reply_share <= 1:
+            raise ValueError(f"a reply's share of a call is within [0, 1]: {self.reply_share}")
         if any(not (n > 0 and rate > 0) for n, rate in self.copy_sizes):
             raise ValueError(f"copies of positive sizes at positive rates: {self.copy_sizes}")
         if list(self.copy_sizes) != sorted(dict(self.copy_sizes).items()):
@@ -150,9 +154,9 @@ class HostCpu(work.Tally):
 
     def add_calls(self, n: int, *, replies: bool = False) -> None:
         super().add_calls(n, replies=replies)
-        # on the loop, wherever the call was made from: part as it is made, the rest as
-        # its reply is taken up, which waits for the loop as any callback does
-        seconds = n * self.model.call_s * (REPLY_SHARE if replies else 1 - REPLY_SHARE)
+        # on the loop, wherever the call was made from
+        share = self.model.reply_share if replies else 1 - self.model.reply_share
+        seconds = n * self.model.call_s * share
         self.owed += seconds
         self.owed_loop += seconds
 
@@ -166,11 +170,6 @@ class HostCpu(work.Tally):
         self.owed_fresh = 0
         return jobs[0] if len(jobs) == 1 else use_all(jobs)
 
-
-# The part of a node call's Python (CpuModel.call_s) that runs as its reply is taken up:
-# ASSUMED, not measured (this-machine measures a call's whole, 64 at once); what matters
-# is that a reply waits for the loop, behind a load's copies, as the real one does.
-REPLY_SHARE = 0.5
 
 # A current server core, for presets without a measurement of their own. ASSUMED, not
 # measured: about twice what CpuModel.measure() gives on this machine's cores (a small cloud
@@ -318,7 +317,6 @@ __all__ = [
     "COPY_PROBE_BYTES",
     "COPY_SIZES",
     "CpuModel",
-    "REPLY_SHARE",
     "HostCpu",
     "copy_rates",
     "fresh_copy_gb_s",

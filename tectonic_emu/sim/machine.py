@@ -17,7 +17,10 @@ Measured by the code the real runs use, in a directory on the disk the runs use:
   of every call (embedded nodes have no network); and the same calls ``CALLS_AT_ONCE`` at
   once, whose time each is what the loop spends on a call, since their waits overlap:
   charged to the loop per call (``CpuModel.call_s``), the rest of a call's round trip as
-  the fabric's;
+  the fabric's; and the part of that loop time spent taking up the replies (the loop's
+  CPU time from the calls' start until each is handed to the I/O pool, against its time
+  from then until every reply is in): charged as each reply arrives, behind whatever
+  the loop is doing then (``CpuModel.reply_share``);
 - **metadata:** a SQLite store's transactions one after another (their time is what each
   holds of its one connection, since SQLite serves one at a time: 64 at once took as
   long each, 0.78-0.95 ms against 0.83), its reads in one transaction (their rate is the
@@ -161,6 +164,7 @@ class Machine:
     write_latency_s: float = 0.0  # an 8 MiB chunk write alone, beyond bytes and call
     # GB/s of one core's copies into fresh memory by size (bytes, as text: JSON's keys)
     copy_gb_s: dict[str, float] = field(default_factory=dict)
+    reply_share: float = 0.0  # the part of a call's loop time spent taking up its reply
 
     def hardware(self) -> Hardware:
         return Hardware(
@@ -199,6 +203,7 @@ class Machine:
                 fresh_gb_s=self.fresh_gb_s or None,
                 call_s=self.call_cpu_s,
                 copy_sizes=tuple(sorted((int(n), r) for n, r in self.copy_gb_s.items())),
+                reply_share=self.reply_share,
             ),
             embedded=True,
         )
@@ -224,6 +229,7 @@ async def measure(directory: Path, value_sizes: Iterable[int] = ()) -> Machine:
             await node.stat_chunk(0, "s0")
         call_s = (time.perf_counter() - t0) / 200
         call_cpu_s = await _call_cost(node)
+        reply_share = await _reply_share(node)
         await node.close()
         txn_s, meta_ops = await _metadata(work / "meta.db")
     finally:
@@ -244,6 +250,7 @@ async def measure(directory: Path, value_sizes: Iterable[int] = ()) -> Machine:
         cold_reads=cold,
         fresh_gb_s=cpu.fresh_gb_s or 0.0,
         copy_gb_s={str(n): rate for n, rate in copies.items()},
+        reply_share=reply_share,
     )
 
 
@@ -344,6 +351,24 @@ async def _call_cost(node: LocalNode, calls: int = 2000) -> float:
     t0 = time.perf_counter()
     await asyncio.gather(*(one() for _ in range(calls)))
     return (time.perf_counter() - t0) / calls
+
+
+async def _reply_share(node: LocalNode, rounds: int = 9) -> float:
+    """The part of a node call's time on the loop spent taking up its reply (``CpuModel.
+    reply_share``): CALLS_AT_ONCE calls started at once, the loop's CPU time until each has
+    been handed to the I/O pool, against its CPU time from then until every reply is in.
+    No reply is taken up before the first part ends: a call's reply is queued to the loop
+    from a pool thread, behind the task that measures it. The median of ``rounds``."""
+    shares = []
+    for _ in range(rounds):
+        t0 = time.thread_time()
+        calls = [asyncio.ensure_future(node.stat_chunk(0, "s0")) for _ in range(CALLS_AT_ONCE)]
+        await asyncio.sleep(0)  # each call's first step: sent
+        t1 = time.thread_time()
+        await asyncio.gather(*calls)
+        t2 = time.thread_time()
+        shares.append((t2 - t1) / max(t2 - t0, 1e-9))
+    return statistics.median(shares)
 
 
 async def _metadata(path: Path) -> tuple[float, float]:
