@@ -11,7 +11,10 @@ job, of a frame a ``ModelNode`` sends or receives), the job's work takes
 the real client hands this work to a pool of as many threads as cores. Work done on the
 event loop (counted outside a thread's job, ``work.on_thread``) also takes the loop of one
 of the host's processes, which does one thing at a time; a copy into fresh memory also
-takes the host's rate of new pages, where the model has one.
+takes the host's rate of new pages, where the model has one, and goes at the rate of its
+size, where the model has rates by size (``copy_rates``: a small value's copy costs more
+per byte here). A node call's Python is charged to the loop part as the call is made and
+part as its reply is taken up, behind whatever the loop is doing then.
 
 What is not charged: the Python that runs the client on the event loop between these
 jobs (its cost is per call, not per byte, and is this machine's, not a cluster's),
