@@ -24,7 +24,8 @@ the round's process, as the load is about to meet it). Each scenario is projecte
 medians of its rounds' figures (the projections therefore run after the real rounds). A
 thread's rate of copies into new ``bytes``, measured there the same way, depended on what
 the save had left in the heap (copies of 0.94 MB values ran at 1.9 GB/s there, at 1.5-1.6
-in a new process), so the copies stay at ``CpuModel.measure``'s rate. The device's two
+in a new process), so copies are measured once, by size, each size in a new process
+(``sim/cpu.py`` ``copy_rates``, for the value sizes of the scenarios). The device's two
 measurements around one round were no closer to each other than to any other (eight
 rounds of a 16-rank r1 save: writes 1.37-1.85 GB/s, correlation 0.29 between a round's
 two, none with its save, which held at 0.86-1.05 s), so each is one more sample of the
