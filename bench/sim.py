@@ -19,7 +19,9 @@ the same thing: three rounds' loads then spread by 0.02-0.15 s, not 0.6 (2026-12
 The machine is measured again beside each real run, since on a shared VM its rates swing
 from one minute to the next: the device just before the save and again once the round is
 over (``measure_device``: a node's chunk writes and reads, 1.3-2.5 and 1.9-3.2 GB/s on
-2026-12-06), fresh memory just before the load (``fresh_memory_gb_s``: after the save, in
+2026-12-06), the second in a process of its own (``_probe``: in the round's process, the
+probe after a 16-rank round measured 1.80-1.88 GB/s where all others measured
+1.15-1.79), fresh memory just before the load (``fresh_memory_gb_s``: after the save, in
 the round's process, as the load is about to meet it). Each scenario is projected on the
 medians of its rounds' figures (the projections therefore run after the real rounds). A
 thread's rate of copies into new ``bytes``, measured there the same way, depended on what
@@ -201,10 +203,18 @@ class Round:
 
 async def _real(case: Case, scale: float, directory: Path, cores: int) -> Round:
     """``case`` run (``_save_and_load``) with the device measured (``measure_device``)
-    before and after."""
+    before; ``device_after`` is measured in a process of its own (``_probe``), and until
+    then is the same as ``device``."""
     device = await measure_device(directory, DEVICE_PROBE)
     save, load, fresh = await _save_and_load(case, scale, directory, cores)
-    return Round(save, load, device, fresh, await measure_device(directory, DEVICE_PROBE))
+    return Round(save, load, device, fresh, device)
+
+
+def _probe(directory: Path) -> Device:
+    """``measure_device`` in ``directory``, run to the end (in a process of its own: a
+    probe in the process of a 16-rank round just over measured 1.80-1.88 GB/s where every
+    other probe measured 1.15-1.79, 2026-12-06)."""
+    return asyncio.run(measure_device(directory, DEVICE_PROBE))
 
 
 async def _save_and_load(
@@ -399,6 +409,7 @@ async def _run(
         for case in todo:
             stage(f"round {rnd + 1}/{runs}: {case.name}")
             got = await apart(_real_round, case, scale, directory, machine.cores)
+            got = replace(got, device_after=await apart(_probe, directory))
             rounds[case.name].append(got)
             rows[case.name].real_s.append(got.save_s)
             if not case.fail:
