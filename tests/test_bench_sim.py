@@ -10,7 +10,9 @@ from pathlib import Path
 
 from bench import sim
 from bench.sim import run_sim_bench
-from tectonic_emu.sim.machine import PAGE_REPORTING
+from clients.ckpt_models import checkpoint_plan
+from tectonic_emu.sim.cpu import COPY_SIZES
+from tectonic_emu.sim.machine import BIG_CHUNK, PAGE_REPORTING
 
 
 def test_a_quick_run_measures_the_machine_and_pairs_each_real_run_with_its_projection(
@@ -52,6 +54,14 @@ def test_a_quick_run_measures_the_machine_and_pairs_each_real_run_with_its_proje
     assert 0 < m.call_s < 1 and 0 < m.txn_s < 1 and m.cores >= 1
     hw = m.hardware()
     assert hw.embedded and hw.devices == 1 and hw.disk.write_bw == m.write_gb_s * 1e9
+    # copies measured at each value size the scenarios load (clamped) and at a chunk
+    lo, hi = COPY_SIZES
+    plan = checkpoint_plan(sim.MODEL, 16, 0.0005)
+    sizes = {min(max(f.size, lo), hi) for r in plan.per_rank for f in r.files} | {BIG_CHUNK}
+    assert set(m.copy_gb_s) == {str(n) for n in sizes} and min(m.copy_gb_s.values()) > 0
+    assert hw.cpu is not None
+    assert dict(hw.cpu.copy_sizes) == {int(n): r for n, r in m.copy_gb_s.items()}
+    assert 0 < m.reply_share < 1 and hw.cpu.reply_share == m.reply_share
     assert not list(tmp_path.iterdir())  # every cluster and file cleaned up
     assert res.pages_held or os.geteuid() != 0 or not PAGE_REPORTING.exists()
     assert (res.warmed_gb, res.warm_s > 0) == (
