@@ -201,13 +201,15 @@ class Round:
     device_after: Device  # measured again once the round is over
 
 
-async def _real(case: Case, scale: float, directory: Path, cores: int) -> Round:
+Before = tuple[float, float, Device, float]  # a Round's fields but its device_after
+
+
+async def _real(case: Case, scale: float, directory: Path, cores: int) -> Before:
     """``case`` run (``_save_and_load``) with the device measured (``measure_device``)
-    before; ``device_after`` is measured in a process of its own (``_probe``), and until
-    then is the same as ``device``."""
+    before: a ``Round``'s fields but the last (``device_after``, ``_probe``'s)."""
     device = await measure_device(directory, DEVICE_PROBE)
     save, load, fresh = await _save_and_load(case, scale, directory, cores)
-    return Round(save, load, device, fresh, device)
+    return save, load, device, fresh
 
 
 def _probe(directory: Path) -> Device:
@@ -265,7 +267,7 @@ async def _save_and_load(
     return save, load, fresh
 
 
-def _real_round(case: Case, scale: float, directory: Path, cores: int) -> Round:
+def _real_round(case: Case, scale: float, directory: Path, cores: int) -> Before:
     """``_real`` run to the end (in a process of its own: ``apart``)."""
     return asyncio.run(_real(case, scale, directory, cores))
 
@@ -408,8 +410,8 @@ async def _run(
     for rnd in range(runs):
         for case in todo:
             stage(f"round {rnd + 1}/{runs}: {case.name}")
-            got = await apart(_real_round, case, scale, directory, machine.cores)
-            got = replace(got, device_after=await apart(_probe, directory))
+            before = await apart(_real_round, case, scale, directory, machine.cores)
+            got = Round(*before, await apart(_probe, directory))
             rounds[case.name].append(got)
             rows[case.name].real_s.append(got.save_s)
             if not case.fail:
