@@ -182,6 +182,8 @@ def test_a_copy_takes_the_rate_measured_for_its_size() -> None:
     assert model.copy_gbps(1000) == 1.0
     assert model.copy_gbps(10**10) == 3.0
     assert CpuModel(1, {**ONE_GBPS, "copy": 5.0}).copy_gbps(10**6) == 5.0
+    # a lower bound knows no sizes: its copies go at the fastest rate
+    assert model.seconds({"copy": 3 * 10**9, "crc32c": 10**9}) == pytest.approx(2.0)
 
     async def run(sizes: list[int]) -> float:
         cpu = HostCpu(model, name="host")

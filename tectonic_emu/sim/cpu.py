@@ -100,8 +100,11 @@ class CpuModel:
         return r0 + w * (r1 - r0)
 
     def seconds(self, done: Mapping[str, int]) -> float:
-        """Core-seconds that ``done`` (bytes per kind) takes."""
-        return sum(n / (self.gbps[kind] * 1e9) for kind, n in done.items())
+        """Core-seconds that ``done`` (bytes per kind) takes at least: its copies at the
+        fastest of ``copy_sizes``' rates where it has them (``done`` has no sizes), so that
+        a projection's lower bound is one."""
+        fastest = {"copy": max(r for _, r in self.copy_sizes)} if self.copy_sizes else {}
+        return sum(n / (fastest.get(kind, self.gbps[kind]) * 1e9) for kind, n in done.items())
 
     @classmethod
     def measure(cls, *, cores: int | None = None, repeat: int = 5) -> CpuModel:
