@@ -2,36 +2,15 @@
 
 Each run measures the ``this-machine`` preset first (``tectonic_emu/sim/machine.py``: the
 device by a real ``LocalNode``, a node call, SQLite, the CPU). Then each scenario
-runs for real (an embedded cluster in ``directory``, the real ``Checkpointer``, DLIO's
-files for llama3-8b scaled by ``scale``, random bytes) and projected (the same files as
+runs for real (``bench/sim_rounds.py``: an embedded cluster, the real ``Checkpointer``,
+DLIO's files for llama3-8b scaled by ``scale``, random bytes) and projected (the same files as
 ``Synthetic`` values on ``this-machine``, in virtual time). Real runs take ``runs`` rounds,
 scenarios interleaved; the report gives each real duration's min/median/max, the
 projection, and the projection over the median. Target (issue 20): within 15%.
 
-Each real round runs in a new process (``apart``), as a job restarting from its checkpoint
-loads it. Run one after another in one process, the loads of the first rounds took about
-1 s and those after 0.6-0.65 s: once the process's heap had grown and kept about 0.9 GB of
-freed memory (a 1,024-rank r3 save leaves that much), glibc served even the 60 MB values
-from it, pages already touched, where a new process takes new pages for every value (the
-first round's case, and the model's). In a process of its own each round is a sample of
-the same thing: three rounds' loads then spread by 0.02-0.15 s, not 0.6 (2026-12-06).
-
-The machine is measured again beside each real run, since on a shared VM its rates swing
-from one minute to the next: the device just before the save and again once the round is
-over (``measure_device``: a node's chunk writes and reads, 1.3-2.5 and 1.9-3.2 GB/s on
-2026-12-06), the second in a process of its own (``_probe``: in the round's process, the
-probe after a 16-rank round measured 1.80-1.88 GB/s where all others measured
-1.15-1.79), fresh memory just before the load (``fresh_memory_gb_s``: after the save, in
-the round's process, as the load is about to meet it). Each scenario is projected on the
-medians of its rounds' figures (the projections therefore run after the real rounds). A
-thread's rate of copies into new ``bytes``, measured there the same way, depended on what
-the save had left in the heap (copies of 0.94 MB values ran at 1.9 GB/s there, at 1.5-1.6
-in a new process), so copies are measured once, by size, each size in a new process
-(``sim/cpu.py`` ``copy_rates``, for the value sizes of the scenarios). The device's two
-measurements around one round were no closer to each other than to any other (eight
-rounds of a 16-rank r1 save: writes 1.37-1.85 GB/s, correlation 0.29 between a round's
-two, none with its save, which held at 0.86-1.05 s), so each is one more sample of the
-same device.
+Each real round runs in a process of its own, with the device and fresh memory measured
+beside it (``bench/sim_rounds.py``). Each scenario is projected on the medians of its rounds'
+figures (the projections therefore run after the real rounds).
 
 Fresh memory swung 0.5-6 GB/s with what the host had taken back of what the guest freed
 (free page reporting), so by default the run holds that off (as root; the order before is
@@ -56,26 +35,33 @@ the figure the fit does not set.
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import os
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from rich.table import Table
 
 from bench.progress import Stages, Step, no_step
 from bench.schema import schema_of
+from bench.sim_rounds import (
+    FAIL_AT_S,
+    MODEL,
+    SLOW_BY_S,
+    Case,
+    Round,
+    apart,
+    cases,
+    probe,
+    real_round,
+    traced_round,
+)
 from bench.sim_trace import CaseTrace, Span, Stage, StageStats, compare, traced
 from bench.tables import with_legend
-from clients.checkpoint import Checkpointer
 from clients.ckpt_models import checkpoint_plan
 from clients.projection import (
     PAPER_PEAK_GB_S,
@@ -86,56 +72,19 @@ from clients.projection import (
     machine_preset,
     project_checkpoint,
 )
-from tectonic_emu import Cluster
 from tectonic_emu.resources import memory_available
-from tectonic_emu.sim.cpu import fresh_memory_gb_s
 from tectonic_emu.sim.machine import (
-    DISKS,
-    NODES,
     WARM_FRACTION,
-    Device,
     Machine,
-    drop_caches,
     measure,
-    measure_device,
     page_reporting_held,
     warm_free_memory,
 )
 
-MODEL = "llama3-8b"
-FAIL_AT_S = 1.0  # seconds into the save when the failure scenario's node stops
-SLOW_BY_S = 0.2  # seconds the slow-node scenario's node adds to every call
-# Bytes each way of the device's measurement before each real run: 1 GiB measured 1.27-1.61
-# GB/s write and 2.04-2.19 read six times in a row where 256 MiB measured 1.13-1.59 and
-# 1.39-2.11 (2026-12-06).
-DEVICE_PROBE = 1 << 30
 TARGET = 0.15
 # The burst beside the paper: llama3-405b on the 24,576 GPUs of one of Meta's clusters.
 PAPER_MODEL, PAPER_ENCODING, PAPER_RANKS = "llama3-405b", "rs-9-6", 24576
 PAPER_TARGET = 0.20
-
-T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class Case:
-    name: str
-    encoding: str
-    ranks: int
-    fail: bool = False  # a node stops FAIL_AT_S into the save
-    slow: bool = False  # a node slowed by SLOW_BY_S throughout, writes acknowledged at quorum
-
-
-def cases(encodings: Sequence[str], ranks: Sequence[int], fail: bool) -> list[Case]:
-    """A save of each encoding at each rank count, and with ``fail`` two of rs-6-3 (or the
-    last encoding) at the fewest ranks: one with a node stopped into it, one with a node
-    slowed throughout."""
-    out = [Case(f"{e} save, {n:,} ranks", e, n) for n in ranks for e in encodings]
-    if fail:
-        e, n = ("rs-6-3" if "rs-6-3" in encodings else encodings[-1]), min(ranks)
-        out.append(Case(f"{e} save, {n:,} ranks, node stopped", e, n, fail=True))
-        out.append(Case(f"{e} save, {n:,} ranks, slow node", e, n, slow=True))
-    return out
 
 
 @dataclass(slots=True)
@@ -187,106 +136,6 @@ class SimBench:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass(frozen=True, slots=True)
-class Round:
-    """One real run of a case: its save and load (seconds), and the machine beside it:
-    the device before and after, and the host's fresh memory (GB/s)."""
-
-    save_s: float
-    load_s: float
-    device: Device
-    fresh_gb_s: float
-    device_after: Device  # measured again once the round is over
-
-
-Before = tuple[float, float, Device, float]  # a Round's fields but its device_after
-
-
-async def _real(case: Case, scale: float, directory: Path, cores: int) -> Before:
-    """``case`` run (``_save_and_load``) with the device measured (``measure_device``)
-    before: a ``Round``'s fields but the last (``device_after``, ``_probe``'s)."""
-    device = await measure_device(directory, DEVICE_PROBE)
-    save, load, fresh = await _save_and_load(case, scale, directory, cores)
-    return save, load, device, fresh
-
-
-def _probe(directory: Path) -> Device:
-    """``measure_device`` in ``directory``, run to the end (in a process of its own: a
-    probe in the process of a 16-rank round just over measured 1.80-1.88 GB/s where every
-    other probe measured 1.15-1.79, 2026-12-06)."""
-    return asyncio.run(measure_device(directory, DEVICE_PROBE))
-
-
-async def _save_and_load(
-    case: Case, scale: float, directory: Path, cores: int
-) -> tuple[float, float, float]:
-    """``case`` on an embedded cluster in ``directory``: every rank from a common start to
-    its commit, then (caches dropped) the host's rate of fresh memory as the load is about
-    to meet it (``cores`` threads), then every rank's load of its own state. The save's and
-    the load's seconds, and that rate (GB/s)."""
-    plan = checkpoint_plan(MODEL, case.ranks, scale)
-    data = memoryview(os.urandom(plan.total))
-    states, at = [], 0
-    for rank in plan.per_rank:
-        state = {}
-        for f in rank.files:
-            state[f.name], at = data[at : at + f.size], at + f.size
-        states.append(state)
-    root = Path(tempfile.mkdtemp(prefix="tectonic-sim-real-", dir=directory)) / "cluster"
-    try:
-        Cluster.create(root, nodes=NODES, disks_per_node=DISKS, encoding=case.encoding)
-        async with Cluster.open(root, write_ack="quorum" if case.slow else None) as cluster:
-            if case.slow:
-                await cluster.set_node_delay(0, SLOW_BY_S)
-            ckpt = Checkpointer(cluster.client(), "/ck", world_size=case.ranks)
-            stop = (
-                asyncio.get_running_loop().call_later(FAIL_AT_S, cluster.stop_node, 0)
-                if case.fail
-                else None
-            )
-            t0 = time.perf_counter()
-            await asyncio.gather(*(ckpt.save(1, r, s) for r, s in enumerate(states)))
-            save = time.perf_counter() - t0
-            if stop is not None:
-                stop.cancel()  # a save done before FAIL_AT_S: no node to stop after it
-            await cluster.datapath.drain()
-            drop_caches()
-            sample = os.urandom(8 << 20)
-            fresh = await asyncio.to_thread(fresh_memory_gb_s, sample, threads=cores)
-            t0 = time.perf_counter()
-            got = await asyncio.gather(*(ckpt.load(r, 1) for r in range(case.ranks)))
-            load = time.perf_counter() - t0
-            for r, (loaded, saved) in enumerate(zip(got, states, strict=True)):
-                if any(loaded[n] != bytes(v) for n, v in saved.items()):
-                    raise RuntimeError(f"{case.name}: rank {r} loaded other bytes than it saved")
-            await ckpt.close()
-    finally:
-        shutil.rmtree(root.parent, ignore_errors=True)
-    return save, load, fresh
-
-
-def _real_round(case: Case, scale: float, directory: Path, cores: int) -> Before:
-    """``_real`` run to the end (in a process of its own: ``apart``)."""
-    return asyncio.run(_real(case, scale, directory, cores))
-
-
-async def apart(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` in a new process, spawned (a forked one would start with this
-    process's heap): each real round meets the memory a process starting to load a
-    checkpoint meets (module docstring)."""
-    spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(1, mp_context=spawn) as pool:
-        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
-
-
-def _traced_round(case: Case, scale: float, directory: Path, cores: int) -> list[Span]:
-    """The spans (``bench/sim_trace.py``) of ``case``'s save and load, without the device's
-    measurements, which a traced round does not report."""
-    with traced() as spans:
-        asyncio.run(_save_and_load(case, scale, directory, cores))
-    return spans
 
 
 def _traced_projection(case: Case, scale: float, preset: Preset) -> list[Span]:
@@ -410,8 +259,8 @@ async def _run(
     for rnd in range(runs):
         for case in todo:
             stage(f"round {rnd + 1}/{runs}: {case.name}")
-            before = await apart(_real_round, case, scale, directory, machine.cores)
-            got = Round(*before, await apart(_probe, directory))
+            before = await apart(real_round, case, scale, directory, machine.cores)
+            got = Round(*before, await apart(probe, directory))
             rounds[case.name].append(got)
             rows[case.name].real_s.append(got.save_s)
             if not case.fail:
@@ -432,7 +281,7 @@ async def _run(
     traces = []
     for case in todo if trace else ():
         stage(f"tracing {case.name}")
-        real = await apart(_traced_round, case, scale, directory, machine.cores)
+        real = await apart(traced_round, case, scale, directory, machine.cores)
         preset = machine_preset(met_by[case.name])
         projected = await asyncio.to_thread(_traced_projection, case, scale, preset)
         traces.append(compare(case.name, real, projected))
@@ -584,12 +433,9 @@ SCHEMA = schema_of(SimBench, "tectonic-emu/bench-sim/1", "tectonic-emu bench sim
 
 __all__ = [
     "SCHEMA",
-    "Case",
     "PaperBurst",
     "Row",
     "SimBench",
-    "apart",
-    "cases",
     "machine_table",
     "paper_burst",
     "paper_table",

@@ -8,7 +8,7 @@ import resource
 import statistics
 from pathlib import Path
 
-from bench import sim
+from bench import sim, sim_rounds
 from bench.sim import run_sim_bench
 from clients.ckpt_models import checkpoint_plan
 from tectonic_emu.sim.cpu import COPY_SIZES
@@ -56,7 +56,7 @@ def test_a_quick_run_measures_the_machine_and_pairs_each_real_run_with_its_proje
     assert hw.embedded and hw.devices == 1 and hw.disk.write_bw == m.write_gb_s * 1e9
     # copies measured at each value size the scenarios load (clamped) and at a chunk
     lo, hi = COPY_SIZES
-    plan = checkpoint_plan(sim.MODEL, 16, 0.0005)
+    plan = checkpoint_plan(sim_rounds.MODEL, 16, 0.0005)
     sizes = {min(max(f.size, lo), hi) for r in plan.per_rank for f in r.files} | {BIG_CHUNK}
     assert set(m.copy_gb_s) == {str(n) for n in sizes} and min(m.copy_gb_s.values()) > 0
     assert hw.cpu is not None
@@ -77,7 +77,7 @@ def test_a_quick_run_measures_the_machine_and_pairs_each_real_run_with_its_proje
 
 
 def test_cases_cover_each_encoding_at_each_rank_count_a_failure_and_a_slow_node() -> None:
-    got = sim.cases(["r1", "rs-6-3"], [16, 1024], fail=True)
+    got = sim_rounds.cases(["r1", "rs-6-3"], [16, 1024], fail=True)
     assert [(c.encoding, c.ranks, c.fail, c.slow) for c in got] == [
         ("r1", 16, False, False),
         ("rs-6-3", 16, False, False),
@@ -86,7 +86,7 @@ def test_cases_cover_each_encoding_at_each_rank_count_a_failure_and_a_slow_node(
         ("rs-6-3", 16, True, False),
         ("rs-6-3", 16, False, True),
     ]
-    assert len(sim.cases(["r1"], [16], fail=False)) == 1
+    assert len(sim_rounds.cases(["r1"], [16], fail=False)) == 1
 
 
 def test_the_this_machine_preset_is_an_embedded_cluster_of_the_measured_figures() -> None:
@@ -145,7 +145,7 @@ def test_warming_touches_what_it_is_asked_and_gives_it_back() -> None:
 
 
 def test_apart_runs_in_a_new_process_and_returns_its_result() -> None:
-    """Each real round runs in a process of its own (bench/sim.py: its heap is new)."""
-    pid = asyncio.run(sim.apart(os.getpid))
+    """Each real round runs in a process of its own (bench/sim_rounds.py: its heap is new)."""
+    pid = asyncio.run(sim_rounds.apart(os.getpid))
     assert pid != os.getpid()
-    assert asyncio.run(sim.apart(sum, [1, 2, 3])) == 6
+    assert asyncio.run(sim_rounds.apart(sum, [1, 2, 3])) == 6
