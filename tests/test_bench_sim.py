@@ -7,12 +7,17 @@ import os
 import resource
 import statistics
 from pathlib import Path
+from typing import Any
 
 from bench import sim, sim_rounds
 from bench.sim import run_sim_bench
 from clients.ckpt_models import checkpoint_plan
+from tectonic_emu.bufpool import PAGE
+from tectonic_emu.chunkstore import LocalNode
+from tectonic_emu.coding._native import pinned
+from tectonic_emu.sim import machine
 from tectonic_emu.sim.cpu import COPY_SIZES
-from tectonic_emu.sim.machine import BIG_CHUNK, PAGE_REPORTING
+from tectonic_emu.sim.machine import BIG_CHUNK, PAGE_REPORTING, Device
 
 
 def test_a_quick_run_measures_the_machine_and_pairs_each_real_run_with_its_projection(
@@ -149,3 +154,33 @@ def test_apart_runs_in_a_new_process_and_returns_its_result() -> None:
     pid = asyncio.run(sim_rounds.apart(os.getpid))
     assert pid != os.getpid()
     assert asyncio.run(sim_rounds.apart(sum, [1, 2, 3])) == 6
+
+
+def test_the_device_is_measured_with_chunks_from_buffers_of_a_writers_kind(
+    tmp_path: Path,
+) -> None:
+    """A real node, its writes recorded: every big chunk comes from one of ``SOURCES``
+    page-aligned buffers (the kind a writer's blocks are, not one fresh ``mmap``), each
+    holding the same bytes, which the node stores and reads back; nothing is left after."""
+    sources: dict[int, bytes] = {}
+
+    class Recorded(LocalNode):
+        async def write_chunk(self, disk: int, chunk_id: str, payload: Any, **kw: Any) -> Any:
+            if chunk_id.startswith("b"):
+                with pinned([memoryview(payload)]) as [(address, n)]:
+                    assert address % PAGE == 0 and n == BIG_CHUNK
+                    sources[address] = bytes(payload)
+            return await super().write_chunk(disk, chunk_id, payload, **kw)
+
+    async def go() -> tuple[Device, list[Any]]:
+        node = Recorded(tmp_path / "node", 0, 1)
+        try:
+            device = await machine._device(node, 6 * BIG_CHUNK)
+            return device, await node.list_chunks(0)
+        finally:
+            await node.close()
+
+    device, left = asyncio.run(go())
+    assert len(sources) == machine.SOURCES and len(set(sources.values())) == 1
+    assert device.write_gb_s > 0 and device.read_gb_s > 0 and device.write_latency_s >= 0
+    assert left == []

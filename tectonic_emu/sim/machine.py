@@ -2,17 +2,17 @@
 
 Measured by the code the real runs use, in a directory on the disk the runs use:
 
-- **the device:** as a real ``LocalNode`` uses it: 8 MiB chunks from page-aligned memory
-  (``O_DIRECT``, no copy) each written and fdatasync'd, then read back cold through the
-  page cache (its bandwidths; the page-cache copy is also charged as the nodes' ``copy``
-  work, on the CPU, which overlaps the device); the same write alone (what it waits
-  beyond its bytes and its call, ``DiskModel.write_latency``); and 4 KiB chunks written
-  with fdatasync and read back cold (its small operations). All ``QUEUE_DEPTH`` at once,
-  through a pool of as many threads: an embedded cluster's I/O pool. This used to be fio's
-  direct I/O on one file: its writes measured 2.0-2.8 GB/s on 2026-12-06 where the node's
-  chunk writes got 1.5-1.8 (each chunk file's fdatasync commits ext4's journal; fio's one
-  file has none to commit), and its direct reads 1.5-1.9 GB/s in a run whose real loads
-  were the fastest of the day;
+- **the device:** as a real ``LocalNode`` uses it: 8 MiB chunks from buffers of the kind a
+  writer's blocks are (``SOURCES``; ``O_DIRECT``, no copy) each written and fdatasync'd,
+  then read back cold through the page cache (its bandwidths; the page-cache copy is also
+  charged as the nodes' ``copy`` work, on the CPU, which overlaps the device); the same
+  write alone (what it waits beyond its bytes and its call, ``DiskModel.write_latency``);
+  and 4 KiB chunks written with fdatasync and read back cold (its small operations). All
+  ``QUEUE_DEPTH`` at once, through a pool of as many threads: an embedded cluster's I/O
+  pool. This used to be fio's direct I/O on one file: its writes measured 2.0-2.8 GB/s on
+  2026-12-06 where the node's chunk writes got 1.5-1.8 (each chunk file's fdatasync commits
+  ext4's journal; fio's one file has none to commit), and its direct reads 1.5-1.9 GB/s in a
+  run whose real loads were the fastest of the day;
 - **a node call:** a ``LocalNode.stat_chunk`` round trip through its I/O pool, the price
   of every call (embedded nodes have no network); and the same calls ``CALLS_AT_ONCE`` at
   once, whose time each is what the loop spends on a call, since their waits overlap:
@@ -49,11 +49,12 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tectonic_emu.bufpool import uninitialised
 from tectonic_emu.chunkstore import LocalNode
 from tectonic_emu.cluster import IO_THREADS
 from tectonic_emu.coding import crc32c
@@ -68,6 +69,16 @@ NODES, DISKS = 9, 2  # an embedded cluster's (Cluster.create's defaults for rs-6
 QUEUE_DEPTH = IO_THREADS  # chunk operations at once in the device measurement
 BIG_CHUNK = 8 << 20  # the write bandwidth's chunks: a block of the default size at r1
 CALLS_AT_ONCE = 64  # node calls at once in the measurement of a call's cost on the loop
+# Buffers the device's chunk writes come from, of the kind a writer's blocks are
+# (``bufpool.uninitialised``: malloc's heap, huge pages where numpy asks for them). The
+# device's rate here follows the memory a write comes from: virtio-blk takes at most 254
+# segments a request, and physically contiguous pages are one segment, so one 8 MiB
+# O_DIRECT write went in 12-15 requests from a fresh shared ``mmap`` (4 KiB pages in the
+# order the kernel gave them) and in 2 from huge pages. Six interleaved rounds
+# (2026-12-06): chunk writes from one fresh ``mmap`` (the probe until then) 1.30-1.50 GB/s,
+# from these buffers 1.71-1.88, from huge pages 1.72-1.93; a real 16-rank r3 save beside
+# them wrote at 1.44-1.64.
+SOURCES = 4
 
 
 def drop_caches() -> bool:
@@ -221,9 +232,9 @@ async def measure(directory: Path, value_sizes: Iterable[int] = ()) -> Machine:
         node = LocalNode(work / "node", 0, 1, executor=pool)
         device = await _device(node)
         small = os.urandom(4096)
-        write_small = await _chunk_ops(node, "s", small, 256)
+        write_small = await _chunk_ops(node, "s", [small], 256)
         cold = drop_caches()
-        read_small = await _chunk_ops(node, "s", small, 256, read=True)
+        read_small = await _chunk_ops(node, "s", [small], 256, read=True)
         t0 = time.perf_counter()
         for _ in range(200):
             await node.stat_chunk(0, "s0")
@@ -255,10 +266,16 @@ async def measure(directory: Path, value_sizes: Iterable[int] = ()) -> Machine:
 
 
 async def _chunk_ops(
-    node: LocalNode, prefix: str, payload: bytes | memoryview, count: int, *, read: bool = False
+    node: LocalNode,
+    prefix: str,
+    payloads: Sequence[bytes | memoryview],
+    count: int,
+    *,
+    read: bool = False,
 ) -> float:
-    """Seconds for ``count`` chunk writes (or reads) of ``payload``, QUEUE_DEPTH at once."""
-    crc = crc32c(payload)
+    """Seconds for ``count`` chunk writes (or reads), QUEUE_DEPTH at once: chunk ``k``
+    written from ``payloads[k % len(payloads)]``."""
+    crcs = [crc32c(p) for p in payloads]
     gate = asyncio.Semaphore(QUEUE_DEPTH)
 
     async def one(k: int) -> None:
@@ -266,7 +283,8 @@ async def _chunk_ops(
             if read:
                 await node.read_chunk(0, f"{prefix}{k}")
             else:
-                await node.write_chunk(0, f"{prefix}{k}", payload, crc32c=crc)
+                i = k % len(payloads)
+                await node.write_chunk(0, f"{prefix}{k}", payloads[i], crc32c=crcs[i])
 
     t0 = time.perf_counter()
     await asyncio.gather(*(one(k) for k in range(count)))
@@ -303,18 +321,17 @@ async def measure_device(directory: Path, total: int = 512 << 20) -> Device:
 
 
 async def _device(node: LocalNode, total: int = 512 << 20) -> Device:
-    """``node``'s chunk writes and reads (module docstring)."""
-    big = mmap.mmap(-1, BIG_CHUNK)
-    big.write(os.urandom(BIG_CHUNK))
-    try:
-        with memoryview(big) as view:
-            count = max(1, total // BIG_CHUNK)
-            write_gb_s = count * BIG_CHUNK / await _chunk_ops(node, "b", view, count) / 1e9
-            alone = await _one_at_a_time(node, view)
-    finally:
-        big.close()
+    """``node``'s chunk writes and reads (module docstring), written from buffers of the
+    kind a writer fills (``SOURCES``)."""
+    data = os.urandom(BIG_CHUNK)
+    sources = [uninitialised(BIG_CHUNK) for _ in range(SOURCES)]
+    for buf in sources:
+        buf[:] = data
+    count = max(1, total // BIG_CHUNK)
+    write_gb_s = count * BIG_CHUNK / await _chunk_ops(node, "b", sources, count) / 1e9
+    alone = await _one_at_a_time(node, sources[0])
     drop_caches()
-    read_gb_s = count * BIG_CHUNK / await _chunk_ops(node, "b", b"", count, read=True) / 1e9
+    read_gb_s = count * BIG_CHUNK / await _chunk_ops(node, "b", [b""], count, read=True) / 1e9
     for k in range(count):  # the small operations' measurement is not to find them
         await node.delete_chunk(0, f"b{k}")
     return Device(write_gb_s, read_gb_s, max(0.0, alone - BIG_CHUNK / (write_gb_s * 1e9)))
