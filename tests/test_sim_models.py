@@ -9,8 +9,10 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from tectonic_emu import clock
+from tectonic_emu.coding.work import KINDS
 from tectonic_emu.config import ClusterConfig
 from tectonic_emu.sim.cluster import Hardware, ModelCluster
+from tectonic_emu.sim.cpu import CpuModel, HostCpu
 from tectonic_emu.sim.devices import FLASH, HDD, PRESETS, Disk, DiskModel
 from tectonic_emu.sim.fabric import Fabric, FabricModel
 from tectonic_emu.sim.metadata import MetadataModel, ModelKV
@@ -344,3 +346,39 @@ def test_a_store_of_one_connection_serves_one_transaction_at_a_time(serial_s: fl
         assert ends == pytest.approx([2e-3] * 10, abs=1e-8)
     with pytest.raises(ValueError, match="hold"):
         MetadataModel(1, 1.0, serial_s=-1.0)
+
+
+@pytest.mark.parametrize("hops", [False, True])
+def test_a_store_on_the_clients_thread_costs_its_loop_a_call_a_hop(hops: bool) -> None:
+    """With ``hops`` (SQLiteKV embedded), each read that misses the transaction's own
+    writes and each commit is a hop to the store's thread, which the client's loop pays as
+    a node call (1 ms here): a transaction of two such reads, a read of its own write and
+    a commit costs 3 ms (three calls); a durable one adds the log's flush, itself a hop to
+    the thread that syncs it; without ``hops``, nothing."""
+    model = MetadataModel(1, 1e9, 0.0, log_bytes=4096, hops=hops)
+    kv = ModelKV(model, log=Disk(FLASH, name="log"))
+    cpu = HostCpu(CpuModel(1, {k: 1.0 for k in KINDS}, call_s=1e-3), name="host")
+
+    async def txn(durable: bool) -> float:
+        t0 = clock.monotonic()
+        async with kv.transaction(durable=durable) as tx:
+            await tx.get(b"n\x00\x01a")
+            await tx.put(b"n\x00\x01b", b"v")
+            await tx.get(b"n\x00\x01b")  # its own write: no hop
+            await tx.get(b"n\x00\x02c")
+        return clock.monotonic() - t0
+
+    async def main() -> tuple[float, float, int]:
+        with cpu.active():
+            lazy = await txn(durable=False)
+            durable = await txn(durable=True)
+        return lazy, durable, cpu.calls
+
+    lazy, durable, calls = clock.run_virtual(main())
+    flush = FLASH.service(8192, write=True) + FLASH.latency
+    if hops:
+        assert lazy == pytest.approx(3e-3, abs=1e-7) and calls == 3 + 3 + 1
+        assert durable == pytest.approx(4e-3 + flush, rel=1e-3)
+    else:
+        assert lazy == pytest.approx(0, abs=1e-7) and calls == 0
+        assert durable == pytest.approx(flush, rel=1e-3)

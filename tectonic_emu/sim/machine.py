@@ -198,7 +198,8 @@ class Machine:
             fabric=FabricModel(nic_gbps=8_000.0, rtt=max(0.0, self.call_s - self.call_cpu_s)),
             servers_per_rack=NODES,
             # SQLite on the one device: one transaction at a time (its time beyond the
-            # read it made), and each write transaction syncs a page of its WAL there.
+            # read it made), each write transaction syncs a page of its WAL there, and
+            # each hop to its thread costs the loop what a node call does.
             metadata=MetadataModel(
                 1,
                 self.meta_ops,
@@ -206,6 +207,7 @@ class Machine:
                 "measured: SQLite here",
                 log_bytes=4096,
                 serial_s=max(0.0, self.txn_s - 1 / self.meta_ops),
+                hops=True,
             ),
             cpu=CpuModel(
                 self.cores,

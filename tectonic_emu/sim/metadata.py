@@ -20,7 +20,14 @@ the ``MemoryKV`` as it is, then, once the store is released, waits for its charg
   after the writes the device holds when it begins (``Disk.flush``, an fsync's barrier).
   A writer syncs once a block (``writer.py``), so these flushes are what a block's slot
   waits for beside its chunk writes: a real 16-rank r1 save's ``sync`` took 14-21 ms
-  (median) where the model had charged it nothing (2026-12-06).
+  (median) where the model had charged it nothing (2026-12-06);
+- with ``hops``, the client's event loop for each hop to the store's thread: a read that
+  misses the transaction's own writes, its commit, a flush of the log (as ``SQLiteKV``
+  makes them). Each costs the loop what a node call does, sent and taken up
+  (``work.calls``): a reply waits for the loop. Traced real 16-rank r1 saves spent
+  3.6 ms in a block's chunk intent (one write-only transaction) and 3.5 in its commit,
+  where the model charged 0.3 and 1.0; such a transaction alone takes 0.12-0.17 ms here
+  (2026-12-06), so the rest is waiting, and the loop is what it waits for.
 
 Charging after the store is released keeps one client's wait from holding every other
 client. ``MemoryKV`` runs transactions one at a time, and holding it through the charge
@@ -37,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
+from tectonic_emu.coding import work
 from tectonic_emu.metadata import GroupCommit, MemoryKV
 from tectonic_emu.metadata.kv import KVStore, Transaction
 from tectonic_emu.sim.devices import Disk
@@ -61,6 +69,10 @@ class MetadataModel:
     # Seconds each transaction holds a store that serves one at a time (SQLite's one
     # connection); 0: transactions overlap, as on sharded servers.
     serial_s: float = 0.0
+    # The store runs on a thread of the client's process (SQLiteKV, embedded): each read
+    # that misses the transaction's own writes, each commit and each flush of the log is a
+    # hop there and back, which the client's loop pays as it pays a node call.
+    hops: bool = False
 
     def __post_init__(self) -> None:
         if self.shards < 1:
@@ -104,8 +116,17 @@ class ModelKV(KVStore):
         """Write what was appended to the log since the last flush (module docstring)."""
         assert self.log is not None, "only a store with a log counts its commits"
         upto = self.commits.commits
+        await self._hops(1, replies=False)
         await self.log.flush(self.model.log_bytes * (upto - self._flushed))
         self._flushed = upto
+        await self._hops(1, replies=True)
+
+    async def _hops(self, n: int, *, replies: bool) -> None:
+        """``n`` hops to the store's thread sent, or their replies taken up, on the loop
+        (``MetadataModel.hops``)."""
+        if self.model.hops and n:
+            work.calls(n, replies=replies)
+            await work.settle()
 
     def transaction(self, *, durable: bool = True) -> _ChargedTransaction:
         return _ChargedTransaction(self, durable)
@@ -127,6 +148,8 @@ class _ChargedTransaction(Transaction):
         self._ops: Counter[int] = Counter()
         self._durable = durable
         self._wrote = False
+        self._written: set[bytes] = set()  # keys this transaction put or deleted
+        self._hops = 0  # reads that missed them (``MetadataModel.hops``)
 
     async def __aenter__(self) -> _ChargedTransaction:
         self._txn = await self._inner.__aenter__()
@@ -142,10 +165,13 @@ class _ChargedTransaction(Transaction):
         if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
             return
         store = self._store
+        hops = self._hops + (1 if self._hops or self._wrote else 0)  # and the commit
+        await store._hops(hops, replies=False)
         jobs = [store.shards[k].begin(n) for k, n in sorted(self._ops.items())]
         if store.model.serial_s:
             jobs.append(store.connection.begin(store.model.serial_s))
         await use_all(jobs)
+        await store._hops(hops, replies=True)
         if store.model.rtt:
             await asyncio.sleep(store.model.rtt)
         if store.log is not None and self._wrote and exc_type is None:
@@ -159,21 +185,25 @@ class _ChargedTransaction(Transaction):
         return self._txn
 
     async def get(self, key: bytes) -> bytes | None:
+        self._hops += key not in self._written
         return await self._open(key).get(key)
 
     async def scan(
         self, prefix: bytes, *, start: bytes | None = None, limit: int | None = None
     ) -> list[tuple[bytes, bytes]]:
+        self._hops += 1
         rows = await self._open(prefix).scan(prefix, start=start, limit=limit)
         self._ops[shard_of(prefix, len(self._store.shards))] += len(rows) // SCAN_ROWS
         return rows
 
     async def put(self, key: bytes, value: bytes) -> None:
         self._wrote = True
+        self._written.add(key)
         await self._open(key).put(key, value)
 
     async def delete(self, key: bytes) -> None:
         self._wrote = True
+        self._written.add(key)
         await self._open(key).delete(key)
 
 
