@@ -382,3 +382,24 @@ def test_a_store_on_the_clients_thread_costs_its_loop_a_call_a_hop(hops: bool) -
     else:
         assert lazy == pytest.approx(0, abs=1e-7) and calls == 0
         assert durable == pytest.approx(flush, rel=1e-3)
+
+
+def test_a_read_outside_a_transaction_is_one_hop_and_holds_no_connection() -> None:
+    """``get`` and ``scan`` outside a transaction go to ``SQLiteKV``'s reader connection:
+    one hop each (1 ms of the loop here), no commit, and none of the transactions' one
+    connection (``serial_s``, 5 ms), so ten of them at once do not queue behind it."""
+    model = MetadataModel(1, 1e9, 0.0, serial_s=5e-3, hops=True)
+    kv = ModelKV(model)
+    cpu = HostCpu(CpuModel(4, {k: 1.0 for k in KINDS}, call_s=1e-3), name="host")
+
+    async def main() -> tuple[float, int]:
+        with cpu.active():
+            t0 = clock.monotonic()
+            await asyncio.gather(
+                *(kv.get(b"n\x00\x01%d" % k) for k in range(5)),
+                *(kv.scan(b"n\x00\x02%d" % k) for k in range(5)),
+            )
+            return clock.monotonic() - t0, cpu.calls
+
+    took, calls = clock.run_virtual(main())
+    assert calls == 10 and took == pytest.approx(10e-3, abs=1e-6)  # the one loop, no 50 ms

@@ -24,10 +24,16 @@ the ``MemoryKV`` as it is, then, once the store is released, waits for its charg
 - with ``hops``, the client's event loop for each hop to the store's thread: a read that
   misses the transaction's own writes, its commit, a flush of the log (as ``SQLiteKV``
   makes them). Each costs the loop what a node call does, sent and taken up
-  (``work.calls``): a reply waits for the loop. Traced real 16-rank r1 saves spent
-  3.6 ms in a block's chunk intent (one write-only transaction) and 3.5 in its commit,
-  where the model charged 0.3 and 1.0; such a transaction alone takes 0.12-0.17 ms here
-  (2026-12-06), so the rest is waiting, and the loop is what it waits for.
+  (``work.calls``): a reply waits for the loop. A read outside any transaction (``get``,
+  ``scan``) is one hop, to ``SQLiteKV``'s reader connection, and holds nothing. Traced
+  real 16-rank r1 saves spent 3.6-4.3 ms in a block's chunk intent (one write-only
+  transaction) and 3.5-4.2 in its commit, where the model charged 0.3 and 1.0; such a
+  transaction alone takes 0.12-0.17 ms here, and as much beside 32 chunk writes
+  (2026-12-06), so the rest is waiting: for the store, held by others, and for the loop.
+  Holding the store through the hops, one after another (as ``SQLiteKV`` does), brought
+  the intents to 3.2-3.8 ms but left the saves' totals where they were and slowed the
+  loads' transactions of 32 reads to 1.15-1.24 of real, so the hops are charged together,
+  after the store is released, like the rest.
 
 Charging after the store is released keeps one client's wait from holding every other
 client. ``MemoryKV`` runs transactions one at a time, and holding it through the charge
@@ -131,6 +137,16 @@ class ModelKV(KVStore):
     def transaction(self, *, durable: bool = True) -> _ChargedTransaction:
         return _ChargedTransaction(self, durable)
 
+    async def get(self, key: bytes) -> bytes | None:
+        async with _ChargedTransaction(self, durable=True, outside=True) as txn:
+            return await txn.get(key)
+
+    async def scan(
+        self, prefix: bytes, *, start: bytes | None = None, limit: int | None = None
+    ) -> list[tuple[bytes, bytes]]:
+        async with _ChargedTransaction(self, durable=True, outside=True) as txn:
+            return await txn.scan(prefix, start=start, limit=limit)
+
     async def sync(self) -> None:
         await self.inner.sync()
         if self.log is not None:
@@ -141,8 +157,12 @@ class ModelKV(KVStore):
 
 
 class _ChargedTransaction(Transaction):
-    def __init__(self, store: ModelKV, durable: bool) -> None:
+    """``outside``: a read outside any transaction (``KVStore.get``, ``scan``), which
+    ``SQLiteKV`` makes on a connection of its own: no hold of the store, no commit."""
+
+    def __init__(self, store: ModelKV, durable: bool, *, outside: bool = False) -> None:
         self._store = store
+        self._outside = outside
         self._inner = store.inner.transaction(durable=durable)
         self._txn: Transaction | None = None
         self._ops: Counter[int] = Counter()
@@ -165,11 +185,12 @@ class _ChargedTransaction(Transaction):
         if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
             return
         store = self._store
-        hops = self._hops + (1 if self._hops or self._wrote else 0)  # and the commit
-        await store._hops(hops, replies=False)
+        outside = self._outside
+        hops = self._hops + (1 if not outside and (self._hops or self._wrote) else 0)  # commit
         jobs = [store.shards[k].begin(n) for k, n in sorted(self._ops.items())]
-        if store.model.serial_s:
+        if store.model.serial_s and not outside:
             jobs.append(store.connection.begin(store.model.serial_s))
+        await store._hops(hops, replies=False)
         await use_all(jobs)
         await store._hops(hops, replies=True)
         if store.model.rtt:
