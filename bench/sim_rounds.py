@@ -14,17 +14,20 @@ three rounds' loads then spread by 0.02-0.15 s, not 0.6 (2026-12-06).
 The machine is measured again beside each real run, since on a shared VM its rates swing
 from one minute to the next: the device just before the save and again once the round is
 over (``measure_device``: a node's chunk writes and reads, 1.3-2.5 and 1.9-3.2 GB/s on
-2026-12-06), the second in a process of its own (``probe``: in the round's process, the
-probe after a 16-rank round measured 1.80-1.88 GB/s where all others measured
-1.15-1.79), fresh memory just before the load (``fresh_memory_gb_s``: after the save, in
-the round's process, as the load is about to meet it). A thread's rate of copies into new
-``bytes``, measured there the same way, depended on what the save had left in the heap
-(copies of 0.94 MB values ran at 1.9 GB/s there, at 1.5-1.6 in a new process), so copies
-are measured once, by size, each size in a new process (``sim/cpu.py`` ``copy_rates``,
-for the value sizes of the scenarios). The device's two measurements around one round
-were no closer to each other than to any other (eight rounds of a 16-rank r1 save: writes
-1.37-1.85 GB/s, correlation 0.29 between a round's two, none with its save, which held at
-0.86-1.05 s), so each is one more sample of the same device.
+2026-12-06 from one fresh ``mmap``, 1.6-1.8 and 2.0-2.2 from buffers of a writer's kind:
+``sim/machine.py`` ``SOURCES``), the second in a process of its own (``probe``: in the
+round's process, the probe after a 16-rank round measured 1.80-1.88 GB/s where all others
+measured 1.15-1.79), fresh memory just before the load (``fresh_memory_gb_s``: after the
+save, in the round's process, as the load is about to meet it). A thread's rate of copies
+into new ``bytes``, measured there the same way, depended on what the save had left in the
+heap (copies of 0.94 MB values ran at 1.9 GB/s there, at 1.5-1.6 in a new process), so
+copies are measured once, by size, each size in a new process (``sim/cpu.py``
+``copy_rates``, for the value sizes of the scenarios). The device's two measurements around
+one round were no closer to each other than to any other (eight rounds of a 16-rank r1 save:
+writes 1.37-1.85 GB/s, correlation 0.29 between a round's two, none with its save, which
+held at 0.86-1.05 s), so each is one more sample of the same device. Most of that spread was
+the old probe's memory: from a writer's kind of buffer, the probes of one run agree within
+5%.
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ FAIL_AT_S = 1.0  # seconds into the save when the failure scenario's node stops
 SLOW_BY_S = 0.2  # seconds the slow-node scenario's node adds to every call
 # Bytes each way of the device's measurement before each real run: 1 GiB measured 1.27-1.61
 # GB/s write and 2.04-2.19 read six times in a row where 256 MiB measured 1.13-1.59 and
-# 1.39-2.11 (2026-12-06).
+# 1.39-2.11 (2026-12-06, from one fresh mmap); 3.4 GB, as long as an r3 save, measured
+# within 2% of 1 GiB from a writer's kind of buffer.
 DEVICE_PROBE = 1 << 30
 
 T = TypeVar("T")
