@@ -234,9 +234,9 @@ async def measure(directory: Path, value_sizes: Iterable[int] = ()) -> Machine:
         node = LocalNode(work / "node", 0, 1, executor=pool)
         device = await _device(node)
         small = os.urandom(4096)
-        write_small = await _chunk_ops(node, "s", [small], 256)
+        write_small = await _chunk_ops(node, "s", 256, [small])
         cold = drop_caches()
-        read_small = await _chunk_ops(node, "s", [small], 256, read=True)
+        read_small = await _chunk_ops(node, "s", 256)
         t0 = time.perf_counter()
         for _ in range(200):
             await node.stat_chunk(0, "s0")
@@ -270,19 +270,17 @@ async def measure(directory: Path, value_sizes: Iterable[int] = ()) -> Machine:
 async def _chunk_ops(
     node: LocalNode,
     prefix: str,
-    payloads: Sequence[bytes | memoryview],
     count: int,
-    *,
-    read: bool = False,
+    payloads: Sequence[bytes | memoryview] = (),
 ) -> float:
-    """Seconds for ``count`` chunk writes (or reads), QUEUE_DEPTH at once: chunk ``k``
-    written from ``payloads[k % len(payloads)]``."""
+    """Seconds for ``count`` chunk writes, QUEUE_DEPTH at once, chunk ``k`` written from
+    ``payloads[k % len(payloads)]``; without ``payloads``, the same chunks read back."""
     crcs = [crc32c(p) for p in payloads]
     gate = asyncio.Semaphore(QUEUE_DEPTH)
 
     async def one(k: int) -> None:
         async with gate:
-            if read:
+            if not payloads:
                 await node.read_chunk(0, f"{prefix}{k}")
             else:
                 i = k % len(payloads)
@@ -330,10 +328,10 @@ async def _device(node: LocalNode, total: int = 512 << 20) -> Device:
     for buf in sources:
         buf[:] = data
     count = max(1, total // BIG_CHUNK)
-    write_gb_s = count * BIG_CHUNK / await _chunk_ops(node, "b", sources, count) / 1e9
+    write_gb_s = count * BIG_CHUNK / await _chunk_ops(node, "b", count, sources) / 1e9
     alone = await _one_at_a_time(node, sources[0])
     drop_caches()
-    read_gb_s = count * BIG_CHUNK / await _chunk_ops(node, "b", [b""], count, read=True) / 1e9
+    read_gb_s = count * BIG_CHUNK / await _chunk_ops(node, "b", count) / 1e9
     for k in range(count):  # the small operations' measurement is not to find them
         await node.delete_chunk(0, f"b{k}")
     return Device(write_gb_s, read_gb_s, max(0.0, alone - BIG_CHUNK / (write_gb_s * 1e9)))
