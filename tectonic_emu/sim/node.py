@@ -137,7 +137,9 @@ class ModelNode(StorageNode):
         store, n = self.server.store, nbytes(payload)
 
         async def answer() -> None:
-            await self.server.spend("copy-warm", n)  # into the page cache
+            # No copy: a node writes a chunk's pages with O_DIRECT from the memory it came
+            # in (``LocalNode``; the writer's blocks and parity are page-aligned), where
+            # this model charged a copy into the page cache until 2026-12-06.
             await self.server.disk(disk).write(n)
             await store.write_chunk(disk, chunk_id, payload, crc32c=crc32c, flags=flags)
 
