@@ -70,13 +70,13 @@ from clients.projection import (
     PRESETS,
     Preset,
     machine_preset,
+    measure_machine,
     project_checkpoint,
 )
 from tectonic_emu.resources import memory_available
 from tectonic_emu.sim.machine import (
     WARM_FRACTION,
     Machine,
-    measure,
     page_reporting_held,
     warm_free_memory,
 )
@@ -249,7 +249,8 @@ async def _run(
         warm_s = await asyncio.to_thread(warm_free_memory, warm)
     stage("measuring this machine")
     plans = [checkpoint_plan(MODEL, c.ranks, scale) for c in todo]
-    machine = await measure(directory, {f.size for p in plans for r in p.per_rank for f in r.files})
+    sizes = {f.size for p in plans for r in p.per_rank for f in r.files}
+    machine = await measure_machine(directory, sizes)
     rows: dict[str, Row] = {}
     rounds: dict[str, list[Round]] = {case.name: [] for case in todo}
     for case in todo:

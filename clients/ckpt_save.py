@@ -158,6 +158,7 @@ class Saver:
                 staged.append((a, s))
             if not staged:
                 return
+            await work.settle()  # the ranks' Python, in a projection (coding/work.py)
             st.queue += [s for _, s in staged]
             self.writer.start(st)
             written = await asyncio.gather(*(s.written for _, s in staged), return_exceptions=True)
@@ -216,6 +217,7 @@ class Saver:
         st.queue += staged_all
         self.writer.start(st)
         try:
+            await work.settle()  # the ranks' Python, in a projection (coding/work.py)
             written = await asyncio.gather(*(s.written for s in staged_all))
             assert st.commit is not None
             await asyncio.shield(st.commit)
@@ -256,6 +258,7 @@ class Saver:
         self, rank: int, state: Mapping[str, Value], incremental: bool, copy: bool, started: float
     ) -> Staged:
         """``rank``'s state staged (copied into staging buffers when ``copy``)."""
+        work.python("rank-save")  # a rank's Python on the loop, for a projection to charge
         return stage_state(
             rank,
             state,

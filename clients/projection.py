@@ -38,7 +38,7 @@ import math
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from clients.checkpoint import Checkpointer
 from clients.ckpt_catalog import SharedIndexes
 from clients.ckpt_format import CheckpointCorruptError
 from clients.ckpt_models import CheckpointPlan, checkpoint_plan
+from clients.loop_python import python_costs
 from tectonic_emu import clock, entropy
 from tectonic_emu.chunkstore.base import MAX_NODE_DELAY
 from tectonic_emu.client import Client
@@ -100,7 +101,14 @@ def this_machine(directory: Path | None = None, value_sizes: Iterable[int] = ())
     ``value_sizes`` too (``tectonic_emu/sim/machine.py``; ``bench sim`` compares it with
     real runs)."""
     where = directory or Path(tempfile.gettempdir())
-    return machine_preset(asyncio.run(measure(where, value_sizes)))
+    return machine_preset(asyncio.run(measure_machine(where, value_sizes)))
+
+
+async def measure_machine(directory: Path, value_sizes: Iterable[int] = ()) -> Machine:
+    """This machine measured (``sim/machine.py``), with its client's Python on the loop
+    per block and per rank's save (``clients/loop_python.py``)."""
+    machine = await measure(directory, value_sizes)
+    return replace(machine, python_s=await python_costs(directory, machine))
 
 
 def machine_preset(machine: Machine) -> Preset:
@@ -594,6 +602,7 @@ __all__ = [
     "StepFigures",
     "THIS_MACHINE",
     "machine_preset",
+    "measure_machine",
     "this_machine",
     "lower_bound",
     "model_clients",

@@ -129,6 +129,8 @@ class BlockPipeline:
     async def _write_and_commit(self, block: Payload, prev: asyncio.Future[None] | None) -> None:
         client = self._client
         dp = client.datapath
+        work.python("block")  # its Python on the loop, for a projection to charge
+        await work.settle()
         block_id = new_id()
         # Announced before any chunk is written, renewed until committed: garbage collection
         # leaves the block's chunks alone while this claim is live (see intents.py).

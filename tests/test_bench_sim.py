@@ -67,6 +67,8 @@ def test_a_quick_run_measures_the_machine_and_pairs_each_real_run_with_its_proje
     assert hw.cpu is not None
     assert dict(hw.cpu.copy_sizes) == {int(n): r for n, r in m.copy_gb_s.items()}
     assert 0 < m.reply_share < 1 and hw.cpu.reply_share == m.reply_share
+    # the loop's Python per block and per rank's save (clients/loop_python.py)
+    assert set(m.python_s) == {"block", "rank-save"} and dict(hw.cpu.python_s) == m.python_s
     assert not list(tmp_path.iterdir())  # every cluster and file cleaned up
     assert res.pages_held or os.geteuid() != 0 or not PAGE_REPORTING.exists()
     assert (res.warmed_gb, res.warm_s > 0) == (

@@ -33,6 +33,12 @@ from contextvars import ContextVar
 #: use (the page cache a node writes into), which costs no new pages.
 KINDS = ("crc32c", "rs-encode", "rs-decode", "blake2b", "wire", "copy", "copy-warm")
 
+#: The events whose Python on the event loop is counted, one at a time (``python``): a
+#: block a writer writes (``BlockPipeline``), a rank's state staged for a checkpoint
+#: (``clients/ckpt_save.py``). Their node calls and metadata hops are counted apart
+#: (``calls``); this is the rest of the client's Python around them.
+EVENTS = ("block", "rank-save")
+
 _CURRENT: ContextVar[Tally | None] = ContextVar("tectonic_cpu_tally", default=None)
 
 
@@ -47,6 +53,7 @@ class Tally:
         self.owed_loop = 0.0  # the part of ``owed`` done on the event loop
         self.threads = 0  # > 0 while work is counted on a thread (``on_thread``)
         self.calls = 0  # node calls made (``add_calls``)
+        self.events: dict[str, int] = {}  # events of ``EVENTS`` (``add_event``)
 
     @staticmethod
     def current() -> Tally | None:
@@ -69,6 +76,11 @@ class Tally:
         the event loop, which a subclass may charge (``sim.cpu.CpuModel.call_s``)."""
         if not replies:
             self.calls += n
+
+    def add_event(self, kind: str) -> None:
+        """One event of ``kind`` (``EVENTS``): the client's Python around it on the event
+        loop, which a subclass may charge (``sim.cpu.CpuModel.python_s``)."""
+        self.events[kind] = self.events.get(kind, 0) + 1
 
     @contextmanager
     def on_thread(self) -> Iterator[None]:
@@ -120,6 +132,14 @@ def calls(n: int, *, replies: bool = False) -> None:
         tally.add_calls(n, replies=replies)
 
 
+def python(kind: str) -> None:
+    """One event of ``kind`` (``EVENTS``) now, in the current tally if any
+    (``Tally.add_event``)."""
+    tally = _CURRENT.get()
+    if tally is not None:
+        tally.add_event(kind)
+
+
 @contextmanager
 def on_thread() -> Iterator[None]:
     """The current tally's (if any) ``Tally.on_thread``."""
@@ -138,4 +158,14 @@ async def settle() -> None:
         await tally.settle()
 
 
-__all__ = ["KINDS", "SETTLE_FROM", "Tally", "calls", "count", "on_thread", "settle"]
+__all__ = [
+    "EVENTS",
+    "KINDS",
+    "SETTLE_FROM",
+    "Tally",
+    "calls",
+    "count",
+    "on_thread",
+    "python",
+    "settle",
+]

@@ -58,7 +58,9 @@ class CpuModel:
     loop as any callback does. ``copy_sizes``: (bytes, GB/s) of one core's copies of
     values of that size into fresh memory, where measured (``copy_rates``): a copy of
     another size takes the rate of its neighbours, interpolated on the log of the size and
-    held beyond the ends; empty: ``gbps["copy"]`` at any size."""
+    held beyond the ends; empty: ``gbps["copy"]`` at any size. ``python_s``: seconds of
+    the event loop's Python per event of ``work.EVENTS`` (a block written, a rank's state
+    staged) beyond its node calls and hops, where measured; missing: not charged."""
 
     cores: int
     gbps: Mapping[str, float] = field(hash=False)
@@ -67,6 +69,7 @@ class CpuModel:
     call_s: float = 0.0
     copy_sizes: tuple[tuple[int, float], ...] = ()
     reply_share: float = 0.0
+    python_s: Mapping[str, float] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if self.cores < 1:
@@ -82,6 +85,10 @@ class CpuModel:
             raise ValueError(f"a reply's share of a call is within [0, 1]: {self.reply_share}")
         if any(not (n > 0 and rate > 0) for n, rate in self.copy_sizes):
             raise ValueError(f"copies of positive sizes at positive rates: {self.copy_sizes}")
+        bad = {k: s for k, s in self.python_s.items()
+               if k not in work.EVENTS or not (math.isfinite(s) and s >= 0)}  # fmt: skip
+        if bad:
+            raise ValueError(f"the loop's Python per event of {work.EVENTS}, >= 0 s: {bad}")
         if list(self.copy_sizes) != sorted(dict(self.copy_sizes).items()):
             raise ValueError(f"copy rates by size, each size once, in order: {self.copy_sizes}")
 
@@ -163,6 +170,12 @@ class HostCpu(work.Tally):
         # on the loop, wherever the call was made from
         share = self.model.reply_share if replies else 1 - self.model.reply_share
         seconds = n * self.model.call_s * share
+        self.owed += seconds
+        self.owed_loop += seconds
+
+    def add_event(self, kind: str) -> None:
+        super().add_event(kind)
+        seconds = self.model.python_s.get(kind, 0.0)  # on the loop, as a call's Python is
         self.owed += seconds
         self.owed_loop += seconds
 

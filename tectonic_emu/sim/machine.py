@@ -176,6 +176,8 @@ class Machine:
     # GB/s of one core's copies into fresh memory by size (bytes, as text: JSON's keys)
     copy_gb_s: dict[str, float] = field(default_factory=dict)
     reply_share: float = 0.0  # the part of a call's loop time spent taking up its reply
+    # the loop's Python per event of work.EVENTS beyond its calls (clients/loop_python.py)
+    python_s: dict[str, float] = field(default_factory=dict)
 
     def hardware(self) -> Hardware:
         return Hardware(
@@ -217,6 +219,7 @@ class Machine:
                 call_s=self.call_cpu_s,
                 copy_sizes=tuple(sorted((int(n), r) for n, r in self.copy_gb_s.items())),
                 reply_share=self.reply_share,
+                python_s=dict(self.python_s),
             ),
             embedded=True,
         )
