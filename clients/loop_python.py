@@ -49,13 +49,14 @@ from tectonic_emu.sim.cpu import HostCpu
 from tectonic_emu.sim.machine import DISKS, NODES, Machine
 
 BLOCK = 64 << 10  # bytes of each block of the block probe
-FEW, MANY = 32, 256  # blocks of each of its files
+FEW, MANY = 32, 512  # blocks of each of its files
 WRITERS = 2  # files written at once, as a checkpoint's data files are
 FEW_RANKS, MANY_RANKS = 16, 512
 VALUE = 4 << 10  # bytes of each of a rank's two values
-# Real rounds of each, the median taken: one round's block figure ran 0.48-0.81 ms here
-# (2026-12-06), the projection's is the same every time.
-ROUNDS = 3
+# Real rounds of each, the median taken: rounds of the block figure ran 0.31-0.57 ms
+# apart with files of 512 blocks, 0.42-0.88 with 256 (2026-12-06, five rounds each); the
+# projection's is the same every time.
+ROUNDS = 5
 # Work whose loop time is measured, on a cluster real or projected (``Synthetic`` bytes).
 Probe = Callable[[Cluster, bool], Awaitable[None]]
 
@@ -63,6 +64,9 @@ Probe = Callable[[Cluster, bool], Awaitable[None]]
 async def python_costs(directory: Path, machine: Machine) -> dict[str, float]:
     """Seconds of the loop's Python per event of ``work.EVENTS`` that ``machine``'s preset
     does not charge (module docstring), measured in ``directory``."""
+    # The real probes' bytes, made before their loop is timed: os.urandom runs at about
+    # 1 GB/s here, which inside the timing added 0.05-0.1 ms to each block.
+    source = memoryview(os.urandom(max(MANY * BLOCK, MANY_RANKS * 2 * VALUE)))
     hardware = replace(machine, python_s={}).hardware()
     out = {}
     for event, few, many, probe, bs in (
@@ -70,26 +74,25 @@ async def python_costs(directory: Path, machine: Machine) -> dict[str, float]:
         ("rank-save", FEW_RANKS, MANY_RANKS, _ranks, DEFAULT_BLOCK_SIZE),  # a block or two
     ):
         model = [
-            await asyncio.to_thread(_projected, hardware, partial(probe, n), bs)
+            await asyncio.to_thread(_projected, hardware, partial(probe, n, source), bs)
             for n in (few, many)
         ]
         events = (many - few) * (WRITERS if event == "block" else 1)
         rounds = []
         for _ in range(ROUNDS):
-            real = [await _real(directory, partial(probe, n), bs) for n in (few, many)]
+            real = [await _real(directory, partial(probe, n, source), bs) for n in (few, many)]
             rounds.append(((real[1] - real[0]) - (model[1] - model[0])) / events)
         out[event] = max(0.0, statistics.median(rounds))
     return out
 
 
-async def _blocks(blocks: int, cluster: Cluster, synthetic: bool) -> None:
+async def _blocks(blocks: int, source: memoryview, cluster: Cluster, synthetic: bool) -> None:
     client = cluster.client()
 
     async def one(k: int) -> None:
+        # a memoryview is copied into the writer's blocks, as a tensor's bytes are
         data: Payload = (
-            Synthetic.random(k, blocks * BLOCK)
-            if synthetic
-            else memoryview(bytearray(os.urandom(blocks * BLOCK)))  # copied, as a tensor's
+            Synthetic.random(k, blocks * BLOCK) if synthetic else source[: blocks * BLOCK]
         )
         async with client.open_writer(f"/p{k}") as w:
             await w.append(data)
@@ -97,11 +100,15 @@ async def _blocks(blocks: int, cluster: Cluster, synthetic: bool) -> None:
     await asyncio.gather(*(one(k) for k in range(WRITERS)))
 
 
-async def _ranks(ranks: int, cluster: Cluster, synthetic: bool) -> None:
+async def _ranks(ranks: int, source: memoryview, cluster: Cluster, synthetic: bool) -> None:
     ckpt = Checkpointer(cluster.client(), "/ck", world_size=ranks)
 
     def value(seed: int) -> Payload:
-        return Synthetic.random(seed, VALUE) if synthetic else os.urandom(VALUE)
+        return (
+            Synthetic.random(seed, VALUE)
+            if synthetic
+            else source[seed * VALUE : (seed + 1) * VALUE]
+        )
 
     states = [{"a": value(2 * r), "b": value(2 * r + 1)} for r in range(ranks)]
     await asyncio.gather(*(ckpt.save(1, r, s) for r, s in enumerate(states)))

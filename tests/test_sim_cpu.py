@@ -366,11 +366,11 @@ def test_each_block_and_each_ranks_save_costs_the_loop_its_measured_python(tmp_p
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(HostCpu, "add_event", spy)
-        blocks = partial(lp._blocks, 5)
+        blocks = partial(lp._blocks, 5, memoryview(b""))
         plain = loop_s({}, blocks, lp.BLOCK)
         assert counted[-1] == {"block": 5 * lp.WRITERS}
         charged = loop_s({"block": 1e-3}, blocks, lp.BLOCK)
-        ranks = partial(lp._ranks, 40)
+        ranks = partial(lp._ranks, 40, memoryview(b""))
         plain_r = loop_s({}, ranks, DEFAULT_BLOCK_SIZE)
         assert counted[-1]["rank-save"] == 40
         charged_r = loop_s({"rank-save": 1e-4}, ranks, DEFAULT_BLOCK_SIZE)
