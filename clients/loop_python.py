@@ -65,7 +65,7 @@ async def python_costs(directory: Path, machine: Machine) -> dict[str, float]:
     """Seconds of the loop's Python per event of ``work.EVENTS`` that ``machine``'s preset
     does not charge (module docstring), measured in ``directory``."""
     # The real probes' bytes, made before their loop is timed: os.urandom runs at about
-    # 1 GB/s here, which inside the timing added 0.05-0.1 ms to each block.
+    # 1 GB/s here, which inside the timing added about 0.08 ms to each block.
     source = memoryview(os.urandom(max(MANY * BLOCK, MANY_RANKS * 2 * VALUE)))
     hardware = replace(machine, python_s={}).hardware()
     out = {}

@@ -22,8 +22,12 @@ async def offload(cpu: Executor, size: int, fn: Callable[..., T], *args: object)
     if size < INLINE_CPU_BYTES:
         result = fn(*args)
     elif isinstance(cpu, InlineExecutor):  # it would run it here anyway, a loop hop later;
-        with work.on_thread():  # in a projection it stands for a pool: a thread's work
+        # in a projection it stands for a pool: a thread's work, and the hop there and
+        # back costs the loop what a node call's hop to the I/O pool does
+        work.calls(1)
+        with work.on_thread():
             result = fn(*args)
+        work.calls(1, replies=True)
     else:
         return await asyncio.get_running_loop().run_in_executor(cpu, fn, *args)
     await work.settle()  # a projection's host charges the work here (coding/work.py)

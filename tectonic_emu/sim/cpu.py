@@ -14,12 +14,14 @@ of the host's processes, which does one thing at a time; a copy into fresh memor
 takes the host's rate of new pages, where the model has one, and goes at the rate of its
 size, where the model has rates by size (``copy_rates``: a small value's copy costs more
 per byte here). A node call's Python is charged to the loop part as the call is made and
-part as its reply is taken up, behind whatever the loop is doing then. The rest of the
+part as its reply is taken up, behind whatever the loop is doing then, and so is a job's
+hop to the CPU pool (``offload``). The rest of the
 client's Python on the loop is charged per event where the model has a figure for it
 (``python_s``: per block written, per rank's state staged; ``work.python``), on the loop.
 
-What is not charged: the client's Python beyond those events and calls, compression (a projection's payloads are incompressible, and ``auto`` then costs one small
-sample), and the CPU of servers on hosts of their own.
+What is not charged: the client's Python beyond those events and calls, compression (a
+projection's payloads are incompressible, and ``auto`` then costs one small sample), and
+the CPU of servers on hosts of their own.
 
 ``CpuModel.measure()`` times each kind of work here, on this machine's libraries, for the
 ``this-machine`` preset; ``ASSUMED_SERVER_CORE`` is a figure for a modern server core.
