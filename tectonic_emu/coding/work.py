@@ -2,8 +2,9 @@
 
 The functions that spend CPU per byte (CRC32C, Reed-Solomon encode and decode, the
 checkpoint digests, the wire's MACs, copies of payloads into fresh memory and into memory
-in use, such as the page cache) call
-``count(kind, nbytes)``. Nothing is counted unless
+in use, such as a writer's block buffers) call ``count(kind, nbytes)``; node calls and
+metadata hops call ``calls``, and a block written or a rank's state staged calls
+``python`` (the client's Python around it on the event loop). Nothing is counted unless
 a ``Tally`` is current (``Tally.current``): in a real run ``count`` is one ContextVar read.
 A projection makes each client host's ``sim.cpu.HostCpu`` (a ``Tally``) current in that
 host's tasks. The work is charged when the job that did it settles (``settle``): at the
@@ -30,7 +31,7 @@ from contextvars import ContextVar
 
 #: The kinds of work counted, each in bytes.
 #: ``copy`` is into fresh memory (values kept, new buffers); ``copy-warm`` into memory in
-#: use (the page cache a node writes into), which costs no new pages.
+#: use (a writer's recycled block buffers), which costs no new pages.
 KINDS = ("crc32c", "rs-encode", "rs-decode", "blake2b", "wire", "copy", "copy-warm")
 
 #: The events whose Python on the event loop is counted, one at a time (``python``): a

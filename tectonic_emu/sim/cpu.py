@@ -15,9 +15,9 @@ takes the host's rate of new pages, where the model has one, and goes at the rat
 size, where the model has rates by size (``copy_rates``: a small value's copy costs more
 per byte here). A node call's Python is charged to the loop part as the call is made and
 part as its reply is taken up, behind whatever the loop is doing then, and so is a job's
-hop to the CPU pool (``offload``). The rest of the
-client's Python on the loop is charged per event where the model has a figure for it
-(``python_s``: per block written, per rank's state staged; ``work.python``), on the loop.
+hop to the CPU pool (``offload``). The rest of the client's Python on the loop is charged
+per event where the model has a figure for it (``python_s``: per block written, per
+rank's state staged; ``work.python``).
 
 What is not charged: the client's Python beyond those events and calls, compression (a
 projection's payloads are incompressible, and ``auto`` then costs one small sample), and
