@@ -69,15 +69,15 @@ async def python_costs(directory: Path, machine: Machine) -> dict[str, float]:
     source = memoryview(os.urandom(max(MANY * BLOCK, MANY_RANKS * 2 * VALUE)))
     hardware = replace(machine, python_s={}).hardware()
     out = {}
-    for event, few, many, probe, bs in (
-        ("block", FEW, MANY, _blocks, BLOCK),
-        ("rank-save", FEW_RANKS, MANY_RANKS, _ranks, DEFAULT_BLOCK_SIZE),  # a block or two
+    for event, few, many, per, probe, bs in (
+        ("block", FEW, MANY, WRITERS, _blocks, BLOCK),  # per: events each of few, many
+        ("rank-save", FEW_RANKS, MANY_RANKS, 1, _ranks, DEFAULT_BLOCK_SIZE),  # a block or two
     ):
         model = [
             await asyncio.to_thread(_projected, hardware, partial(probe, n, source), bs)
             for n in (few, many)
         ]
-        events = (many - few) * (WRITERS if event == "block" else 1)
+        events = (many - few) * per
         rounds = []
         for _ in range(ROUNDS):
             real = [await _real(directory, partial(probe, n, source), bs) for n in (few, many)]

@@ -219,8 +219,10 @@ class BlockWriter:
     # -- internals ---------------------------------------------------------------------------
     def _prepare(self, enc: Encoding, block: Payload) -> list[Prepared]:
         """What ``_prepare_one`` makes of each chunk of the block. Runs in a worker."""
+        if enc.kind == "replication":  # every chunk is the block itself
+            return [self._prepare_one(block)] * enc.width
         codec = codec_for(enc)
-        if enc.kind == "replication" or isinstance(block, Synthetic):
+        if isinstance(block, Synthetic):
             chunks = codec.encode(block)
         else:
             # Parity into page-aligned, unzeroed buffers from the heap (warm when reused):
@@ -230,8 +232,6 @@ class BlockWriter:
             s = codec.chunk_sizes(nbytes(block))[-1]  # a parity chunk's
             parity = [uninitialised(s) for _ in range(enc.parity)]
             chunks = codec.encode(block, parity_out=parity)
-        if enc.kind == "replication":
-            return [self._prepare_one(block)] * enc.width
         return [self._prepare_one(chunk) for chunk in chunks]
 
     def _prepare_one(self, raw: Payload) -> Prepared:

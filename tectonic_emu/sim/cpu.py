@@ -171,13 +171,14 @@ class HostCpu(work.Tally):
         super().add_calls(n, replies=replies)
         # on the loop, wherever the call was made from
         share = self.model.reply_share if replies else 1 - self.model.reply_share
-        seconds = n * self.model.call_s * share
-        self.owed += seconds
-        self.owed_loop += seconds
+        self._on_loop(n * self.model.call_s * share)
 
     def add_event(self, kind: str) -> None:
         super().add_event(kind)
-        seconds = self.model.python_s.get(kind, 0.0)  # on the loop, as a call's Python is
+        self._on_loop(self.model.python_s.get(kind, 0.0))  # as a call's Python is
+
+    def _on_loop(self, seconds: float) -> None:
+        """``seconds`` of the event loop's Python owed: a core's and the loop's."""
         self.owed += seconds
         self.owed_loop += seconds
 
