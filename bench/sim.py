@@ -100,6 +100,13 @@ class Row:
     write_gb_s: float = 0.0  # the device its projection took (module docstring)
     read_gb_s: float = 0.0
     write_latency_s: float = 0.0
+    # A save's: the share of it its event loop was busy and its device had a request in
+    # flight, each real round's (``sim_rounds.Saved``) and the projection's (the means of
+    # its "client loops" and "disks" classes).
+    loop_busy: list[float] = field(default_factory=list)
+    device_busy: list[float] = field(default_factory=list)
+    projected_loop_busy: float = 0.0
+    projected_device_busy: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +168,8 @@ def _beside(machine: Machine, rounds: Sequence[Round]) -> Machine:
     )
 
 
-def _projected(case: Case, scale: float, preset: Preset) -> tuple[float, float]:
+def _projected(case: Case, scale: float, preset: Preset) -> tuple[float, float, dict[str, float]]:
+    """The save's and the load's seconds, and the mean use of each class over the save."""
     sc = preset.scenario(  # one process, one Checkpointer: an embedded cluster
         MODEL,
         case.ranks,
@@ -176,7 +184,7 @@ def _projected(case: Case, scale: float, preset: Preset) -> tuple[float, float]:
         sc = replace(sc, write_ack="quorum")
     p = project_checkpoint(sc)
     assert p.load is not None
-    return p.duration_s, p.load.duration_s
+    return p.duration_s, p.load.duration_s, {u.name: u.mean for u in p.use}
 
 
 def paper_burst(ranks: int = PAPER_RANKS, scale: float = 1.0) -> PaperBurst:
@@ -264,6 +272,8 @@ async def _run(
             got = Round(*before, await apart(probe, directory))
             rounds[case.name].append(got)
             rows[case.name].real_s.append(got.save_s)
+            rows[case.name].loop_busy.append(got.save.loop_busy)
+            rows[case.name].device_busy.append(got.save.device_busy)
             if not case.fail:
                 rows[f"{case.name}: load"].real_s.append(got.load_s)
     t0 = time.perf_counter()
@@ -271,7 +281,9 @@ async def _run(
     for case in todo:
         stage(f"projecting {case.name}")
         met = met_by[case.name] = _beside(machine, rounds[case.name])
-        save, load = await asyncio.to_thread(_projected, case, scale, machine_preset(met))
+        save, load, use = await asyncio.to_thread(_projected, case, scale, machine_preset(met))
+        rows[case.name].projected_loop_busy = use.get("client loops", 0.0)
+        rows[case.name].projected_device_busy = use.get("disks", 0.0)
         mine = [rows[case.name]] + ([] if case.fail else [rows[f"{case.name}: load"]])
         for row, seconds in zip(mine, (save, load), strict=False):
             row.projected_s = seconds
@@ -300,7 +312,28 @@ def table(res: SimBench) -> list[Table]:
     """The projections beside the real runs, each case's stages if traced, and, if it ran,
     the burst beside the paper."""
     paper = [] if res.paper is None else [paper_table(res.paper)]
-    return [machine_table(res)] + [trace_table(t) for t in res.traces] + paper
+    traces = [trace_table(t) for t in res.traces]
+    return [machine_table(res), busy_table(res), *traces, *paper]
+
+
+def busy_table(res: SimBench) -> Table:
+    """Each save's loop and device busy, real (median of the rounds) and projected."""
+    t = Table(title="Where the saves' time went: share busy", title_justify="left")
+    for col in ("scenario", "loop", "device"):
+        t.add_column(col, justify="left" if col == "scenario" else "right")
+    for row in res.rows:
+        if row.loop_busy:
+            t.add_row(
+                row.name,
+                f"{statistics.median(row.loop_busy):.2f}/{row.projected_loop_busy:.2f}",
+                f"{statistics.median(row.device_busy):.2f}/{row.projected_device_busy:.2f}",
+            )
+    return with_legend(
+        t,
+        "real (median of the rounds)/projected; loop: its thread on a CPU (thread_time), "
+        "projected its event-loop resource; device: a request in flight (the block "
+        "device's io_ticks, 0 where it cannot be read), projected its disks' service",
+    )
 
 
 def trace_table(trace: CaseTrace) -> Table:

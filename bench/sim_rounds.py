@@ -49,7 +49,14 @@ from clients.checkpoint import Checkpointer
 from clients.ckpt_models import checkpoint_plan
 from tectonic_emu import Cluster
 from tectonic_emu.sim.cpu import fresh_memory_gb_s
-from tectonic_emu.sim.machine import DISKS, NODES, Device, drop_caches, measure_device
+from tectonic_emu.sim.machine import (
+    DISKS,
+    NODES,
+    Device,
+    device_busy_s,
+    drop_caches,
+    measure_device,
+)
 
 MODEL = "llama3-8b"
 FAIL_AT_S = 1.0  # seconds into the save when the failure scenario's node stops
@@ -85,18 +92,33 @@ def cases(encodings: Sequence[str], ranks: Sequence[int], fail: bool) -> list[Ca
 
 
 @dataclass(frozen=True, slots=True)
+class Saved:
+    """A real save's seconds, and where they went: the shares of them that the event loop's
+    thread spent on a CPU (``thread_time``) and that the device had a request in flight
+    (``device_busy_s``; 0 where it cannot be read)."""
+
+    seconds: float
+    loop_busy: float
+    device_busy: float
+
+
+@dataclass(frozen=True, slots=True)
 class Round:
     """One real run of a case: its save and load (seconds), and the machine beside it:
     the device before and after, and the host's fresh memory (GB/s)."""
 
-    save_s: float
+    save: Saved
     load_s: float
     device: Device
     fresh_gb_s: float
     device_after: Device  # measured again once the round is over
 
+    @property
+    def save_s(self) -> float:
+        return self.save.seconds
 
-Before = tuple[float, float, Device, float]  # a Round's fields but its device_after
+
+Before = tuple[Saved, float, Device, float]  # a Round's fields but its device_after
 
 
 async def real(case: Case, scale: float, directory: Path, cores: int) -> Before:
@@ -116,11 +138,11 @@ def probe(directory: Path) -> Device:
 
 async def save_and_load(
     case: Case, scale: float, directory: Path, cores: int
-) -> tuple[float, float, float]:
+) -> tuple[Saved, float, float]:
     """``case`` on an embedded cluster in ``directory``: every rank from a common start to
     its commit, then (caches dropped) the host's rate of fresh memory as the load is about
-    to meet it (``cores`` threads), then every rank's load of its own state. The save's and
-    the load's seconds, and that rate (GB/s)."""
+    to meet it (``cores`` threads), then every rank's load of its own state. The save, the
+    load's seconds, and that rate (GB/s)."""
     plan = checkpoint_plan(MODEL, case.ranks, scale)
     data = memoryview(os.urandom(plan.total))
     states, at = [], 0
@@ -141,9 +163,13 @@ async def save_and_load(
                 if case.fail
                 else None
             )
+            busy0, loop0 = device_busy_s(directory), time.thread_time()
             t0 = time.perf_counter()
             await asyncio.gather(*(ckpt.save(1, r, s) for r, s in enumerate(states)))
-            save = time.perf_counter() - t0
+            seconds = time.perf_counter() - t0
+            loop, busy1 = time.thread_time() - loop0, device_busy_s(directory)
+            device = 0.0 if busy0 is None or busy1 is None else (busy1 - busy0) / seconds
+            save = Saved(seconds, loop / seconds, min(1.0, device))
             if stop is not None:
                 stop.cancel()  # a save done before FAIL_AT_S: no node to stop after it
             await cluster.datapath.drain()
@@ -192,6 +218,7 @@ __all__ = [
     "Before",
     "Case",
     "Round",
+    "Saved",
     "apart",
     "cases",
     "probe",

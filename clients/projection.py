@@ -25,9 +25,10 @@ The report, as MLPerf Storage reports a checkpoint:
   encoding's overhead) over the slowest class's aggregate bandwidth.
 
 Metadata costs time when the hardware has a ``MetadataModel`` (``--metadata-shards``), and
-the clients' per-byte CPU work when it has a ``CpuModel`` (``sim/cpu.py``): then the shards
-and the client CPUs are classes of their own in the report. Not modelled yet
-(docs/simulate.md): the switches of the core one by one (it is one aggregate link).
+the clients' per-byte CPU work when it has a ``CpuModel`` (``sim/cpu.py``): then the shards,
+the client CPUs and the clients' event loops are classes of their own in the report. Not
+modelled yet (docs/simulate.md): the switches of the core one by one (it is one aggregate
+link).
 """
 
 from __future__ import annotations
@@ -462,7 +463,9 @@ async def _save(sc: Scenario, plan: CheckpointPlan, progress: Progress | None) -
     if mc.fabric.core is not None:
         use += (_use("fabric core", [mc.fabric.core], elapsed),)
     if hw.cpu is not None:
-        use += (_use("client CPUs", [t.cores for t in tallies if isinstance(t, HostCpu)], elapsed),)
+        cpus = [t for t in tallies if isinstance(t, HostCpu)]
+        use += (_use("client CPUs", [t.cores for t in cpus], elapsed),)
+        use += (_use("client loops", [t.loop for t in cpus], elapsed),)
     if isinstance(mc.kv, ModelKV):
         use += (_use("metadata shards", mc.kv.shards, elapsed),)
     load = await _load(sc, plan, mc, hosts, ckpts, sc.steps) if sc.load else None

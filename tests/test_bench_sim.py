@@ -18,6 +18,7 @@ from tectonic_emu.coding._native import pinned
 from tectonic_emu.sim import machine
 from tectonic_emu.sim.cpu import COPY_SIZES
 from tectonic_emu.sim.machine import BIG_CHUNK, PAGE_REPORTING, Device
+from tectonic_emu.sim.machine import device_busy_s as machine_busy_s
 
 
 def test_a_quick_run_measures_the_machine_and_pairs_each_real_run_with_its_projection(
@@ -54,6 +55,15 @@ def test_a_quick_run_measures_the_machine_and_pairs_each_real_run_with_its_proje
         assert len(row.real_s) == 2 and all(s > 0 for s in row.real_s)
         assert row.projected_s > 0 and row.fresh_gb_s > 0  # measured before each load
         assert row.ratio == row.projected_s / statistics.median(row.real_s)
+        # a save's loop and device busy, each round's and the projection's; not a load's
+        save = not row.name.endswith(": load")
+        assert len(row.loop_busy) == len(row.device_busy) == (2 if save else 0)
+        assert all(0 < b <= 1.5 for b in row.loop_busy)  # CPU time may pass wall time a bit
+        assert all(0 <= b <= 1 for b in row.device_busy)
+        assert (0 < row.projected_loop_busy <= 1) == save
+        assert (0 < row.projected_device_busy <= 1) == save
+    if machine_busy_s(tmp_path) is not None:  # a block device under tmp_path: it wrote
+        assert all(b > 0 for row in res.rows for b in row.device_busy)
     m = res.machine
     assert min(m.write_gb_s, m.read_gb_s, m.write_iops, m.read_iops, m.meta_ops) > 0
     assert 0 < m.call_s < 1 and 0 < m.txn_s < 1 and m.cores >= 1
@@ -75,8 +85,9 @@ def test_a_quick_run_measures_the_machine_and_pairs_each_real_run_with_its_proje
         ((64 << 20) / 1e9, True) if res.pages_held else (0.0, False)
     )
     assert not PAGE_REPORTING.exists() or PAGE_REPORTING.read_text() == order_before
-    machine, paper = sim.table(res)
+    machine, busy, paper = sim.table(res)
     assert "ratio = projected / real median" in str(machine.caption)
+    assert busy.row_count == 3  # the saves
     p = res.paper
     assert p is not None and p.ranks == 256 and p.duration_s > 0 and p.peak_gb_s > 0
     assert p.peak_ratio == p.peak_gb_s / 7000 and p.sustained_ratio == p.sustained_gb_s / 2000

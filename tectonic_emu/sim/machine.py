@@ -92,6 +92,19 @@ def drop_caches() -> bool:
     return True
 
 
+def device_busy_s(path: Path) -> float | None:
+    """Seconds the block device holding ``path`` has had a request in flight since boot
+    (``io_ticks``, the tenth field of its ``/sys/dev/block/MAJOR:MINOR/stat``); None where
+    there is none to read (tmpfs, overlays, another kernel). Two readings around a run give
+    the share of it the device was busy."""
+    dev = os.stat(path).st_dev
+    stat = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat")
+    try:
+        return int(stat.read_text().split()[9]) / 1e3
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 # The guest kernel's free page reporting (virtio-balloon): blocks of 2**order pages freed in
 # the guest are handed back to the host, and the next touch of each page waits for the host
 # to fault it in again. An order above the largest block the kernel has stops it.
@@ -419,6 +432,7 @@ __all__ = [
     "Device",
     "QUEUE_DEPTH",
     "Machine",
+    "device_busy_s",
     "drop_caches",
     "measure",
     "measure_device",
