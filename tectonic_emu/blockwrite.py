@@ -53,6 +53,8 @@ class _BlockWrite:
     current: dict[int, ChunkPlacement] = field(default_factory=dict)  # the latest attempt
     written: list[ChunkPlacement] = field(default_factory=list)  # durable
     acked: bool = False  # the block was acknowledged: stragglers no longer retry
+    # Kept as long as any chunk write of the block (``write_block``'s ``holds``).
+    holds: object = None
 
 
 class BlockWriter:
@@ -102,9 +104,11 @@ class BlockWriter:
         return await self.placement.reserve(enc, nbytes, extra)
 
     async def write_block(
-        self, enc: Encoding, block: Payload, *, block_id: int, file_id: int
+        self, enc: Encoding, block: Payload, *, block_id: int, file_id: int, holds: object = None
     ) -> BlockRecord:
         """Encode and durably store one block's chunks. The caller commits the record.
+        ``holds``: kept as long as any of its chunk writes runs, stragglers' included, as
+        the views of a block's buffer are (``writer.BlockPipeline.submit``).
 
         Returns once ``ack_quorum(enc)`` chunks are durable; the record names every chunk,
         the stragglers' included. Raises NotEnoughNodesError if too few nodes accept chunks.
@@ -113,7 +117,7 @@ class BlockWriter:
         """
         prepared = await offload(self._cpu, len(block), self._prepare, enc, block)
         targets = await self.reserve_targets(enc, max(len(p[0]) for p in prepared))
-        state = _BlockWrite(taken=set(targets))
+        state = _BlockWrite(taken=set(targets), holds=holds)
         self.stats.writes += 1
         tasks = [
             asyncio.ensure_future(

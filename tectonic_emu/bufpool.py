@@ -22,6 +22,7 @@ import ctypes
 import mmap
 import sys
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -62,25 +63,35 @@ class Recycler:
     it is allocated, and on this kind of VM copying a checkpoint's 64 KiB parts into fresh
     memory ran at 0.5-1 GB/s, into reused memory at 3.5-7.5 GB/s (docs/performance.md).
     Thread-safe.
+
+    ``stand_ins``: the buffers are empty arrays that stand for buffers of ``size`` bytes,
+    for bytes described and never made (``stand_in``).
     """
 
-    def __init__(self, size: int, keep: int) -> None:
+    def __init__(self, size: int, keep: int, *, stand_ins: bool = False) -> None:
         self.size = size
         self.keep = keep
         self._lock = threading.Lock()
         self._arrays: list[np.ndarray[Any, np.dtype[np.uint8]]] = []
+        self._stand_ins = stand_ins
         self.reused = 0  # takes served by a tracked buffer (for tests and benches)
 
     def take(self) -> memoryview:
+        return self.take_noting()[0]
+
+    def take_noting(self) -> tuple[memoryview, bool]:
+        """``take``, and whether the buffer is new: allocated now, its pages not touched
+        yet, so the first copy into each faults it in (``coding/work.py``'s ``new-pages``).
+        Below malloc's mmap threshold the heap may hand back memory touched before."""
         with self._lock:
             for arr in self._arrays:
                 if sys.getrefcount(arr) <= _UNREFERENCED:
                     self.reused += 1
-                    return arr.data
-            arr = _aligned_array(self.size)
+                    return arr.data, False
+            arr = np.empty(0, dtype=np.uint8) if self._stand_ins else _aligned_array(self.size)
             if len(self._arrays) < self.keep:
                 self._arrays.append(arr)
-            return arr.data
+            return arr.data, True
 
     @property
     def tracked(self) -> int:
@@ -96,11 +107,48 @@ RECYCLED_BYTES = 512 << 20  # the most a process keeps in recycled buffers of on
 def recycled(n: int) -> memoryview:
     """``n`` bytes from the process's ``Recycler`` of that size (made on first use, keeping up
     to RECYCLED_BYTES and at least 2 buffers)."""
-    r = _recyclers.get(n)
+    return recycled_noting(n)[0]
+
+
+def recycled_noting(n: int) -> tuple[memoryview, bool]:
+    """``recycled``, and whether the buffer is new (``Recycler.take_noting``)."""
+    return _recycler(_recyclers, n, stand_ins=False).take_noting()
+
+
+def stand_in(n: int, host: object, processes: int = 1) -> tuple[memoryview, bool]:
+    """For ``n`` bytes described, not made (a projection's ``Synthetic``), that a real writer
+    would copy into ``recycled(n)`` on ``host`` (a projection's client host, running
+    ``processes`` client processes): an empty view standing for that buffer, and whether
+    the buffer would be new. Held for as long as the real buffer would be (a writer's
+    block, until its pipeline and every chunk write are done with it), it has the host's
+    stand-in recycler hand out new buffers when the real ones would: one recycler for
+    the host, keeping what its processes' recyclers keep together. None: a host of its
+    own for what runs outside any projection's."""
+    with _recyclers_lock:
+        mine = _stand_ins.setdefault(_NO_HOST if host is None else host, {})
+    return _recycler(mine, n, stand_ins=True, processes=processes).take_noting()
+
+
+def _recycler(
+    recyclers: dict[int, Recycler], n: int, *, stand_ins: bool, processes: int = 1
+) -> Recycler:
+    r = recyclers.get(n)
     if r is None:
         with _recyclers_lock:
-            r = _recyclers.setdefault(n, Recycler(n, max(2, RECYCLED_BYTES // n)))
-    return r.take()
+            keep = max(2, RECYCLED_BYTES // n) * processes
+            r = recyclers.setdefault(n, Recycler(n, keep, stand_ins=stand_ins))
+    return r
+
+
+# Each host's stand-in recyclers by size, dropped with the host (a projection's).
+_stand_ins: weakref.WeakKeyDictionary[object, dict[int, Recycler]] = weakref.WeakKeyDictionary()
+
+
+class _Host:
+    """The host of stand-ins taken outside any projection's."""
+
+
+_NO_HOST = _Host()
 
 
 def address_of(buf: mmap.mmap) -> int:
@@ -165,5 +213,7 @@ __all__ = [
     "address_of",
     "copy_into",
     "recycled",
+    "recycled_noting",
+    "stand_in",
     "uninitialised",
 ]

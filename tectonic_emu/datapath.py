@@ -206,16 +206,19 @@ class DataPath:
         return self._writer.ack_quorum(enc)
 
     async def write_block(
-        self, enc: Encoding, block: Payload, *, block_id: int, file_id: int
+        self, enc: Encoding, block: Payload, *, block_id: int, file_id: int, holds: object = None
     ) -> BlockRecord:
         """Encode and durably store one block's chunks. The caller commits the record.
 
         Returns once ``ack_quorum(enc)`` chunks are durable; the record names every chunk,
         the stragglers' included. Raises NotEnoughNodesError if too few nodes accept chunks.
         On any error or cancellation the chunks already written are deleted (best effort;
-        repair's garbage collection removes what could not be).
+        repair's garbage collection removes what could not be). ``holds``: kept as long as
+        any of its chunk writes runs (``BlockWriter.write_block``).
         """
-        return await self._writer.write_block(enc, block, block_id=block_id, file_id=file_id)
+        return await self._writer.write_block(
+            enc, block, block_id=block_id, file_id=file_id, holds=holds
+        )
 
     async def drain(self, wait: float = 60.0) -> None:
         """Wait for the stragglers of acknowledged blocks (at most ``wait`` seconds, then

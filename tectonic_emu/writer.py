@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from tectonic_emu.argcheck import bytes_arg, int_arg
-from tectonic_emu.bufpool import copy_into, recycled, uninitialised
+from tectonic_emu.bufpool import copy_into, recycled_noting, stand_in, uninitialised
 from tectonic_emu.coding import Encoding, work
 from tectonic_emu.coding.synthetic import Payload, Synthetic, nbytes
 from tectonic_emu.config import MAX_SIZE, ClusterConfig
@@ -95,12 +95,14 @@ class BlockPipeline:
         # Each block's task, and a future resolved once its commit is visible (or failed).
         self._tasks: deque[tuple[asyncio.Task[None], asyncio.Future[None]]] = deque()
 
-    async def submit(self, block: Payload) -> None:
+    async def submit(self, block: Payload, holds: object = None) -> None:
+        """``holds``: kept until the block is done, as a block's buffer is kept by the views
+        of it (a projection's stand-in for the buffer of a block it describes)."""
         while len(self._tasks) >= self._depth:
             await self._retire_oldest()
         prev = self._tasks[-1][1] if self._tasks else None
         committed = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(self._run(block, prev, committed))
+        task = asyncio.create_task(self._run(block, prev, committed, holds))
         task.add_done_callback(retrieved)  # raised by submit or drain; by none if abandoned
         self._tasks.append((task, committed))
 
@@ -111,10 +113,14 @@ class BlockPipeline:
         task.result()  # raises the block's error, if any
 
     async def _run(
-        self, block: Payload, prev: asyncio.Future[None] | None, committed: asyncio.Future[None]
+        self,
+        block: Payload,
+        prev: asyncio.Future[None] | None,
+        committed: asyncio.Future[None],
+        holds: object,
     ) -> None:
         try:
-            await self._write_and_commit(block, prev)
+            await self._write_and_commit(block, prev, holds)
         except BaseException as exc:
             if not committed.done():  # the next block stops at this
                 if isinstance(exc, asyncio.CancelledError):
@@ -126,7 +132,9 @@ class BlockPipeline:
         committed.set_result(None)
         await self._client.meta.sync()  # durable, and so is every commit before it
 
-    async def _write_and_commit(self, block: Payload, prev: asyncio.Future[None] | None) -> None:
+    async def _write_and_commit(
+        self, block: Payload, prev: asyncio.Future[None] | None, holds: object
+    ) -> None:
         client = self._client
         dp = client.datapath
         work.python("block")  # its Python on the loop, for a projection to charge
@@ -138,7 +146,9 @@ class BlockPipeline:
             client.meta, block_id, self._file_id, self._token, lease=client.write_lease
         )
         async with claim:
-            rec = await dp.write_block(self._enc, block, block_id=block_id, file_id=self._file_id)
+            rec = await dp.write_block(
+                self._enc, block, block_id=block_id, file_id=self._file_id, holds=holds
+            )
             try:
                 if prev is not None:
                     await asyncio.wait([prev])  # not ``await prev``: that would cancel it with us
@@ -211,8 +221,11 @@ class FileWriter:
         self._buf: memoryview | None = None
         self._fill = 0
         # Appends since a Synthetic one (a projection's payloads): the pending bytes as one
-        # Synthetic, real bytes in it as literals, instead of the block buffer.
+        # Synthetic, real bytes in it as literals, instead of the block buffer; and what
+        # stands for that buffer (``bufpool.stand_in``), once the real one would be taken.
         self._described: Synthetic | None = None
+        self._room = 0  # the size of that buffer
+        self._stand_in: memoryview | None = None
         self._streaming = False  # a whole block was filled: take whole blocks from now on
         self._closed = False
         self.offset = size  # bytes accepted so far (durable up to the last flush)
@@ -287,36 +300,82 @@ class FileWriter:
         """``_add`` once a ``Synthetic`` piece came: whole blocks are cut from the pending
         description (real bytes joined in as literals), nothing is copied; the copies the
         bytes would get are counted, a ``Synthetic`` standing for a mutable buffer (a
-        tensor's) unless ``owned``."""
+        tensor's) unless ``owned``, and the block buffers they would go into are stood for
+        (``_reserve_room``)."""
         if self._described is None:
             held = [] if self._buf is None else [bytes(self._buf[: self._fill])]
-            self._described, self._buf, self._fill = Synthetic.join(held), None, 0
+            self._described = Synthetic.join(held)
+            self._room = 0 if self._buf is None else len(self._buf)
+            if self._room == self._block_size:
+                self._stand_in = self._buf  # the real buffer, held as long as it would be
+            self._buf, self._fill = None, 0
         in_place = not len(self._described) and (owned or isinstance(data, bytes))
         work.count("copy-warm", _copied(nbytes(data), self._block_size, in_place))
+        bs = self._block_size
+        fill = len(self._described)  # 0 when in place
         pending = Synthetic.join([self._described, data])
         self.offset += nbytes(data)
-        bs = self._block_size
-        while len(pending) >= bs:
-            await self._pipeline.submit(pending[:bs])
-            pending = pending[bs:]
+        if in_place:  # whole blocks handed to the pipeline without a buffer, as in ``_add``
+            while len(pending) >= bs:
+                await self._pipeline.submit(pending[:bs])
+                pending = pending[bs:]
+        rest = len(pending) - fill
+        while rest:  # the rest as ``_add`` copies it into buffers
+            self._reserve_room(fill, rest)
+            take = min(self._room - fill, rest)
+            fill, rest = fill + take, rest - take
+            if fill == bs:
+                block, pending = pending[:bs], pending[bs:]
+                holds, self._stand_in, self._room, fill = self._stand_in, None, 0, 0
+                self._streaming = True
+                await self._pipeline.submit(block, holds)
         self._described = pending
 
     def _reserve(self, more: int) -> None:
-        """Room in the block buffer for ``more`` bytes (up to the block size): a whole block
-        once streaming, else room grown by doubling, so a small file does not hold 8 MiB."""
+        """Room in the block buffer for ``more`` bytes (``_grown``); a new recycled buffer's
+        pages counted as they will be faulted in, by the copies into it."""
         bs = self._block_size
         have = 0 if self._buf is None else len(self._buf)
-        if have == bs or have - self._fill >= more:
+        size = self._grown(have, self._fill, more)
+        if size is None:
             return
-        if self._streaming or more >= bs // 8:
-            size = bs
+        if size == bs:
+            grown, new = recycled_noting(bs)
+            if new:
+                work.count("new-pages", bs)
         else:
-            size = min(bs, max(64 << 10, 2 * have, self._fill + more))
-        grown = recycled(size) if size == bs else uninitialised(size)
+            grown = uninitialised(size)
         if self._fill:
             assert self._buf is not None
             copy_into(grown, 0, self._buf[: self._fill])
         self._buf = grown
+
+    def _reserve_room(self, fill: int, more: int) -> None:
+        """``_reserve`` for described bytes: the size of the buffer the real writer would
+        hold (``_room``), and a stand-in for a whole block's (``bufpool.stand_in``), whose
+        new pages are counted as ``_reserve`` counts a new buffer's."""
+        size = self._grown(self._room, fill, more)
+        if size is None:
+            return
+        if size == self._block_size:
+            host = work.Tally.current()
+            processes = 1 if host is None else host.processes
+            self._stand_in, new = stand_in(size, host, processes)
+            if new:
+                work.count("new-pages", size)
+        self._room = size
+
+    def _grown(self, have: int, fill: int, more: int) -> int | None:
+        """The size of block buffer to hold ``more`` bytes after ``fill`` in one of ``have``
+        (up to the block size), None if it has room: a whole block once streaming, else
+        room grown by doubling, so a small file does not hold 8 MiB. A whole block's comes
+        from the process's recycler, a smaller one from the heap."""
+        bs = self._block_size
+        if have == bs or have - fill >= more:
+            return None
+        if self._streaming or more >= bs // 8:
+            return bs
+        return min(bs, max(64 << 10, 2 * have, fill + more))
 
     async def append_hole(self, length: int) -> None:
         """Append ``length`` bytes of zeros as a hole: after flushing the bytes appended so
@@ -356,8 +415,9 @@ class FileWriter:
     async def _flush(self) -> None:
         if self._described is not None:
             described, self._described = self._described, None
+            holds, self._stand_in, self._room = self._stand_in, None, 0
             if len(described):
-                await self._pipeline.submit(described)
+                await self._pipeline.submit(described, holds)
         if self._fill:
             assert self._buf is not None
             block, self._buf, self._fill = self._buf[: self._fill], None, 0
@@ -379,7 +439,8 @@ class FileWriter:
         """Drop unflushed bytes and stop. The file stays unsealed with its durable prefix,
         so a new writer can take over."""
         self._closed = True
-        self._buf, self._fill, self._described = None, 0, None
+        self._buf, self._fill, self._described, self._stand_in = None, 0, None, None
+        self._room = 0
         await self._pipeline.abort()
 
     async def __aenter__(self) -> FileWriter:

@@ -241,8 +241,12 @@ def test_slow_client_cpus_bound_the_save_and_the_report_says_so() -> None:
     assert b.duration_s > 3 * a.duration_s
     assert b.lower_bound_s <= b.duration_s
     # The same work (to a part in 10^4: timing changes hedged reservations and metadata),
-    # charged at another rate; every byte encoded once, with the files' small headers.
+    # charged at another rate; every byte encoded once, with the files' small headers. But
+    # new block buffers: how many a host's recycler allocates depends on how many blocks
+    # are in flight at once, which timing changes.
+    new_a, new_b = a.cpu_work.pop("new-pages"), b.cpu_work.pop("new-pages")
     assert b.cpu_work == {k: pytest.approx(n, rel=1e-4) for k, n in a.cpu_work.items()}
+    assert 0 < new_a <= a.bytes * 1.01 and 0 < new_b <= b.bytes * 1.01
     assert b.cpu_work["rs-encode"] == pytest.approx(b.bytes, rel=1e-3)
 
 
@@ -277,6 +281,59 @@ def test_an_embedded_clusters_nodes_spend_the_client_hosts_cpu() -> None:
     # cache into fresh memory once; checksums: the block's, the read's
     assert total["copy-warm"] == 10 << 20 and total["copy"] == 10 << 20
     assert total["crc32c"] >= 2 * (10 << 20)
+    # two new block buffers: the second block's is taken while the first is in flight
+    assert total["new-pages"] == 2 * (8 << 20)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    appends=st.lists(st.tuples(st.integers(1, 40_000), st.booleans()), min_size=1, max_size=12),
+    enc=st.sampled_from(["r1", "rs-3-2"]),
+)
+def test_a_described_writer_takes_new_block_buffers_when_a_real_one_does(
+    appends: list[tuple[int, bool]], enc: str
+) -> None:
+    """The same appends (sizes; whether each is ``bytes``, handed over in place when it
+    starts a block), made once as bytes and once described, on a projected cluster of
+    16 KiB blocks with a flush after each append but the last, every chunk acknowledged
+    (no straggler outlives its block: their timing differs with the bytes' CPU work): the
+    writer copies the same bytes into its block buffers, and its recycler
+    (``bufpool.recycled``, in a new process: none yet) and the described writer's
+    stand-ins (``bufpool.stand_in``) hand out new buffers as often, with blocks in flight
+    holding theirs."""
+    from tectonic_emu import bufpool
+    from tectonic_emu.config import ClusterConfig
+    from tectonic_emu.sim.cluster import ModelCluster
+
+    hw = dataclasses.replace(PRESETS["small-flash"].hardware, cpu=CpuModel(2, ONE_GBPS))
+    config = ClusterConfig(
+        nodes=hw.servers, disks_per_node=hw.disks, encoding=enc, block_size=16 << 10
+    )
+
+    def run(described: bool) -> dict[str, int]:
+        async def main() -> dict[str, int]:
+            mc = ModelCluster(hw, config)
+            (host,) = mc.add_clients(1)
+            client = (await mc.client_cluster(host, write_ack="all")).client()
+            with mc.cpus[host].active():
+                async with client.open_writer("/f") as w:
+                    for k, (n, as_bytes) in enumerate(appends):
+                        piece = Synthetic.random(k, n)
+                        if not described:
+                            piece = piece.materialize()
+                            piece = piece if as_bytes else bytearray(piece)
+                        await w.append(piece, owned=as_bytes and described)
+                        if k < len(appends) - 1:
+                            await w.flush()
+            return mc.cpus[host].total
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(bufpool, "_recyclers", {})  # a new process's
+            return clock.run_virtual(main())
+
+    real, synthetic = run(described=False), run(described=True)
+    for kind in ("copy-warm", "new-pages"):
+        assert real.get(kind, 0) == synthetic.get(kind, 0), kind
 
 
 def test_each_node_call_costs_the_loop_its_measured_python() -> None:

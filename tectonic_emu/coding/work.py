@@ -31,8 +31,11 @@ from contextvars import ContextVar
 
 #: The kinds of work counted, each in bytes.
 #: ``copy`` is into fresh memory (values kept, new buffers); ``copy-warm`` into memory in
-#: use (a writer's recycled block buffers), which costs no new pages.
-KINDS = ("crc32c", "rs-encode", "rs-decode", "blake2b", "wire", "copy", "copy-warm")
+#: use (a writer's recycled block buffers), which costs no new pages; ``new-pages``, the
+#: first touch of a block buffer a writer's recycler has just allocated: the kernel faults
+#: its pages in and zeroes them as the first copy reaches each (huge pages where it gives
+#: them).
+KINDS = ("crc32c", "rs-encode", "rs-decode", "blake2b", "wire", "copy", "copy-warm", "new-pages")
 
 #: The events whose Python on the event loop is counted, one at a time (``python``): a
 #: block a writer writes (``BlockPipeline``), a rank's state staged for a checkpoint
@@ -55,6 +58,7 @@ class Tally:
         self.threads = 0  # > 0 while work is counted on a thread (``on_thread``)
         self.calls = 0  # node calls made (``add_calls``)
         self.events: dict[str, int] = {}  # events of ``EVENTS`` (``add_event``)
+        self.processes = 1  # client processes whose work this counts (a host's ranks)
 
     @staticmethod
     def current() -> Tally | None:

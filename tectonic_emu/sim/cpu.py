@@ -143,6 +143,7 @@ class HostCpu(work.Tally):
         self.model = model
         self.cores = QueueResource(1.0, servers=model.cores, name=name)
         self.loop = QueueResource(1.0, servers=loops, name=f"{name} event loops".strip())
+        self.processes = loops
         self.memory = (
             None
             if model.fresh_gb_s is None
@@ -204,6 +205,7 @@ ASSUMED_SERVER_CORE: Mapping[str, float] = {
     "wire": 6.0,
     "copy": 3.0,
     "copy-warm": 6.0,
+    "new-pages": 10.0,
 }
 
 # Each kind is measured on calls of _MEASURE_CALL bytes (a block, a chunk) taken in turn
@@ -297,7 +299,7 @@ def _gbps(fn: Callable[[], object], repeat: int) -> float:
 def _measurements(data: bytes) -> dict[str, Callable[[], object]]:
     """One pass of each kind of work over ``data``, in calls of ``_MEASURE_CALL`` bytes as
     the data path makes them."""
-    from tectonic_emu.bufpool import copy_into, uninitialised
+    from tectonic_emu.bufpool import PAGE, _aligned_array, copy_into, uninitialised
     from tectonic_emu.chunkstore.auth import FrameMac
     from tectonic_emu.coding import Encoding, codec_for, crc32c
 
@@ -330,6 +332,18 @@ def _measurements(data: bytes) -> dict[str, Callable[[], object]]:
         for chunks in survivors:
             rs.decode(chunks, _MEASURE_CALL)
 
+    # New block buffers as a writer's recycler allocates them (``_aligned_array``), each
+    # page touched once: the kernel's faults and zeroing, huge pages where it gives them.
+    # One buffer of the whole pass, above malloc's mmap threshold, so that it is new memory
+    # each time (the heap may hand back memory touched before); kept, as a writer keeps
+    # its blocks, so that giving it back is not timed.
+    def new_pages() -> None:
+        buf = _aligned_array(_MEASURE_BYTES)
+        buf[::PAGE] = 0
+        kept_new.append(buf)
+
+    kept_new: list[object] = []
+
     return {
         "crc32c": each(crc32c),
         "rs-encode": each(rs.encode),
@@ -339,6 +353,7 @@ def _measurements(data: bytes) -> dict[str, Callable[[], object]]:
         "wire": each(lambda p: (mac.tag(mac.next_seq(), [p]), bytearray(p))),
         "copy": each(lambda p: kept.append(bytes(p))),
         "copy-warm": each(lambda p: copy_into(warm[next(turn) % len(warm)], 0, p)),
+        "new-pages": new_pages,
     }
 
 
