@@ -10,7 +10,9 @@ projection, and the projection over the median. Target (issue 20): within 15%.
 
 Each real round runs in a process of its own, with the device and fresh memory measured
 beside it (``bench/sim_rounds.py``). Each scenario is projected on the medians of its rounds'
-figures (the projections therefore run after the real rounds).
+figures (the projections therefore run after the real rounds). Where each save's time went
+is reported beside: the shares of it that the event loop's thread was on a CPU and that
+the device was busy, real and projected (``busy_table``).
 
 Fresh memory swung 0.5-6 GB/s with what the host had taken back of what the guest freed
 (free page reporting), so by default the run holds that off (as root; the order before is
