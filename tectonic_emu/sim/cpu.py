@@ -299,7 +299,7 @@ def _gbps(fn: Callable[[], object], repeat: int) -> float:
 def _measurements(data: bytes) -> dict[str, Callable[[], object]]:
     """One pass of each kind of work over ``data``, in calls of ``_MEASURE_CALL`` bytes as
     the data path makes them."""
-    from tectonic_emu.bufpool import PAGE, _aligned_array, copy_into, uninitialised
+    from tectonic_emu.bufpool import PAGE, copy_into, uninitialised
     from tectonic_emu.chunkstore.auth import FrameMac
     from tectonic_emu.coding import Encoding, codec_for, crc32c
 
@@ -332,14 +332,14 @@ def _measurements(data: bytes) -> dict[str, Callable[[], object]]:
         for chunks in survivors:
             rs.decode(chunks, _MEASURE_CALL)
 
-    # New block buffers as a writer's recycler allocates them (``_aligned_array``), each
-    # page touched once: the kernel's faults and zeroing, huge pages where it gives them.
-    # One buffer of the whole pass, above malloc's mmap threshold, so that it is new memory
-    # each time (the heap may hand back memory touched before); kept, as a writer keeps
-    # its blocks, so that giving it back is not timed.
+    # New block buffers as a writer's recycler allocates them (``uninitialised``, as
+    # ``bufpool.Recycler``), each page touched once: the kernel's faults and zeroing, huge
+    # pages where it gives them. One buffer of the whole pass, above malloc's mmap
+    # threshold, so that it is new memory each time (the heap may hand back memory touched
+    # before); kept, as a writer keeps its blocks, so that giving it back is not timed.
     def new_pages() -> None:
-        buf = _aligned_array(_MEASURE_BYTES)
-        buf[::PAGE] = 0
+        buf = uninitialised(_MEASURE_BYTES)
+        np.frombuffer(buf, dtype=np.uint8)[::PAGE] = 0
         kept_new.append(buf)
 
     kept_new: list[object] = []
