@@ -23,7 +23,7 @@ from bench.cli_common import (
     plot_option,
     run_bench,
 )
-from bench.cli_storage import fuse, hedge, metadata_cmd, net, store
+from bench.cli_storage import fuse, hedge, metadata_cmd, net, posix, store
 
 
 @click.group()
@@ -47,6 +47,7 @@ SCHEMA_MODULES = (
     "scale",
     "net",
     "sim",
+    "posix",
 )
 
 
@@ -153,6 +154,7 @@ for command in (
     hedge,
     net,
     fuse,
+    posix,
     ckpt,
     checkpoint_cmd,
     train_cmd,

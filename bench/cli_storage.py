@@ -201,6 +201,49 @@ def fuse(
     emit(result, as_json, plot_dir, mod)
 
 
+@click.command("posix")
+@click.option(
+    "--source",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="pjdfstest's source (copied before it is built) [default: "
+    "../shared/third_party/pjdfstest beside the checkout].",
+)
+@click.option("--only", default=None, help="Comma-separated system calls [default: all].")
+@click.option(
+    "--mounts",
+    type=click.Choice(["both", "cached", "direct"]),
+    default="both",
+    show_default=True,
+    help="The page-cache mount, the --direct-io one, or both.",
+)
+@dir_option("Where the build, the clusters and the mount points go.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (each script's results).")
+def posix(
+    source: Path | None, only: str | None, mounts: str, directory: Path, as_json: bool
+) -> None:
+    """pjdfstest, the POSIX suite JuiceFS runs in its CI, inside a fresh mount (as root):
+    the tests ok of those planned, per system call (issue 21). About 5 minutes a mount.
+
+    \b
+    Example:
+      tectonic-emu bench posix --only chmod,link --mounts cached
+      tectonic-emu bench posix --json > posix.json
+    """
+    from bench import posix as mod
+
+    modes = {"both": (False, True), "cached": (False,), "direct": (True,)}[mounts]
+    result = run_bench(
+        "posix",
+        mod.run_posix_bench,
+        directory=directory,
+        source=source or mod.DEFAULT_SOURCE,
+        only=csv_list(only) if only else None,
+        modes=modes,
+    )
+    emit(result, as_json, None, mod)
+
+
 @click.command("metadata")
 @click.option(
     "--ranks", default="1,4,16,64,256,1024", show_default=True, help="Comma-separated rank counts."
@@ -269,4 +312,4 @@ def metadata_cmd(
     emit(result, as_json, plot_dir, mod)
 
 
-__all__ = ["fuse", "hedge", "metadata_cmd", "net", "store"]
+__all__ = ["fuse", "hedge", "metadata_cmd", "net", "posix", "store"]

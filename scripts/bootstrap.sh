@@ -20,6 +20,11 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need_apt+=(postgresql)
     # ip (iproute2): hosts as network namespaces for the multi-host tests (bench/netns.py).
     command -v ip >/dev/null || need_apt+=(iproute2)
+    # autoconf, automake, libtool build pjdfstest, the POSIX suite bench posix runs on the
+    # mount (issue 21; gcc, make, pkg-config and perl's prove come with the base system).
+    command -v autoreconf >/dev/null || need_apt+=(autoconf)
+    command -v automake >/dev/null || need_apt+=(automake)
+    command -v libtoolize >/dev/null || need_apt+=(libtool)
     if [ ${#need_apt[@]} -gt 0 ]; then
         scripts/apt-install.sh "${need_apt[@]}"
     fi
