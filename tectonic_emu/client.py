@@ -1,4 +1,5 @@
 """The client library: files -> blocks -> chunks. It alone talks to both metadata and nodes.
+Its namespace half (paths, stat and attributes, rename, delete) is ``namespace.py``.
 
 Every public method is a coroutine that raises only ``TectonicError`` subclasses (all
 ``OSError``s with an errno, see ``errors.py``). Namespace changes (mkdir, rename, delete, the
@@ -13,24 +14,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Literal
 
 from tectonic_emu import clock, entropy
-from tectonic_emu.argcheck import bool_arg, buffer_arg, bytes_arg, int_arg
+from tectonic_emu.argcheck import buffer_arg, bytes_arg, int_arg
 from tectonic_emu.buffers import BytesLike
 from tectonic_emu.coding import Encoding
 from tectonic_emu.coding.synthetic import Payload, Synthetic, joined, put_into
 from tectonic_emu.config import MAX_SIZE
 from tectonic_emu.errors import (
-    AlreadyExistsError,
-    DirectoryNotEmptyError,
     FencedWriterError,
     FileTooLargeError,
     InvalidArgumentError,
-    InvalidPathError,
     IsADirectoryError_,
-    NotADirectoryError_,
-    NotEnoughNodesError,
     NotFoundError,
     SealedFileError,
 )
@@ -38,34 +33,17 @@ from tectonic_emu.intents import WRITE_LEASE, ChunkIntent
 from tectonic_emu.metadata.layers import MetaTxn, new_id
 from tectonic_emu.metadata.records import (
     HOLE_BLOCK_ID,
-    ROOT_DIR_ID,
     BlockEntry,
     BlockRecord,
     ChunkPlacement,
-    DirRecord,
     Entry,
     FileRecord,
 )
+from tectonic_emu.namespace import Namespace, Stat
 from tectonic_emu.paths import join_path, split_path
 from tectonic_emu.reader import FileReader, blocks_in, read_blocks
 from tectonic_emu.store import StoreView
 from tectonic_emu.writer import FileWriter, VersionWriter, WriterOpener
-
-
-@dataclass(frozen=True, slots=True)
-class Stat:
-    """What ``Client.stat`` reports of a file or directory."""
-
-    path: str
-    kind: Literal["file", "dir"]
-    id: int
-    size: int  # files: committed bytes; directories: 0
-    encoding: str | None  # files: their encoding; directories: what new files inherit
-    sealed: bool  # directories: False
-    nblocks: int
-    ctime: float
-    mtime: float
-    holes: int = 0  # files: bytes of ``size`` in holes (zeros, nothing stored)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +63,7 @@ class BlockLayout:
         return self.block_id == HOLE_BLOCK_ID
 
 
-class Client:
+class Client(Namespace):
     """Async client of one cluster. Create it with ``Cluster.client()``."""
 
     # Blocks in flight per writer and per read. Two cores: more only adds memory.
@@ -102,150 +80,6 @@ class Client:
         self.config = cluster.config
         self.meta = cluster.meta
         self.datapath = cluster.datapath
-
-    # -- resolution --------------------------------------------------------------------------
-    async def _walk(
-        self, m: MetaTxn, parts: list[str], *, path: str, want_encoding: bool = False
-    ) -> tuple[int, str]:
-        """(dir id, inherited encoding) of the directory named by ``parts``."""
-        dir_id = ROOT_DIR_ID
-        enc = self.config.encoding
-        if want_encoding:
-            root = await m.names.get_dir(ROOT_DIR_ID)
-            if root is not None and root.encoding:
-                enc = root.encoding
-        for i, name in enumerate(parts):
-            e = await m.names.lookup(dir_id, name)
-            if e is None:
-                raise NotFoundError("no such directory", join_path(parts[: i + 1]))
-            if e.kind != "dir":
-                raise NotADirectoryError_("not a directory", join_path(parts[: i + 1]))
-            dir_id = e.id
-            if want_encoding:
-                rec = await m.names.get_dir(dir_id)
-                if rec is not None and rec.encoding:
-                    enc = rec.encoding
-        return dir_id, enc
-
-    async def _lookup(self, m: MetaTxn, path: str) -> tuple[int, Entry]:
-        """(parent dir id, entry) of an existing path other than the root."""
-        parts = split_path(path)
-        if not parts:
-            raise InvalidPathError("the root has no parent", "/")
-        parent, _ = await self._walk(m, parts[:-1], path=path)
-        e = await m.names.lookup(parent, parts[-1])
-        if e is None:
-            raise NotFoundError("no such file or directory", join_path(parts))
-        return parent, e
-
-    def _encoding(self, name: str) -> Encoding:
-        enc = Encoding.parse(name)
-        if enc.width > self.config.nodes:
-            raise NotEnoughNodesError(
-                f"encoding {enc} needs {enc.width} nodes; the cluster has {self.config.nodes}"
-            )
-        return enc
-
-    # -- directories -------------------------------------------------------------------------
-    async def mkdir(
-        self,
-        path: str,
-        *,
-        parents: bool = False,
-        exist_ok: bool = False,
-        encoding: str | None = None,
-    ) -> None:
-        """Create a directory (and, with ``parents``, its missing ancestors, like ``mkdir -p``).
-
-        ``encoding`` sets what files created below it inherit. Raises AlreadyExistsError
-        (unless ``parents`` or ``exist_ok`` and it is a directory), NotFoundError (a missing
-        parent without ``parents``), NotADirectoryError_.
-        """
-        bool_arg("mkdir", "parents", parents)
-        bool_arg("mkdir", "exist_ok", exist_ok)
-        parts = split_path(path)
-        if encoding is not None:
-            self._encoding(encoding)
-        if not parts and not (parents or exist_ok):
-            raise AlreadyExistsError("directory exists", "/")
-        now = clock.wall()
-        async with self.meta.transaction() as m:
-            dir_id = ROOT_DIR_ID
-            for i, name in enumerate(parts):
-                last = i == len(parts) - 1
-                e = await m.names.lookup(dir_id, name)
-                sub = join_path(parts[: i + 1])
-                if e is not None:
-                    if e.kind != "dir":
-                        raise (AlreadyExistsError if last else NotADirectoryError_)(
-                            "a file is in the way", sub
-                        )
-                    if last and not (parents or exist_ok):
-                        raise AlreadyExistsError("directory exists", sub)
-                    dir_id = e.id
-                    continue
-                if not (last or parents):
-                    raise NotFoundError("no such directory", sub)
-                new = new_id()
-                await m.names.put_dir(
-                    DirRecord(new, dir_id, name, encoding if last else None, now, now)
-                )
-                await m.names.link(dir_id, Entry(name, "dir", new))
-                dir_id = new
-
-    async def listdir(self, path: str = "/", *, prefix: str = "") -> list[str]:
-        """Names in a directory, sorted; with ``prefix``, those that start with it (read as
-        one range: a poll for a few names in a directory of thousands reads a few)."""
-        return [e.name for e in await self.scandir(path, prefix=prefix)]
-
-    async def scandir(self, path: str = "/", *, prefix: str = "") -> list[Entry]:
-        parts = split_path(path)
-        async with self.meta.transaction() as m:
-            if parts:
-                _, e = await self._lookup(m, path)
-                if e.kind != "dir":
-                    raise NotADirectoryError_("not a directory", join_path(parts))
-                dir_id = e.id
-            else:
-                dir_id = ROOT_DIR_ID
-            return sorted(await m.names.entries(dir_id, prefix=prefix), key=lambda e: e.name)
-
-    # -- stat --------------------------------------------------------------------------------
-    async def stat(self, path: str) -> Stat:
-        parts = split_path(path)
-        async with self.meta.transaction() as m:
-            if not parts:
-                d = await m.names.get_dir(ROOT_DIR_ID)
-                assert d is not None
-                return Stat("/", "dir", ROOT_DIR_ID, 0, d.encoding, False, 0, d.ctime, d.mtime)
-            _, e = await self._lookup(m, path)
-            if e.kind == "dir":
-                d = await m.names.get_dir(e.id)
-                assert d is not None
-                return Stat(
-                    join_path(parts), "dir", e.id, 0, d.encoding, False, 0, d.ctime, d.mtime
-                )
-            f = await m.files.get(e.id)
-            assert f is not None
-            return Stat(
-                join_path(parts),
-                "file",
-                e.id,
-                f.size,
-                f.encoding,
-                f.sealed,
-                f.nblocks,
-                f.ctime,
-                f.mtime,
-                f.holes,
-            )
-
-    async def exists(self, path: str) -> bool:
-        try:
-            await self.stat(path)
-        except (NotFoundError, NotADirectoryError_):
-            return False
-        return True
 
     async def layout(self, path: str) -> list[BlockLayout]:
         """A file's blocks with their chunk placements and chunk file paths."""
@@ -310,8 +144,9 @@ class Client:
         self, file_id: int, token: str, path: str, *, keep_replaced: bool = False
     ) -> None:
         """Seal the nameless file ``file_id`` and link it at ``path``, replacing what is there
-        (``VersionWriter.close``). ``keep_replaced``: the replaced file stays readable by id
-        (``read_id_into``), nameless, until ``purge`` or garbage collection."""
+        (``VersionWriter.close``), whose mode, owner and group it takes. ``keep_replaced``:
+        the replaced file stays readable by id (``read_id_into``), nameless, until ``purge``
+        or garbage collection."""
         parts = split_path(path)
         async with self.meta.transaction() as m:
             parent, _ = await self._walk(m, parts[:-1], path=path)
@@ -321,6 +156,9 @@ class Client:
             f = await m.files.get(file_id)
             if f is None or f.token != token:
                 raise FencedWriterError("file vanished while being written", join_path(parts))
+            old = None if e is None or e.id == file_id else await m.files.get(e.id)
+            if old is not None:  # a new version of the file: its mode and owners stay
+                f = replace(f, mode=old.mode, uid=old.uid, gid=old.gid)
             await m.files.put(
                 replace(
                     f, sealed=True, token=None, parent=parent, name=parts[-1], mtime=clock.wall()
@@ -331,16 +169,6 @@ class Client:
             if e is not None and e.id != file_id:
                 garbage = await self._let_go(m, e.id, keep_replaced)
         await self.datapath.delete_chunks(garbage)
-
-    async def _let_go(self, m: MetaTxn, file_id: int, keep: bool) -> list[ChunkPlacement]:
-        """A file that lost its name: dropped (its chunks returned for deletion), or with
-        ``keep`` made nameless, so that whoever still reads it by id can go on."""
-        if not keep:
-            return await m.drop_file(file_id)
-        f = await m.files.get(file_id)
-        if f is not None:
-            await m.files.put(replace(f, parent=None, name=None, token=None, mtime=clock.wall()))
-        return []
 
     # -- append-only writers -----------------------------------------------------------------
     def open_writer(self, path: str, *, encoding: str | None = None) -> WriterOpener:
@@ -573,89 +401,6 @@ class Client:
             depth=self.read_depth,
             ahead_bytes=self.read_ahead_bytes,
         )
-
-    # -- rename and delete -------------------------------------------------------------------
-    async def rename(self, src: str, dst: str, *, keep_replaced: bool = False) -> None:
-        """Move ``src`` to ``dst`` atomically, replacing a file (or an empty directory, when
-        ``src`` is a directory) at ``dst``. Raises NotFoundError, IsADirectoryError_,
-        NotADirectoryError_, DirectoryNotEmptyError, InvalidArgumentError (a directory into
-        itself)."""
-        bool_arg("rename", "keep_replaced", keep_replaced)
-        sp, dp = split_path(src), split_path(dst)
-        if not sp or not dp:
-            raise InvalidPathError("cannot rename the root", "/")
-        garbage: list[ChunkPlacement] = []
-        async with self.meta.transaction() as m:
-            s_parent, se = await self._lookup(m, src)
-            d_parent, _ = await self._walk(m, dp[:-1], path=dst)
-            de = await m.names.lookup(d_parent, dp[-1])
-            if se.kind == "dir":
-                await self._check_not_inside(m, d_parent, se.id, dst)
-            if de is not None:
-                if de.id == se.id:
-                    return
-                if de.kind == "dir":
-                    if se.kind != "dir":
-                        raise IsADirectoryError_("is a directory", join_path(dp))
-                    if await m.names.entries(de.id, limit=1):
-                        raise DirectoryNotEmptyError("directory not empty", join_path(dp))
-                    await m.names.delete_dir(de.id)
-                else:
-                    if se.kind == "dir":
-                        raise NotADirectoryError_("not a directory", join_path(dp))
-                    garbage = await self._let_go(m, de.id, keep_replaced)
-            await m.names.unlink(s_parent, sp[-1])
-            await m.names.link(d_parent, Entry(dp[-1], se.kind, se.id))
-            now = clock.wall()
-            if se.kind == "dir":
-                d = await m.names.get_dir(se.id)
-                assert d is not None
-                await m.names.put_dir(replace(d, parent=d_parent, name=dp[-1], mtime=now))
-            else:
-                f = await m.files.get(se.id)
-                assert f is not None
-                await m.files.put(replace(f, parent=d_parent, name=dp[-1]))
-        await self.datapath.delete_chunks(garbage)
-
-    async def _check_not_inside(self, m: MetaTxn, dir_id: int, moved: int, path: str) -> None:
-        while True:
-            if dir_id == moved:
-                raise InvalidArgumentError("cannot move a directory inside itself", path)
-            if dir_id == ROOT_DIR_ID:
-                return
-            d = await m.names.get_dir(dir_id)
-            assert d is not None
-            dir_id = d.parent
-
-    async def delete(self, path: str, *, recursive: bool = False, keep: bool = False) -> None:
-        """Remove a file, or a directory (empty unless ``recursive``). A writer of a deleted
-        file is fenced. ``keep`` (files): its bytes stay readable by id until ``purge`` or
-        garbage collection (an unlinked file still open, in POSIX terms). Raises
-        NotFoundError, DirectoryNotEmptyError, InvalidPathError (root)."""
-        bool_arg("delete", "recursive", recursive)
-        bool_arg("delete", "keep", keep)
-        garbage: list[ChunkPlacement] = []
-        async with self.meta.transaction() as m:
-            parent, e = await self._lookup(m, path)
-            if e.kind == "dir":
-                if not recursive and await m.names.entries(e.id, limit=1):
-                    raise DirectoryNotEmptyError("directory not empty", path)
-                garbage = await self._drop_tree(m, e.id)
-            else:
-                garbage = await self._let_go(m, e.id, keep)
-            await m.names.unlink(parent, e.name)
-        await self.datapath.delete_chunks(garbage)
-
-    async def _drop_tree(self, m: MetaTxn, dir_id: int) -> list[ChunkPlacement]:
-        garbage: list[ChunkPlacement] = []
-        for e in await m.names.entries(dir_id):
-            if e.kind == "dir":
-                garbage += await self._drop_tree(m, e.id)
-            else:
-                garbage += await m.drop_file(e.id)
-            await m.names.unlink(dir_id, e.name)
-        await m.names.delete_dir(dir_id)
-        return garbage
 
     async def purge(self, file_id: int) -> None:
         """Best-effort removal of a nameless file (a new version that failed, or a file kept

@@ -19,8 +19,29 @@ ROOT_DIR_ID = 1
 HOLE_BLOCK_ID = 0
 
 
+# A new file's and a new directory's permission bits where none were given; every record
+# written before modes were kept decodes with them, owned by root (uid and gid 0).
+FILE_MODE = 0o644
+DIR_MODE = 0o755
+
+
 def _dump(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _put_attrs(
+    d: dict[str, Any], mode: int, default: int, uid: int, gid: int, atime: float | None
+) -> None:
+    """The POSIX attributes into a record's JSON, each left out at its default, so that
+    records written before they were kept, and records that never changed them, read alike."""
+    if mode != default:
+        d["mo"] = mode
+    if uid:
+        d["u"] = uid
+    if gid:
+        d["g"] = gid
+    if atime is not None:
+        d["a"] = atime
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,16 +71,31 @@ class DirRecord:
     encoding: str | None  # what new files below inherit; None: ask the parent
     ctime: float
     mtime: float
+    mode: int = DIR_MODE  # permission bits (and setgid, sticky): ``stat.S_IMODE``
+    uid: int = 0
+    gid: int = 0
+    atime: float | None = None  # None: as ``mtime`` (never set apart from it)
 
     def encode(self) -> bytes:
-        return _dump(
-            {"p": self.parent, "n": self.name, "e": self.encoding, "c": self.ctime, "m": self.mtime}
-        )
+        d = {"p": self.parent, "n": self.name, "e": self.encoding, "c": self.ctime, "m": self.mtime}
+        _put_attrs(d, self.mode, DIR_MODE, self.uid, self.gid, self.atime)
+        return _dump(d)
 
     @classmethod
     def decode(cls, dir_id: int, raw: bytes) -> DirRecord:
         d = json.loads(raw)
-        return cls(dir_id, d["p"], d["n"], d["e"], d["c"], d["m"])
+        return cls(
+            dir_id,
+            d["p"],
+            d["n"],
+            d["e"],
+            d["c"],
+            d["m"],
+            d.get("mo", DIR_MODE),
+            d.get("u", 0),
+            d.get("g", 0),
+            d.get("a"),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +113,10 @@ class FileRecord:
     ctime: float
     mtime: float
     holes: int = 0  # bytes of ``size`` in holes (no block, read as zeros; not stored)
+    mode: int = FILE_MODE  # permission bits (and setuid, setgid, sticky): ``stat.S_IMODE``
+    uid: int = 0
+    gid: int = 0
+    atime: float | None = None  # None: as ``mtime`` (never set apart from it)
 
     def encode(self) -> bytes:
         d: dict[str, Any] = {
@@ -92,6 +132,7 @@ class FileRecord:
         }
         if self.holes:  # absent when 0: records written before holes existed decode alike
             d["h"] = self.holes
+        _put_attrs(d, self.mode, FILE_MODE, self.uid, self.gid, self.atime)
         return _dump(d)
 
     @classmethod
@@ -109,6 +150,10 @@ class FileRecord:
             d["c"],
             d["m"],
             d.get("h", 0),
+            d.get("mo", FILE_MODE),
+            d.get("u", 0),
+            d.get("g", 0),
+            d.get("a"),
         )
 
 
@@ -229,6 +274,8 @@ REPAIR_OWNER = "repair-"  # the prefix of repair's intents' owners (writer token
 
 
 __all__ = [
+    "DIR_MODE",
+    "FILE_MODE",
     "HOLE_BLOCK_ID",
     "REPAIR_OWNER",
     "ROOT_DIR_ID",

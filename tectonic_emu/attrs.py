@@ -1,0 +1,96 @@
+"""POSIX attributes of files and directories: mode, owner, group and times (issue 21).
+
+They live in the records that already hold a file's or a directory's other attributes
+(``FileRecord`` in the File layer, ``DirRecord`` beside a directory's entries), each left
+out of the stored JSON at its default, so that records written before they were kept read
+as 0644 for a file, 0755 for a directory, owned by root, their atime their mtime.
+
+``change`` applies what ``chmod``, ``chown`` and ``utimensat`` ask of one record in a
+transaction; every change moves the ctime, as POSIX has it. Who may ask is not decided
+here: the mount leaves that to the kernel (``default_permissions``), which checks each call
+against these attributes; the native client is its cluster's owner.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Literal, TypeVar
+
+from tectonic_emu.argcheck import int_arg
+from tectonic_emu.errors import InvalidArgumentError
+from tectonic_emu.metadata.layers import MetaTxn
+from tectonic_emu.metadata.records import DirRecord, Entry, FileRecord
+
+MAX_ID = 2**32 - 2  # the largest uid or gid; 2**32 - 1 is (uid_t)-1, "leave it"
+_R = TypeVar("_R", DirRecord, FileRecord)
+#: A time ``utime`` is asked to set: seconds since the epoch, ``"now"`` (UTIME_NOW) or
+#: ``"omit"`` (UTIME_OMIT: leave it).
+Time = float | Literal["now", "omit"]
+
+
+def check_mode(where: str, mode: object) -> int:
+    """``mode``'s permission bits (with setuid, setgid and sticky), refused beyond them."""
+    n = int_arg(where, "mode", mode, at_least=0)
+    if n > 0o7777:
+        raise InvalidArgumentError(f"{where}: mode {n:#o} has bits beyond 0o7777")
+    return n
+
+
+def check_id(where: str, name: str, value: object) -> int | None:
+    """A uid or gid to set, or None for -1 (leave it, as chown(2) takes it)."""
+    n = int_arg(where, name, value, at_least=-1)
+    if n > MAX_ID:
+        raise InvalidArgumentError(f"{where}: {name} {n} is beyond {MAX_ID}")
+    return None if n == -1 else n
+
+
+def check_time(where: str, name: str, value: object) -> Time:
+    if value in ("now", "omit"):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgumentError(f"{where}: {name} is seconds, 'now' or 'omit', not {value!r}")
+    if not math.isfinite(value):
+        raise InvalidArgumentError(f"{where}: {name} must be finite, not {value}")
+    return float(value)
+
+
+async def change(
+    m: MetaTxn,
+    e: Entry,
+    now: float,
+    *,
+    mode: int | None = None,
+    uid: int | None = None,
+    gid: int | None = None,
+    atime: Time = "omit",
+    mtime: Time = "omit",
+) -> None:
+    """Set what is given of ``e``'s attributes (None and ``"omit"``: leave it), in ``m``;
+    the ctime becomes ``now``."""
+
+    def changed(rec: _R) -> _R:
+        def when(t: Time, old: float) -> float:
+            return old if t == "omit" else now if t == "now" else float(t)
+
+        return replace(
+            rec,
+            mode=rec.mode if mode is None else mode,
+            uid=rec.uid if uid is None else uid,
+            gid=rec.gid if gid is None else gid,
+            atime=rec.atime if atime == "omit" else when(atime, rec.mtime),
+            mtime=when(mtime, rec.mtime),
+            ctime=now,
+        )
+
+    if e.kind == "dir":
+        d = await m.names.get_dir(e.id)
+        assert d is not None, f"directory {e.id} has an entry and no record"
+        await m.names.put_dir(changed(d))
+        return
+    f = await m.files.get(e.id)
+    assert f is not None, f"file {e.id} has an entry and no record"
+    await m.files.put(changed(f))
+
+
+__all__ = ["MAX_ID", "Time", "change", "check_id", "check_mode", "check_time"]

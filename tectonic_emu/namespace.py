@@ -1,0 +1,348 @@
+"""The namespace half of the client: paths resolved to directories and files, directories
+made and listed, stat and the POSIX attributes, renames and deletes. Each change is one
+metadata transaction. ``Client`` (``client.py``) adds the data half: writers, readers,
+block commits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from tectonic_emu import attrs, clock
+from tectonic_emu.argcheck import bool_arg
+from tectonic_emu.coding import Encoding
+from tectonic_emu.config import ClusterConfig
+from tectonic_emu.datapath import DataPath
+from tectonic_emu.errors import (
+    AlreadyExistsError,
+    DirectoryNotEmptyError,
+    InvalidArgumentError,
+    InvalidPathError,
+    IsADirectoryError_,
+    NotADirectoryError_,
+    NotEnoughNodesError,
+    NotFoundError,
+)
+from tectonic_emu.metadata.layers import Metadata, MetaTxn, new_id
+from tectonic_emu.metadata.records import (
+    FILE_MODE,
+    ROOT_DIR_ID,
+    ChunkPlacement,
+    DirRecord,
+    Entry,
+)
+from tectonic_emu.paths import join_path, split_path
+
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    """What ``Client.stat`` reports of a file or directory."""
+
+    path: str
+    kind: Literal["file", "dir"]
+    id: int
+    size: int  # files: committed bytes; directories: 0
+    encoding: str | None  # files: their encoding; directories: what new files inherit
+    sealed: bool  # directories: False
+    nblocks: int
+    ctime: float
+    mtime: float
+    holes: int = 0  # files: bytes of ``size`` in holes (zeros, nothing stored)
+    mode: int = FILE_MODE  # permission bits (``tectonic_emu/attrs.py``)
+    uid: int = 0
+    gid: int = 0
+    atime: float = 0.0
+
+
+class Namespace:
+    """Path operations over a cluster's metadata (module docstring); ``Client`` is one."""
+
+    config: ClusterConfig
+    meta: Metadata
+    datapath: DataPath
+
+    # -- resolution --------------------------------------------------------------------------
+    async def _walk(
+        self, m: MetaTxn, parts: list[str], *, path: str, want_encoding: bool = False
+    ) -> tuple[int, str]:
+        """(dir id, inherited encoding) of the directory named by ``parts``."""
+        dir_id = ROOT_DIR_ID
+        enc = self.config.encoding
+        if want_encoding:
+            root = await m.names.get_dir(ROOT_DIR_ID)
+            if root is not None and root.encoding:
+                enc = root.encoding
+        for i, name in enumerate(parts):
+            e = await m.names.lookup(dir_id, name)
+            if e is None:
+                raise NotFoundError("no such directory", join_path(parts[: i + 1]))
+            if e.kind != "dir":
+                raise NotADirectoryError_("not a directory", join_path(parts[: i + 1]))
+            dir_id = e.id
+            if want_encoding:
+                rec = await m.names.get_dir(dir_id)
+                if rec is not None and rec.encoding:
+                    enc = rec.encoding
+        return dir_id, enc
+
+    async def _lookup(self, m: MetaTxn, path: str) -> tuple[int, Entry]:
+        """(parent dir id, entry) of an existing path other than the root."""
+        parts = split_path(path)
+        if not parts:
+            raise InvalidPathError("the root has no parent", "/")
+        parent, _ = await self._walk(m, parts[:-1], path=path)
+        e = await m.names.lookup(parent, parts[-1])
+        if e is None:
+            raise NotFoundError("no such file or directory", join_path(parts))
+        return parent, e
+
+    def _encoding(self, name: str) -> Encoding:
+        enc = Encoding.parse(name)
+        if enc.width > self.config.nodes:
+            raise NotEnoughNodesError(
+                f"encoding {enc} needs {enc.width} nodes; the cluster has {self.config.nodes}"
+            )
+        return enc
+
+    # -- directories -------------------------------------------------------------------------
+    async def mkdir(
+        self,
+        path: str,
+        *,
+        parents: bool = False,
+        exist_ok: bool = False,
+        encoding: str | None = None,
+    ) -> None:
+        """Create a directory (and, with ``parents``, its missing ancestors, like ``mkdir -p``).
+
+        ``encoding`` sets what files created below it inherit. Raises AlreadyExistsError
+        (unless ``parents`` or ``exist_ok`` and it is a directory), NotFoundError (a missing
+        parent without ``parents``), NotADirectoryError_.
+        """
+        bool_arg("mkdir", "parents", parents)
+        bool_arg("mkdir", "exist_ok", exist_ok)
+        parts = split_path(path)
+        if encoding is not None:
+            self._encoding(encoding)
+        if not parts and not (parents or exist_ok):
+            raise AlreadyExistsError("directory exists", "/")
+        now = clock.wall()
+        async with self.meta.transaction() as m:
+            dir_id = ROOT_DIR_ID
+            for i, name in enumerate(parts):
+                last = i == len(parts) - 1
+                e = await m.names.lookup(dir_id, name)
+                sub = join_path(parts[: i + 1])
+                if e is not None:
+                    if e.kind != "dir":
+                        raise (AlreadyExistsError if last else NotADirectoryError_)(
+                            "a file is in the way", sub
+                        )
+                    if last and not (parents or exist_ok):
+                        raise AlreadyExistsError("directory exists", sub)
+                    dir_id = e.id
+                    continue
+                if not (last or parents):
+                    raise NotFoundError("no such directory", sub)
+                new = new_id()
+                await m.names.put_dir(
+                    DirRecord(new, dir_id, name, encoding if last else None, now, now)
+                )
+                await m.names.link(dir_id, Entry(name, "dir", new))
+                dir_id = new
+
+    async def listdir(self, path: str = "/", *, prefix: str = "") -> list[str]:
+        """Names in a directory, sorted; with ``prefix``, those that start with it (read as
+        one range: a poll for a few names in a directory of thousands reads a few)."""
+        return [e.name for e in await self.scandir(path, prefix=prefix)]
+
+    async def scandir(self, path: str = "/", *, prefix: str = "") -> list[Entry]:
+        parts = split_path(path)
+        async with self.meta.transaction() as m:
+            if parts:
+                _, e = await self._lookup(m, path)
+                if e.kind != "dir":
+                    raise NotADirectoryError_("not a directory", join_path(parts))
+                dir_id = e.id
+            else:
+                dir_id = ROOT_DIR_ID
+            return sorted(await m.names.entries(dir_id, prefix=prefix), key=lambda e: e.name)
+
+    # -- stat --------------------------------------------------------------------------------
+    async def stat(self, path: str) -> Stat:
+        parts = split_path(path)
+        async with self.meta.transaction() as m:
+            e = await self._entry(m, path)
+            if e.kind == "dir":
+                d = await m.names.get_dir(e.id)
+                assert d is not None
+                return Stat(
+                    join_path(parts) if parts else "/",
+                    "dir",
+                    e.id,
+                    0,
+                    d.encoding,
+                    False,
+                    0,
+                    d.ctime,
+                    d.mtime,
+                    0,
+                    d.mode,
+                    d.uid,
+                    d.gid,
+                    d.mtime if d.atime is None else d.atime,
+                )
+            f = await m.files.get(e.id)
+            assert f is not None
+            return Stat(
+                join_path(parts),
+                "file",
+                e.id,
+                f.size,
+                f.encoding,
+                f.sealed,
+                f.nblocks,
+                f.ctime,
+                f.mtime,
+                f.holes,
+                f.mode,
+                f.uid,
+                f.gid,
+                f.mtime if f.atime is None else f.atime,
+            )
+
+    async def _entry(self, m: MetaTxn, path: str) -> Entry:
+        """The entry of an existing path; the root's is a directory's of no name."""
+        if not split_path(path):
+            return Entry("", "dir", ROOT_DIR_ID)
+        return (await self._lookup(m, path))[1]
+
+    # -- POSIX attributes (tectonic_emu/attrs.py) ----------------------------------------------
+    async def chmod(self, path: str, mode: int) -> None:
+        """Set the permission bits (with setuid, setgid, sticky: 0 to 0o7777) of a file or
+        directory; its ctime moves. Raises NotFoundError, InvalidArgumentError."""
+        mode = attrs.check_mode("chmod", mode)
+        async with self.meta.transaction() as m:
+            await attrs.change(m, await self._entry(m, path), clock.wall(), mode=mode)
+
+    async def chown(self, path: str, uid: int = -1, gid: int = -1) -> None:
+        """Set the owner and group of a file or directory (-1: leave it, as chown(2)); its
+        ctime moves. Raises NotFoundError, InvalidArgumentError."""
+        got_uid = attrs.check_id("chown", "uid", uid)
+        got_gid = attrs.check_id("chown", "gid", gid)
+        async with self.meta.transaction() as m:
+            e = await self._entry(m, path)
+            await attrs.change(m, e, clock.wall(), uid=got_uid, gid=got_gid)
+
+    async def utime(self, path: str, atime: attrs.Time = "now", mtime: attrs.Time = "now") -> None:
+        """Set the access and modification times of a file or directory: seconds since
+        the epoch, ``"now"``, or ``"omit"`` to leave one (utimensat's UTIME_NOW and
+        UTIME_OMIT); its ctime moves. Raises NotFoundError, InvalidArgumentError."""
+        a = attrs.check_time("utime", "atime", atime)
+        mt = attrs.check_time("utime", "mtime", mtime)
+        async with self.meta.transaction() as m:
+            await attrs.change(m, await self._entry(m, path), clock.wall(), atime=a, mtime=mt)
+
+    async def exists(self, path: str) -> bool:
+        try:
+            await self.stat(path)
+        except (NotFoundError, NotADirectoryError_):
+            return False
+        return True
+
+    async def _let_go(self, m: MetaTxn, file_id: int, keep: bool) -> list[ChunkPlacement]:
+        """A file that lost its name: dropped (its chunks returned for deletion), or with
+        ``keep`` made nameless, so that whoever still reads it by id can go on."""
+        if not keep:
+            return await m.drop_file(file_id)
+        f = await m.files.get(file_id)
+        if f is not None:
+            await m.files.put(replace(f, parent=None, name=None, token=None, mtime=clock.wall()))
+        return []
+
+    # -- rename and delete -------------------------------------------------------------------
+    async def rename(self, src: str, dst: str, *, keep_replaced: bool = False) -> None:
+        """Move ``src`` to ``dst`` atomically, replacing a file (or an empty directory, when
+        ``src`` is a directory) at ``dst``. Raises NotFoundError, IsADirectoryError_,
+        NotADirectoryError_, DirectoryNotEmptyError, InvalidArgumentError (a directory into
+        itself)."""
+        bool_arg("rename", "keep_replaced", keep_replaced)
+        sp, dp = split_path(src), split_path(dst)
+        if not sp or not dp:
+            raise InvalidPathError("cannot rename the root", "/")
+        garbage: list[ChunkPlacement] = []
+        async with self.meta.transaction() as m:
+            s_parent, se = await self._lookup(m, src)
+            d_parent, _ = await self._walk(m, dp[:-1], path=dst)
+            de = await m.names.lookup(d_parent, dp[-1])
+            if se.kind == "dir":
+                await self._check_not_inside(m, d_parent, se.id, dst)
+            if de is not None:
+                if de.id == se.id:
+                    return
+                if de.kind == "dir":
+                    if se.kind != "dir":
+                        raise IsADirectoryError_("is a directory", join_path(dp))
+                    if await m.names.entries(de.id, limit=1):
+                        raise DirectoryNotEmptyError("directory not empty", join_path(dp))
+                    await m.names.delete_dir(de.id)
+                else:
+                    if se.kind == "dir":
+                        raise NotADirectoryError_("not a directory", join_path(dp))
+                    garbage = await self._let_go(m, de.id, keep_replaced)
+            await m.names.unlink(s_parent, sp[-1])
+            await m.names.link(d_parent, Entry(dp[-1], se.kind, se.id))
+            now = clock.wall()
+            if se.kind == "dir":
+                d = await m.names.get_dir(se.id)
+                assert d is not None
+                await m.names.put_dir(replace(d, parent=d_parent, name=dp[-1], mtime=now))
+            else:
+                f = await m.files.get(se.id)
+                assert f is not None
+                await m.files.put(replace(f, parent=d_parent, name=dp[-1]))
+        await self.datapath.delete_chunks(garbage)
+
+    async def _check_not_inside(self, m: MetaTxn, dir_id: int, moved: int, path: str) -> None:
+        while True:
+            if dir_id == moved:
+                raise InvalidArgumentError("cannot move a directory inside itself", path)
+            if dir_id == ROOT_DIR_ID:
+                return
+            d = await m.names.get_dir(dir_id)
+            assert d is not None
+            dir_id = d.parent
+
+    async def delete(self, path: str, *, recursive: bool = False, keep: bool = False) -> None:
+        """Remove a file, or a directory (empty unless ``recursive``). A writer of a deleted
+        file is fenced. ``keep`` (files): its bytes stay readable by id until ``purge`` or
+        garbage collection (an unlinked file still open, in POSIX terms). Raises
+        NotFoundError, DirectoryNotEmptyError, InvalidPathError (root)."""
+        bool_arg("delete", "recursive", recursive)
+        bool_arg("delete", "keep", keep)
+        garbage: list[ChunkPlacement] = []
+        async with self.meta.transaction() as m:
+            parent, e = await self._lookup(m, path)
+            if e.kind == "dir":
+                if not recursive and await m.names.entries(e.id, limit=1):
+                    raise DirectoryNotEmptyError("directory not empty", path)
+                garbage = await self._drop_tree(m, e.id)
+            else:
+                garbage = await self._let_go(m, e.id, keep)
+            await m.names.unlink(parent, e.name)
+        await self.datapath.delete_chunks(garbage)
+
+    async def _drop_tree(self, m: MetaTxn, dir_id: int) -> list[ChunkPlacement]:
+        garbage: list[ChunkPlacement] = []
+        for e in await m.names.entries(dir_id):
+            if e.kind == "dir":
+                garbage += await self._drop_tree(m, e.id)
+            else:
+                garbage += await m.drop_file(e.id)
+            await m.names.unlink(dir_id, e.name)
+        await m.names.delete_dir(dir_id)
+        return garbage
+
+
+__all__ = ["Namespace", "Stat"]
