@@ -31,6 +31,7 @@ from tectonic_emu.metadata.records import (
     ChunkPlacement,
     DirRecord,
     Entry,
+    FileRecord,
 )
 from tectonic_emu.paths import join_path, split_path
 
@@ -178,39 +179,15 @@ class Namespace:
                 d = await m.names.get_dir(e.id)
                 assert d is not None
                 return Stat(
-                    join_path(parts) if parts else "/",
-                    "dir",
-                    e.id,
-                    0,
-                    d.encoding,
-                    False,
-                    0,
-                    d.ctime,
-                    d.mtime,
-                    0,
-                    d.mode,
-                    d.uid,
-                    d.gid,
-                    d.mtime if d.atime is None else d.atime,
-                )
+                    join_path(parts) if parts else "/", "dir", e.id, 0, d.encoding, False, 0,
+                    d.ctime, d.mtime, 0, *_posix(d),
+                )  # fmt: skip
             f = await m.files.get(e.id)
             assert f is not None
             return Stat(
-                join_path(parts),
-                "file",
-                e.id,
-                f.size,
-                f.encoding,
-                f.sealed,
-                f.nblocks,
-                f.ctime,
-                f.mtime,
-                f.holes,
-                f.mode,
-                f.uid,
-                f.gid,
-                f.mtime if f.atime is None else f.atime,
-            )
+                join_path(parts), "file", e.id, f.size, f.encoding, f.sealed, f.nblocks,
+                f.ctime, f.mtime, f.holes, *_posix(f),
+            )  # fmt: skip
 
     async def _entry(self, m: MetaTxn, path: str) -> Entry:
         """The entry of an existing path; the root's is a directory's of no name."""
@@ -343,6 +320,11 @@ class Namespace:
             await m.names.unlink(dir_id, e.name)
         await m.names.delete_dir(dir_id)
         return garbage
+
+
+def _posix(rec: DirRecord | FileRecord) -> tuple[int, int, int, float]:
+    """(mode, uid, gid, atime) of a record, for ``Stat``: an atime never set is the mtime."""
+    return rec.mode, rec.uid, rec.gid, rec.mtime if rec.atime is None else rec.atime
 
 
 __all__ = ["Namespace", "Stat"]

@@ -44,6 +44,12 @@ def _put_attrs(
         d["a"] = atime
 
 
+def _attrs(d: dict[str, Any], default: int) -> tuple[int, int, int, float | None]:
+    """(mode, uid, gid, atime) from a record's JSON, the defaults where left out
+    (``_put_attrs``)."""
+    return d.get("mo", default), d.get("u", 0), d.get("g", 0), d.get("a")
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     """A Name-layer entry: ``name`` in some directory points at a file or a directory."""
@@ -91,10 +97,7 @@ class DirRecord:
             d["e"],
             d["c"],
             d["m"],
-            d.get("mo", DIR_MODE),
-            d.get("u", 0),
-            d.get("g", 0),
-            d.get("a"),
+            *_attrs(d, DIR_MODE),
         )
 
 
@@ -150,10 +153,7 @@ class FileRecord:
             d["c"],
             d["m"],
             d.get("h", 0),
-            d.get("mo", FILE_MODE),
-            d.get("u", 0),
-            d.get("g", 0),
-            d.get("a"),
+            *_attrs(d, FILE_MODE),
         )
 
 
