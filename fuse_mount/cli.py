@@ -20,6 +20,12 @@ from tectonic_emu.cli import cluster_option
     is_flag=True,
     help="Bypass the kernel page cache (faster streaming; MAP_SHARED mmap fails: ENODEV).",
 )
+@click.option(
+    "--no-allow-other",
+    "private",
+    is_flag=True,
+    help="Keep a root mount to root (default: shared, modes checked by the kernel).",
+)
 @click.option("--log", type=click.Path(dir_okay=False, path_type=Path), help="Log file.")
 @click.option("--debug", is_flag=True, help="libfuse debug output (foreground only).")
 @click.option("--status-fd", type=int, hidden=True, help="(start_mount's child) Report here.")
@@ -29,6 +35,7 @@ def mount(
     foreground: bool,
     encoding: str | None,
     direct_io: bool,
+    private: bool,
     log: Path | None,
     debug: bool,
     status_fd: int | None,
@@ -42,6 +49,10 @@ def mount(
     --direct-io skips the kernel page cache: large sequential reads and writes run faster,
     small ones each cost a round trip, and MAP_SHARED mmap is refused (docs/fuse.md).
 
+    Mounted by root, every local user may use the mount as the stored modes, owners and
+    groups allow (FUSE's allow_other and default_permissions); --no-allow-other keeps it
+    to root. Another user's mount is theirs alone.
+
     \b
     Example:
       tectonic-emu mount --cluster /tmp/c1 /mnt/tectonic
@@ -52,15 +63,18 @@ def mount(
     from fuse_mount.mount import mount as run_mount
     from fuse_mount.mount import mount_for_parent, start_mount
 
+    where = (cluster_dir, mountpoint)
+    shared = not private
     if foreground and status_fd is not None:
         mount_for_parent(
-            status_fd, cluster_dir, mountpoint, encoding=encoding, direct_io=direct_io, debug=debug
-        )
+            status_fd, *where, encoding=encoding, direct_io=direct_io, allow_other=shared,
+            debug=debug,
+        )  # fmt: skip
         return
     if foreground:
-        run_mount(cluster_dir, mountpoint, encoding=encoding, direct_io=direct_io, debug=debug)
+        run_mount(*where, encoding=encoding, direct_io=direct_io, allow_other=shared, debug=debug)
         return
-    proc = start_mount(cluster_dir, mountpoint, encoding=encoding, direct_io=direct_io, log=log)
+    proc = start_mount(*where, encoding=encoding, direct_io=direct_io, allow_other=shared, log=log)
     click.echo(f"mounted {cluster_dir} at {mountpoint} (pid {proc.pid})")
 
 

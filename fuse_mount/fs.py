@@ -6,21 +6,27 @@ meets them as follows (``docs/fuse.md`` has the full table):
 - A **new file** is created at its path at once, unsealed, and written as an append-only
   file while the program writes sequentially: blocks stream into the store as they fill, and
   ``flush`` (every ``close``) makes the bytes so far durable and visible. ``release`` seals it.
-- **O_TRUNC over an existing file** writes a new, nameless version
-  (``Client.new_version``), swapped in atomically at ``flush``; until then readers see the
-  old file.
+- **O_TRUNC over an existing file** writes new contents as a nameless file
+  (``Client.new_contents``), whose blocks move into the file at ``flush``: it keeps its id,
+  names, mode and owners. Until then other clients see the old contents.
 - A write **anywhere but the end** (a header patched at close, a random write, a write to an
   existing file without O_TRUNC) moves the handle to a *staging file*: a sparse local file
-  holding the whole new content (filled from the store once), published as a new version at
-  every ``flush``/``fsync``. Sequential writers never pay for it.
+  holding the whole new content (filled from the store once), published as the file's new
+  contents at every ``flush``/``fsync``. Sequential writers never pay for it.
 - A **sparse truncate** (``truncate -s 1T``, ``ftruncate`` past the end) writes nothing: the
   extension is a hole in metadata (``FileWriter.append_hole``), read back as zeros without
   asking a node. A streaming handle appends the hole; an existing file without one is
-  re-streamed as a new version (its data copied, its holes kept as holes) ending in the hole;
+  re-streamed as new contents (its data copied, its holes kept as holes) ending in the hole;
   a staging file is published region by region (``SEEK_DATA``/``SEEK_HOLE``), its holes as
   holes. ``st_blocks`` counts stored bytes, not holes.
 - Reads go through a per-handle cache of chunk-sized segments with readahead, so 1 MiB
   kernel reads of an 8 MiB chunk fetch the chunk once.
+- **Open files follow the file, not the name**: every handle reads and writes by file id. A
+  file renamed while open is written at its new name; one unlinked while open stays,
+  nameless, until its last handle here closes. Within the mount a reader sees what the
+  writers here wrote (``ReadHandle._catch_up``, ``TectonicFS.unpublished``).
+- **Attributes** (mode, owners, times) are the store's (``tectonic_emu/attrs.py``); who may
+  do what is the kernel's to check (``default_permissions``, ``fuse_mount/mount.py``).
 
 Every error is an ``OSError`` with an errno (the store's ``TectonicError``s carry theirs), which
 mfusepy returns to the kernel; nothing stored changes on an error.
@@ -36,21 +42,24 @@ import json
 import logging
 import mmap
 import os
+import re
 import stat as stat_mod
 import tempfile
 import threading
 from collections.abc import Iterator
 from typing import Any
 
-from mfusepy import FuseOSError, Operations
+from mfusepy import FuseOSError, Operations, fuse_get_context
 
 from fuse_mount import replybuf
 from fuse_mount.sparse import staged_regions
+from tectonic_emu import clock
+from tectonic_emu.attrs import Perms, Time
 from tectonic_emu.bridge import Bridge
 from tectonic_emu.bufpool import BufferPool, address_of
 from tectonic_emu.errors import NotFoundError, TectonicError
 from tectonic_emu.reader import FileReader
-from tectonic_emu.writer import FileWriter, VersionWriter
+from tectonic_emu.writer import FileWriter, Replaced, VersionWriter
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +72,8 @@ COPY_STEP = 8 << 20
 MAX_IO = 1 << 20  # reads, writes and readahead negotiated with the kernel
 XATTR_LAYOUT = "user.tectonic.layout"
 XATTR_ENCODING = "user.tectonic.encoding"
+UTIME_NOW, UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2  # <sys/stat.h>
+HIDDEN = re.compile(r"\.fuse_hidden[0-9a-f]{16}")
 
 
 def _copy_out(dest: int, src: int, n: int) -> None:
@@ -81,17 +92,41 @@ class _Segment:
 
 class ReadHandle:
     """A file opened for reading: segments of ``segment`` bytes fetched ahead, in buffers
-    lent by the mount's pool (``tectonic_emu.bufpool``)."""
+    lent by the mount's pool (``tectonic_emu.bufpool``).
 
-    def __init__(self, fs: TectonicFS, path: str, reader: FileReader) -> None:
+    It reads the file as it is, as POSIX has it: new contents written through this mount
+    (``TectonicFS.replaced``), and bytes a writer here streamed past what it has seen, are
+    read from its next read on (``_catch_up``)."""
+
+    def __init__(self, fs: TectonicFS, reader: FileReader) -> None:
         self.fs = fs
-        self.path = path
-        self.reader = reader  # the version opened: it stays readable if replaced
+        self.reader = reader  # the file's block map, looked up at open or since
         self.file_id = reader.file_id
+        # The file whose blocks ``reader`` reads: ``file_id``, or once new contents replaced
+        # them, the nameless file they are kept in until this handle moves on (``stale``).
+        self.holds = reader.file_id
+        self.stale = False
         self.size = reader.size
         self.segment = fs.segment
         self._lock = threading.Lock()
+        self._reloading = threading.Lock()
         self._segments: dict[int, _Segment] = {}
+
+    def _catch_up(self, end: int) -> None:
+        """Look the block map up again if the file changed under it: new contents moved
+        in, or a read reaching past its end while a writer here has streamed more."""
+        if not self.stale and (end <= self.size or not self.fs.streamed_more(self.file_id)):
+            return
+        with self._reloading:
+            if not self.stale and end <= self.size:
+                return
+            reader = self.fs.bridge.call(self.fs.bridge.client.reader_id(self.file_id))
+            with self._lock:
+                for seg in self._segments.values():
+                    self._drop(seg)
+                self._segments.clear()
+                self.reader, self.size, self.stale = reader, reader.size, False
+            self.fs.moved_on(self)
 
     def _want(self, index: int) -> _Segment:
         """Segment ``index``, its fetch started if it was not there (lock held)."""
@@ -101,12 +136,12 @@ class ReadHandle:
             length = min(self.segment, self.size - start)
             buf = self.fs.pool.take()
             seg = self._segments[index] = _Segment(buf, address_of(buf))
-            seg.fetched = self.fs.bridge.submit(self._fetch(seg, start, length))
+            seg.fetched = self.fs.bridge.submit(self._fetch(self.reader, seg, start, length))
         return seg
 
-    async def _fetch(self, seg: _Segment, start: int, length: int) -> int:
+    async def _fetch(self, reader: FileReader, seg: _Segment, start: int, length: int) -> int:
         try:
-            return await self.reader.read_into(start, memoryview(seg.buf)[:length])
+            return await reader.read_into(start, memoryview(seg.buf)[:length])
         finally:
             # The store's reads settle before they end, even when cancelled: from here on
             # nothing writes into the buffer, and it may go back to the pool.
@@ -130,7 +165,15 @@ class ReadHandle:
 
     def read_into(self, dest: int, size: int, offset: int) -> int:
         """Copy up to ``size`` bytes at ``offset`` to the address ``dest``; the count."""
-        if offset >= self.size or size <= 0:
+        if size <= 0:
+            return 0
+        writing = self.fs.unpublished(self.file_id)
+        if writing is not None:  # a rewrite here not yet published: read what it has
+            data = writing.read(size, offset)
+            ctypes.memmove(dest, data, len(data))
+            return len(data)
+        self._catch_up(offset + size)
+        if offset >= self.size:
             return 0
         end = min(self.size, offset + size)
         first, last = offset // self.segment, (end - 1) // self.segment
@@ -193,7 +236,7 @@ class ReadHandle:
         return seg
 
     def read(self, size: int, offset: int) -> bytes:
-        out = bytearray(max(0, min(size, self.size - offset)))
+        out = bytearray(max(0, size))
         if not out:
             return b""
         n = self.read_into(ctypes.addressof(ctypes.c_char.from_buffer(out)), len(out), offset)
@@ -212,6 +255,7 @@ class WriteHandle:
     def __init__(
         self,
         fs: TectonicFS,
+        file_id: int,
         path: str,
         *,
         writer: FileWriter | None,
@@ -219,6 +263,9 @@ class WriteHandle:
         base_exists: bool,
     ) -> None:
         self.fs = fs
+        # It writes the file ``file_id`` wherever it is named (renamed, or unlinked and kept
+        # while open); ``path``, where it was opened, only names it in errors.
+        self.file_id = file_id
         self.path = path
         self.writer = writer  # streaming (append-only) while not None
         self.size = size  # the file's size as this handle's writer sees it
@@ -229,6 +276,10 @@ class WriteHandle:
         self.pending = bytearray()
         self.block = fs.bridge.client.config.block_size_for(writer.encoding) if writer else 0
         self.dirty = False  # staging content not yet published
+        # When this handle last wrote or truncated: the file's mtime and ctime until its
+        # bytes are published (a write moves them at once, as POSIX has it).
+        self.changed: float | None = None
+        self.visible = size  # bytes a new reader sees (streaming: flushed so far)
         self.lock = threading.Lock()
 
     # -- streaming ---------------------------------------------------------------------------
@@ -249,25 +300,23 @@ class WriteHandle:
             if self.writer is not None:
                 self._hand_over()
                 b.call(self.writer.flush())
-                b.call(self._copy_out(self.path, self.size, staging, file_id=self.writer.file_id))
+                b.call(self._copy_out(self.writer.file_id, self.size, staging))
                 b.call(self.writer.abort())
                 self.writer = None
             elif self.base_exists:
-                st = b.call(b.client.stat(self.path))
-                b.call(self._copy_out(self.path, st.size, staging))
+                st = b.call(b.client.stat_id(self.file_id))
+                b.call(self._copy_out(self.file_id, st.size, staging))
                 self.size = st.size
             self.staging = staging
         except BaseException:
             staging.close()
             raise
 
-    async def _copy_out(
-        self, path: str, size: int, staging: Any, *, file_id: int | None = None
-    ) -> None:
-        """The stored file's first ``size`` bytes into ``staging``: its data regions written,
-        its holes left as holes of the (sparse) staging file, never read or written."""
-        client = self.fs.bridge.client
-        reader = await (client.reader(path) if file_id is None else client.reader_id(file_id))
+    async def _copy_out(self, file_id: int, size: int, staging: Any) -> None:
+        """The first ``size`` bytes of stored file ``file_id`` into ``staging``: its data
+        regions written, its holes left as holes of the (sparse) staging file, never read or
+        written."""
+        reader = await self.fs.bridge.client.reader_id(file_id)
         buf = bytearray(min(COPY_STEP, max(size, 1)))
         for start, end in reader.data_ranges():
             for off in range(start, min(end, size), COPY_STEP):
@@ -278,6 +327,7 @@ class WriteHandle:
 
     def write(self, data: bytes, offset: int) -> int:
         with self.lock:
+            self.changed = clock.wall()
             if self.staging is None and self.writer is not None and offset == self.size:
                 self.pending += data
                 self.size += len(data)
@@ -294,6 +344,7 @@ class WriteHandle:
         """Set the size to ``length``: growing appends a hole (nothing written), shrinking
         stages the file. Raises FileTooLargeError (EFBIG) past the store's largest size."""
         with self.lock:
+            self.changed = clock.wall()
             if self.staging is None and self.writer is None and length > self.size:
                 # An existing file grown without a handle that wrote: a new version holding
                 # its content (holes as holes), then the hole, streamed like any other.
@@ -313,12 +364,11 @@ class WriteHandle:
             self.dirty = True
 
     async def _restream(self, size: int) -> VersionWriter:
-        """A new version of the path holding the stored file's first ``size`` bytes: data
-        copied, holes appended as holes (nothing of them read or written). Runs on the event
-        loop."""
+        """New contents of the file holding its first ``size`` bytes: data copied, holes
+        appended as holes (nothing of them read or written). Runs on the event loop."""
         client = self.fs.bridge.client
-        reader = await client.reader(self.path)
-        writer = await client.new_version(self.path)
+        reader = await client.reader_id(self.file_id)
+        writer = await self.new_contents()
         try:
             at = 0
             for start, end in reader.data_ranges():
@@ -363,34 +413,69 @@ class WriteHandle:
                     self.fs.bridge.client.read_id_into(self.writer.file_id, offset, buf)
                 )
                 return bytes(buf[:n])
-            return self.fs.bridge.call(self.fs.bridge.client.read(self.path, offset, size))
+            buf = bytearray(max(0, size))
+            n = self.fs.bridge.call(self.fs.bridge.client.read_id_into(self.file_id, offset, buf))
+            return bytes(buf[:n])
 
     # -- making it visible ---------------------------------------------------------------------
-    def flush(self) -> None:
-        """Every ``close``: what was written is durable and visible at the path."""
-        with self.lock:
-            b = self.fs.bridge
-            if self.staging is not None:
-                if self.dirty:
-                    b.call(self._publish_staging(keep_replaced=self.fs.keep(self.path)))
-                    self.dirty = False
-                return
-            if self.writer is None:
-                return
-            self._hand_over()
-            if isinstance(self.writer, VersionWriter):  # O_TRUNC: swap the new version in
-                self.writer.keep_replaced = self.fs.keep(self.path)
-                b.call(self.writer.close())
-                self.writer = None
-                self.base_exists = True  # later writes (rare) restage from the stored file
-            else:
-                b.call(self.writer.flush())
+    @property
+    def unpublished(self) -> bool:
+        """Whether its view of the file differs from the stored one until ``flush``."""
+        return (self.staging is not None and self.dirty) or isinstance(self.writer, VersionWriter)
 
-    async def _publish_staging(self, *, keep_replaced: bool) -> None:
+    def share(self) -> bool:
+        """A reader opens the file: make the bytes streamed so far visible (committed);
+        whether there were any. A rewrite (staged, or after O_TRUNC) stays unseen until its
+        ``flush``, as it must land whole."""
+        with self.lock:
+            if self.staging is not None or isinstance(self.writer, VersionWriter):
+                return False
+            if self.writer is None or self.visible == self.size:
+                return False
+            self._hand_over()
+            self.fs.bridge.call(self.writer.flush())
+            self.visible = self.size
+            return True
+
+    def flush(self) -> None:
+        """Every ``close``: what was written is durable and visible at the path, its times
+        the stored ones from then on."""
+        with self.lock:
+            self._flush()
+            self.changed = None
+
+    def _flush(self) -> None:
+        """(``flush``, lock held)."""
+        b = self.fs.bridge
+        if self.staging is not None:
+            if self.dirty:
+                self.fs.replaced(self.file_id, b.call(self._publish_staging()))
+                self.dirty = False
+            return
+        if self.writer is None:
+            return
+        self._hand_over()
+        if isinstance(self.writer, VersionWriter):  # O_TRUNC: the new contents move in
+            b.call(self.writer.close())
+            self.fs.replaced(self.file_id, self.writer.replaced)
+            self.writer = None
+            self.base_exists = True  # later writes (rare) restage from the stored file
+        else:
+            b.call(self.writer.flush())
+            self.visible = self.size
+
+    async def new_contents(self) -> VersionWriter:
+        """A writer of the file's new contents, the replaced ones kept for the readers open
+        here (``TectonicFS.replaced`` sorts out who holds them). Runs on the event loop."""
+        writer = await self.fs.bridge.client.new_contents(
+            self.file_id, path=self.path, encoding=self.fs.encoding
+        )
+        writer.keep_replaced = True
+        return writer
+
+    async def _publish_staging(self) -> Replaced | None:
         """Runs on the event loop: never call back into the bridge from here."""
-        client = self.fs.bridge.client
-        writer = await client.new_version(self.path)
-        writer.keep_replaced = keep_replaced
+        writer = await self.new_contents()
         try:
             fd = self.staging.fileno()
             for start, end, data in staged_regions(fd, self.size):
@@ -403,6 +488,7 @@ class WriteHandle:
         except BaseException:
             await writer.abort()
             raise
+        return writer.replaced
 
     def release(self) -> None:
         try:
@@ -433,15 +519,24 @@ class TectonicFS(Operations):  # type: ignore[misc]
         # our own was, when the mount died before ``destroy``.
         self.staging_dir: str | None = None
         self._handles: dict[int, ReadHandle | WriteHandle] = {}
-        # Versions open for reading here (file id -> handles), and those of them that were
-        # replaced or unlinked meanwhile: purged when their last reader closes (POSIX keeps
-        # an unlinked file's bytes for its open descriptors).
-        self._readers: dict[int, int] = {}
+        # Open files follow the file, not the name, as POSIX has it. Per file id: the
+        # handles open on it here, and the one writing it (its size and times are the
+        # file's until published). Files unlinked while open here stay, nameless, until
+        # their last handle closes, then go (``_orphans``).
+        self._open: dict[int, int] = {}
+        self._writing: dict[int, WriteHandle] = {}
+        self._orphans: set[int] = set()
+        # libfuse's names for files unlinked while open (``HIDDEN``) -> their file ids.
+        self._hidden: dict[str, int] = {}
+        # Contents read here (the file id holding their blocks -> read handles), and those
+        # new contents replaced meanwhile, kept under a nameless id until their last reader
+        # closes (``replaced``). ``_swaps`` counts replacements, so that a reader whose block
+        # map was looked up across one looks again (``_open_reader``).
+        self._holding: dict[int, int] = {}
         self._retired: set[int] = set()
-        self._writing: dict[str, WriteHandle] = {}
+        self._swaps = 0
         self._next = 1
         self._lock = threading.Lock()
-        self._uid, self._gid = os.getuid(), os.getgid()
 
     def init_with_config(self, conn: Any, config: Any) -> None:
         """Negotiate 1 MiB reads, writes and readahead (libfuse3 needs max_read here and as
@@ -459,27 +554,95 @@ class TectonicFS(Operations):  # type: ignore[misc]
 
     def _add(self, handle: ReadHandle | WriteHandle) -> int:
         with self._lock:
-            fh = self._next
-            self._next += 1
-            self._handles[fh] = handle
-            if isinstance(handle, WriteHandle):
-                self._writing[handle.path] = handle
-            else:
-                self._readers[handle.file_id] = self._readers.get(handle.file_id, 0) + 1
-            return fh
+            return self._add_locked(handle)
 
-    def keep(self, path: str) -> bool:
-        """Whether the file now at ``path`` must outlive its name (it is open for reading
-        here); it is then purged when its last reader closes."""
-        try:
-            file_id = self._stat(path).id
-        except OSError:
-            return False
+    def _add_locked(self, handle: ReadHandle | WriteHandle) -> int:
+        fh = self._next
+        self._next += 1
+        self._handles[fh] = handle
+        self._open[handle.file_id] = self._open.get(handle.file_id, 0) + 1
+        if isinstance(handle, WriteHandle):
+            self._writing[handle.file_id] = handle
+        else:
+            self._holding[handle.holds] = self._holding.get(handle.holds, 0) + 1
+        return fh
+
+    def _open_reader(self, path: str) -> int:
+        """A read handle of the file at ``path``, registered under a block map that no
+        replacement (``replaced``) overtook: one that did is looked up again. A file this
+        mount streams is flushed first, so that the reader sees what was written."""
+        while True:
+            with self._lock:
+                swaps = self._swaps
+            reader = self._call(self.bridge.client.reader(path))
+            with self._lock:
+                writing = self._writing.get(reader.file_id)
+                if writing is None and self._swaps == swaps:
+                    return self._add_locked(ReadHandle(self, reader))
+            if writing is not None and not writing.share():
+                with self._lock:
+                    if self._swaps == swaps:
+                        return self._add_locked(ReadHandle(self, reader))
+
+    def unpublished(self, file_id: int) -> WriteHandle | None:
+        """The handle here rewriting ``file_id`` with changes not yet published (staged,
+        or new contents after O_TRUNC), whose view readers here read meanwhile."""
+        writing = self._writing.get(file_id)  # no lock: one dict read, on every read
+        return writing if writing is not None and writing.unpublished else None
+
+    def streamed_more(self, file_id: int) -> bool:
+        """Whether a writer here streamed bytes of ``file_id`` that readers have not seen:
+        they are made visible now (``WriteHandle.share``)."""
         with self._lock:
-            if self._readers.get(file_id):
-                self._retired.add(file_id)
+            writing = self._writing.get(file_id)
+        return writing is not None and writing.share()
+
+    def moved_on(self, handle: ReadHandle) -> None:
+        """``handle`` reads the file's current contents now: replaced ones it held go
+        when no reader here holds them any more."""
+        with self._lock:
+            old, handle.holds = handle.holds, handle.file_id
+            if old == handle.file_id:
+                return
+            self._holding[handle.file_id] = self._holding.get(handle.file_id, 0) + 1
+            left = self._holding[old] = self._holding[old] - 1
+            if left or old not in self._retired:
+                return
+            del self._holding[old]
+            self._retired.discard(old)
+        self._call(self.bridge.client.purge(old))
+
+    def _losing_name(self, file_id: int) -> bool:
+        """The file ``file_id`` loses its last name (unlink, or a rename over it): whether
+        to keep it, nameless, for the handles open on it here (it goes at their last close)."""
+        with self._lock:
+            if self._open.get(file_id):
+                self._orphans.add(file_id)
                 return True
         return False
+
+    def replaced(self, file_id: int, old: Replaced | None) -> None:
+        """New contents moved into ``file_id``; ``old``, its contents before, kept under a
+        nameless id: now held by the readers that had opened them, or purged if none had."""
+        if old is None:
+            return
+        with self._lock:
+            self._swaps += 1
+            holders = [
+                h
+                for h in self._handles.values()
+                if isinstance(h, ReadHandle)
+                and h.holds == file_id
+                and h.reader.block_ids == old.block_ids
+            ]
+            for h in holders:
+                h.holds, h.stale = old.file_id, True
+            if holders:
+                self._holding[file_id] -= len(holders)
+                self._holding[old.file_id] = len(holders)
+                self._retired.add(old.file_id)
+                return
+        self._call(self.bridge.client.purge(old.file_id))
 
     def _handle(self, fh: int) -> ReadHandle | WriteHandle:
         try:
@@ -488,30 +651,45 @@ class TectonicFS(Operations):  # type: ignore[misc]
             raise FuseOSError(errno.EBADF) from None
 
     def _stat(self, path: str) -> Any:
+        hidden = self._hidden.get(path)
+        if hidden is not None:
+            return self._call(self.bridge.client.stat_id(hidden))
         return self._call(self.bridge.client.stat(path))
 
+    def _stat_open(self, path: str | None, fh: int | None) -> Any:
+        """What ``path`` names, or with ``fh`` the file open there (renamed or unlinked
+        since, perhaps: libfuse passes no path for an unlinked file's handle)."""
+        handle = self._handles.get(fh) if fh is not None else None
+        if handle is not None:
+            return self._call(self.bridge.client.stat_id(handle.file_id))
+        if path is None:
+            raise FuseOSError(errno.EBADF)
+        return self._stat(path)
+
     # -- attributes and directories ----------------------------------------------------------
-    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
-        st = self._stat(path)
-        ns = {k: int(v * 1e9) for k, v in (("st_mtime", st.mtime), ("st_ctime", st.ctime))}
+    def getattr(self, path: str | None, fh: int | None = None) -> dict[str, Any]:
+        st = self._stat_open(path, fh)
+        times = {"st_atime": st.atime, "st_mtime": st.mtime, "st_ctime": st.ctime}
         base = {
-            "st_uid": self._uid,
-            "st_gid": self._gid,
-            "st_atime": ns["st_mtime"],
-            **ns,
+            "st_uid": st.uid,
+            "st_gid": st.gid,
+            "st_nlink": st.nlink,
             "st_ino": st.id & 0x7FFF_FFFF_FFFF_FFFF,
         }
         if st.kind == "dir":
-            return {**base, "st_mode": stat_mod.S_IFDIR | 0o755, "st_nlink": 2, "st_size": 0}
+            return {**base, **_ns(times), "st_mode": stat_mod.S_IFDIR | st.mode, "st_size": 0}
         size, stored = st.size, st.size - st.holes
         with self._lock:
-            writing = self._writing.get(path)
+            writing = self._writing.get(st.id)
         if writing is not None:  # its writer's view: streamed, new version or staged
             size, stored = writing.size, writing.stored
+            if writing.changed is not None:  # written or truncated, not yet published
+                changed = max(writing.changed, st.mtime)
+                times |= {"st_mtime": changed, "st_ctime": max(changed, st.ctime)}
         return {
             **base,
-            "st_mode": stat_mod.S_IFREG | 0o644,
-            "st_nlink": 1,
+            **_ns(times),
+            "st_mode": stat_mod.S_IFREG | st.mode,
             "st_size": size,
             "st_blocks": (stored + 511) // 512,  # holes take no room
             "st_blksize": 1 << 20,
@@ -524,7 +702,7 @@ class TectonicFS(Operations):  # type: ignore[misc]
         yield from names
 
     def mkdir(self, path: str, mode: int) -> int:
-        self._call(self.bridge.client.mkdir(path))
+        self._call(self.bridge.client.mkdir(path, perms=_caller(mode)))
         return 0
 
     def rmdir(self, path: str) -> int:
@@ -534,25 +712,50 @@ class TectonicFS(Operations):  # type: ignore[misc]
         return 0
 
     def unlink(self, path: str) -> int:
-        if self._stat(path).kind == "dir":
+        if self._hidden.pop(path, None) is not None:
+            return 0  # libfuse lets go of a hidden file: it goes at its last close (_let_go)
+        st = self._stat(path)
+        if st.kind == "dir":
             raise FuseOSError(errno.EISDIR)
-        self._call(self.bridge.client.delete(path, keep=self.keep(path)))
+        self._call(self.bridge.client.delete(path, keep=self._losing_name(st.id)))
         return 0
 
     def rename(self, old: str, new: str) -> int:
-        self._call(self.bridge.client.rename(old, new, keep_replaced=self.keep(new)))
+        if _is_hidden(new):
+            st = self._stat(old)
+            with self._lock:
+                is_open = bool(self._open.get(st.id))
+            if is_open and st.kind == "file" and new not in self._hidden:
+                # libfuse hides a file unlinked (or renamed over) while open under such a
+                # name, and unlinks that at its last close. For the store it is unlinked
+                # now, kept nameless; the hidden name lives here only, found by _stat.
+                self._call(self.bridge.client.delete(old, keep=self._losing_name(st.id)))
+                self._hidden[new] = st.id
+                return 0
+        try:
+            replaced = self._stat(new)
+        except NotFoundError:
+            replaced = None
+        keep = replaced is not None and replaced.kind == "file" and self._losing_name(replaced.id)
+        self._call(self.bridge.client.rename(old, new, keep_replaced=keep))
         return 0
 
+    # The kernel has checked who may (``default_permissions``) before any of these.
     def chmod(self, path: str, mode: int) -> int:
-        self._stat(path)  # accepted and not kept: modes are fixed (docs/fuse.md)
+        self._call(self.bridge.client.chmod(path, stat_mod.S_IMODE(mode)))
         return 0
 
     def chown(self, path: str, uid: int, gid: int) -> int:
-        self._stat(path)
+        # chown(2)'s -1 (leave it) arrives as (uid_t)-1.
+        keep = (1 << 32) - 1
+        got_uid, got_gid = (-1 if v in (-1, keep) else v for v in (uid, gid))
+        self._call(self.bridge.client.chown(path, got_uid, got_gid))
         return 0
 
     def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
-        self._stat(path)  # times come from the store; accepted so cp -p and tar work
+        atime: Time = "now" if times is None else _time(times[0])
+        mtime: Time = "now" if times is None else _time(times[1])
+        self._call(self.bridge.client.utime(path, atime, mtime))
         return 0
 
     def symlink(self, target: str, source: str) -> int:
@@ -606,15 +809,15 @@ class TectonicFS(Operations):  # type: ignore[misc]
         # The kernel calls create for a name it believes absent; if the store has a file
         # there after all (created meanwhile elsewhere), honour the flags as open would.
         flags = fi if isinstance(fi, int) else os.O_WRONLY
-        return self._open_for_write(path, flags | os.O_CREAT, created=True)
+        return self._open_for_write(path, flags | os.O_CREAT, mode=mode)
 
     def open(self, path: str, flags: int) -> int:
         if flags & os.O_ACCMODE == os.O_RDONLY:
-            # Raises IsADirectoryError_ (EISDIR) for a directory.
-            return self._add(ReadHandle(self, path, self._call(self.bridge.client.reader(path))))
-        return self._open_for_write(path, flags, created=False)
+            return self._open_reader(path)  # IsADirectoryError_ (EISDIR) for a directory
+        return self._open_for_write(path, flags)
 
-    def _open_for_write(self, path: str, flags: int, *, created: bool) -> int:
+    def _open_for_write(self, path: str, flags: int, *, mode: int = 0o644) -> int:
+        """``mode``: a file created here (``create``)."""
         client = self.bridge.client
         try:
             st = self._stat(path)
@@ -623,18 +826,23 @@ class TectonicFS(Operations):  # type: ignore[misc]
         if st is not None and st.kind == "dir":
             raise FuseOSError(errno.EISDIR)
         if st is None:
-            writer = self._call(client.open_writer(path, encoding=self.encoding).__aenter__())
-            return self._add(WriteHandle(self, path, writer=writer, size=0, base_exists=False))
+            opener = client.open_writer(path, encoding=self.encoding, perms=_caller(mode))
+            writer = self._call(opener.__aenter__())
+            new = WriteHandle(self, writer.file_id, path, writer=writer, size=0, base_exists=False)
+            return self._add(new)
         if flags & os.O_TRUNC:
-            writer = self._call(client.new_version(path, encoding=self.encoding))
-            return self._add(WriteHandle(self, path, writer=writer, size=0, base_exists=False))
+            handle = WriteHandle(self, st.id, path, writer=None, size=0, base_exists=False)
+            handle.writer = self._call(handle.new_contents())
+            return self._add(handle)
         # An existing file, kept: the first write stages it (copy-on-write).
-        return self._add(WriteHandle(self, path, writer=None, size=st.size, base_exists=True))
+        return self._add(
+            WriteHandle(self, st.id, path, writer=None, size=st.size, base_exists=True)
+        )
 
-    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+    def read(self, path: str | None, size: int, offset: int, fh: int) -> bytes:
         return self._handle(fh).read(size, offset)
 
-    def read_buf(self, path: str, bufpp: Any, size: int, offset: int, fh: int) -> int:
+    def read_buf(self, path: str | None, bufpp: Any, size: int, offset: int, fh: int) -> int:
         """What libfuse calls instead of ``read`` when it is there: the reply goes in a
         page-aligned buffer of ours (``fuse_mount.replybuf`` says why)."""
         handle = self._handle(fh)
@@ -642,28 +850,28 @@ class TectonicFS(Operations):  # type: ignore[misc]
             return replybuf.reply(bufpp, size, lambda dest: handle.read_into(dest, size, offset))
         return replybuf.reply(bufpp, size, replybuf.copy_bytes(handle.read(size, offset)))
 
-    def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+    def write(self, path: str | None, data: bytes, offset: int, fh: int) -> int:
         handle = self._handle(fh)
         if not isinstance(handle, WriteHandle):
             raise FuseOSError(errno.EBADF)
         return handle.write(data, offset)
 
-    def truncate(self, path: str, length: int, fh: int | None = None) -> int:
+    def truncate(self, path: str | None, length: int, fh: int | None = None) -> int:
         if fh is not None and isinstance(self._handles.get(fh), WriteHandle):
             handle = self._handles[fh]
             assert isinstance(handle, WriteHandle)
             handle.truncate(length)
             return 0
+        st = self._stat_open(path, fh)
+        if st.kind == "dir":
+            raise FuseOSError(errno.EISDIR)
         with self._lock:
-            writing = self._writing.get(path)
+            writing = self._writing.get(st.id)
         if writing is not None:
             writing.truncate(length)
             return 0
-        # No handle: a new version with the first ``length`` bytes (zeros past the end).
-        st = self._stat(path)
-        if st.kind == "dir":
-            raise FuseOSError(errno.EISDIR)
-        handle = WriteHandle(self, path, writer=None, size=st.size, base_exists=True)
+        # No handle: new contents of the first ``length`` bytes (zeros past the end).
+        handle = WriteHandle(self, st.id, st.path, writer=None, size=st.size, base_exists=True)
         try:
             handle.truncate(length)
             handle.flush()
@@ -674,37 +882,52 @@ class TectonicFS(Operations):  # type: ignore[misc]
                 handle.staging.close()
         return 0
 
-    def flush(self, path: str, fh: int) -> int:
+    def flush(self, path: str | None, fh: int) -> int:
         handle = self._handle(fh)
         if isinstance(handle, WriteHandle):
             handle.flush()
         return 0
 
-    def fsync(self, path: str, datasync: int, fh: int) -> int:
+    def fsync(self, path: str | None, datasync: int, fh: int) -> int:
         return self.flush(path, fh)
 
-    def release(self, path: str, fh: int) -> int:
+    def release(self, path: str | None, fh: int) -> int:
         with self._lock:
             handle = self._handles.pop(fh, None)
-            if isinstance(handle, WriteHandle) and self._writing.get(handle.path) is handle:
-                del self._writing[handle.path]
-        if handle is None:
-            return 0
-        if isinstance(handle, WriteHandle):
-            handle.release()
-            return 0
-        handle.close()
-        with self._lock:
-            left = self._readers.get(handle.file_id, 1) - 1
-            if left:
-                self._readers[handle.file_id] = left
+            if handle is None:
                 return 0
-            self._readers.pop(handle.file_id, None)
-            retired = handle.file_id in self._retired
-            self._retired.discard(handle.file_id)
-        if retired:
-            self._call(self.bridge.client.purge(handle.file_id))
+            if isinstance(handle, WriteHandle) and self._writing.get(handle.file_id) is handle:
+                del self._writing[handle.file_id]  # its view goes with it: stored from now
+        try:
+            if isinstance(handle, WriteHandle):
+                handle.release()  # its bytes published, a new file sealed
+            else:
+                handle.close()
+        finally:
+            for gone in self._let_go(handle):
+                self._call(self.bridge.client.purge(gone))
         return 0
+
+    def _let_go(self, handle: ReadHandle | WriteHandle) -> list[int]:
+        """Forget a closed handle; returns the nameless files no handle here needs now (an
+        orphan's last handle, replaced contents' last reader)."""
+        gone = []
+        with self._lock:
+            count = self._open[handle.file_id] = self._open[handle.file_id] - 1
+            if not count:
+                del self._open[handle.file_id]
+                if handle.file_id in self._orphans:
+                    self._orphans.discard(handle.file_id)
+                    gone.append(handle.file_id)
+            if isinstance(handle, WriteHandle):
+                return gone
+            left = self._holding[handle.holds] = self._holding[handle.holds] - 1
+            if not left:
+                del self._holding[handle.holds]
+                if handle.holds in self._retired:
+                    self._retired.discard(handle.holds)
+                    gone.append(handle.holds)
+        return gone
 
     def destroy(self, path: str) -> None:
         for fh in list(self._handles):
@@ -713,6 +936,35 @@ class TectonicFS(Operations):  # type: ignore[misc]
             except (OSError, TectonicError) as e:
                 log.warning("a file open at unmount could not be completed: %s", e)
         self.pool.close()
+
+
+def _is_hidden(path: str) -> bool:
+    """Whether ``path`` is a name libfuse gives a file unlinked while open
+    (``.fuse_hidden`` and 16 hex digits, in ``hide_node``)."""
+    name = path.rsplit("/", 1)[-1]
+    return bool(HIDDEN.fullmatch(name))
+
+
+def _caller(mode: int) -> Perms:
+    """The permission bits asked for (the kernel applied the caller's umask), and the
+    caller's uid and gid: what a file or directory it creates is given."""
+    uid, gid, _ = fuse_get_context()
+    return Perms(stat_mod.S_IMODE(mode), uid, gid)
+
+
+def _time(ns: int) -> Time:
+    """A time utimensat passed (nanoseconds; libfuse hands UTIME_NOW and UTIME_OMIT over
+    as they are, in the nanoseconds of second 0)."""
+    if ns == UTIME_NOW:
+        return "now"
+    if ns == UTIME_OMIT:
+        return "omit"
+    return ns / 1e9
+
+
+def _ns(times: dict[str, float]) -> dict[str, int]:
+    """Seconds to the nanoseconds mfusepy passes on (``use_ns``)."""
+    return {k: round(v * 1e9) for k, v in times.items()}
 
 
 def _layout_dict(block: Any) -> dict[str, Any]:

@@ -145,6 +145,13 @@ def _fuse_class(*, direct_io: bool = False, on_init: Callable[[], None] | None =
             _direct(fip)
             return result
 
+        def read_buf(self, path: bytes | None, bufpp: Any, size: int, offset: int, fip: Any) -> int:
+            # mfusepy's decodes the path, which libfuse may leave NULL for a handle (with
+            # ``nullpath_ok``, or an unlinked file's under ``hard_remove``): reads go by handle.
+            fh = fip.contents if self.raw_fi else fip.contents.fh
+            decoded = None if path is None else path.decode(self.encoding, self.errors)
+            return int(self.operations.read_buf(decoded, bufpp, size, offset, fh))
+
         def write(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
             view = memoryview((ctypes.c_char * size).from_address(ctypes.addressof(buf.contents)))
             fh = fip.contents if self.raw_fi else fip.contents.fh
@@ -163,6 +170,7 @@ def mount(
     *,
     encoding: str | None = None,
     direct_io: bool = False,
+    allow_other: bool = True,
     debug: bool = False,
     on_ready: Callable[[], None] | None = None,
 ) -> None:
@@ -177,7 +185,13 @@ def mount(
     own readahead still applies). Streaming runs faster, as the kernel neither copies
     through its cache nor fills it; small reads each cost a round trip to this process,
     nothing is cached between opens, and ``mmap`` with ``MAP_SHARED`` fails with ENODEV
-    (``MAP_PRIVATE`` works). ``docs/fuse.md`` has the figures."""
+    (``MAP_PRIVATE`` works). ``docs/fuse.md`` has the figures.
+
+    Mounted by root, the mount is shared with every local user (``allow_other``) and the
+    kernel checks each access against the stored modes, owners and groups
+    (``default_permissions``), as for any file system root mounts; ``allow_other=False``
+    keeps it to root. Another user's mount is private to them and checks nothing (FUSE lets
+    no one else in unless /etc/fuse.conf says ``user_allow_other``)."""
     from fuse_mount.fs import MAX_IO, TectonicFS
     from tectonic_emu.bridge import Bridge
 
@@ -209,6 +223,7 @@ def mount(
                 max_threads=16,
                 attr_timeout=1.0,
                 entry_timeout=1.0,
+                **_sharing(allow_other),
             )
         except RuntimeError as e:  # mfusepy: libfuse returned an error status
             if not held.holding:
@@ -219,6 +234,13 @@ def mount(
             held.release(echo=True)
     finally:
         bridge.close()
+
+
+def _sharing(allow_other: bool) -> dict[str, bool]:
+    """The FUSE options that share a mount with other users (``mount``)."""
+    if allow_other and os.geteuid() == 0:
+        return {"allow_other": True, "default_permissions": True}
+    return {}
 
 
 class _HeldStderr:
@@ -288,6 +310,7 @@ def start_mount(
     *,
     encoding: str | None = None,
     direct_io: bool = False,
+    allow_other: bool = True,
     log: str | os.PathLike[str] | None = None,
     wait: float = 30.0,
 ) -> subprocess.Popen[bytes]:
@@ -310,6 +333,8 @@ def start_mount(
         cmd += ["--encoding", encoding]
     if direct_io:
         cmd += ["--direct-io"]
+    if not allow_other:
+        cmd += ["--no-allow-other"]
     try:
         proc = _spawn(cmd, log, status_w)
         try:
@@ -361,6 +386,7 @@ def mount_for_parent(
     *,
     encoding: str | None = None,
     direct_io: bool = False,
+    allow_other: bool = True,
     debug: bool = False,
 ) -> None:
     """The child's side of ``start_mount``: ``mount``, telling the parent over the pipe
@@ -373,6 +399,7 @@ def mount_for_parent(
             mountpoint,
             encoding=encoding,
             direct_io=direct_io,
+            allow_other=allow_other,
             debug=debug,
             on_ready=status.close,
         )

@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from tectonic_emu import clock, entropy
+from tectonic_emu import attrs, clock, entropy
 from tectonic_emu.argcheck import buffer_arg, bytes_arg, int_arg
 from tectonic_emu.buffers import BytesLike
 from tectonic_emu.coding import Encoding
@@ -43,7 +43,7 @@ from tectonic_emu.namespace import Namespace, Stat
 from tectonic_emu.paths import join_path, split_path
 from tectonic_emu.reader import FileReader, blocks_in, read_blocks
 from tectonic_emu.store import StoreView
-from tectonic_emu.writer import FileWriter, VersionWriter, WriterOpener
+from tectonic_emu.writer import FileWriter, Replaced, VersionWriter, WriterOpener
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,13 +114,16 @@ class Client(Namespace):
             await asyncio.shield(writer.abort())
             raise
 
-    async def new_version(self, path: str, *, encoding: str | None = None) -> VersionWriter:
+    async def new_version(
+        self, path: str, *, encoding: str | None = None, perms: attrs.Perms | None = None
+    ) -> VersionWriter:
         """A writer of a new version of ``path``: a nameless file until ``close`` swaps it in
-        atomically (replacing the file there, if any; readers that opened the old one keep
-        reading it). ``abort`` (or an error) deletes it and leaves ``path`` as it was. This is
-        how POSIX overwrites (the FUSE mount's O_TRUNC, patched headers) meet Tectonic's
-        append-only, sealed files. Raises NotFoundError (missing parent), IsADirectoryError_,
-        UnknownEncodingError.
+        atomically (replacing the file there, if any, whose mode and owners it keeps; readers
+        that opened the old one keep reading it). ``perms``: its mode and owners when no file
+        is there at ``close``. ``abort`` (or an error) deletes it and leaves ``path`` as it
+        was. This is how POSIX overwrites (the FUSE mount's O_TRUNC, patched headers) meet
+        Tectonic's append-only, sealed files. Raises NotFoundError (missing parent),
+        IsADirectoryError_, UnknownEncodingError.
         """
         parts = split_path(path)
         if not parts:
@@ -134,9 +137,12 @@ class Client(Namespace):
                 raise IsADirectoryError_("is a directory", join_path(parts))
             enc = self._encoding(encoding or inherited)
             file_id = new_id()
+            mode, uid, gid = attrs.born(await self._dir(m, parent), perms, is_dir=False)
             # Nameless until close: a crash before it leaves only garbage (collected later).
             await m.files.put(
-                FileRecord(file_id, enc.name, 0, 0, False, token, None, None, now, now)
+                FileRecord(
+                    file_id, enc.name, 0, 0, False, token, None, None, now, now, 0, mode, uid, gid
+                )
             )
         return VersionWriter(self, join_path(parts), file_id, token, enc, 0)
 
@@ -159,19 +165,83 @@ class Client(Namespace):
             old = None if e is None or e.id == file_id else await m.files.get(e.id)
             if old is not None:  # a new version of the file: its mode and owners stay
                 f = replace(f, mode=old.mode, uid=old.uid, gid=old.gid)
+            now = clock.wall()
             await m.files.put(
-                replace(
-                    f, sealed=True, token=None, parent=parent, name=parts[-1], mtime=clock.wall()
-                )
+                replace(f, sealed=True, token=None, parent=parent, name=parts[-1], mtime=now)
             )
             await m.names.link(parent, Entry(parts[-1], "file", file_id))
+            if e is None:  # a new name in the directory
+                await attrs.touch_dir(m, parent, now)
             garbage: list[ChunkPlacement] = []
             if e is not None and e.id != file_id:
                 garbage = await self._let_go(m, e.id, keep_replaced)
         await self.datapath.delete_chunks(garbage)
 
+    async def new_contents(
+        self, file_id: int, *, path: str, encoding: str | None = None
+    ) -> VersionWriter:
+        """A writer of new contents for the file ``file_id``, wherever it is named then (or
+        nameless, kept for an open descriptor): a nameless file until ``close`` moves its
+        blocks into ``file_id`` in one transaction, so that the file keeps its id, its
+        names, mode and owners, as a POSIX file does through ``O_TRUNC`` and rewrites (the
+        FUSE mount's). ``path`` names it in errors; ``encoding``: the file's own when None.
+        ``abort`` drops it. Raises NotFoundError (no such file), UnknownEncodingError."""
+        int_arg("new_contents", "file_id", file_id)
+        token = entropy.token_hex(8)
+        now = clock.wall()
+        async with self.meta.transaction() as m:
+            f = await m.files.get(file_id)
+            if f is None:
+                raise NotFoundError(f"no file {file_id:016x}", path)
+            enc = self._encoding(encoding or f.encoding)
+            new = new_id()
+            await m.files.put(FileRecord(new, enc.name, 0, 0, False, token, None, None, now, now))
+        return VersionWriter(self, path, new, token, enc, 0, into=file_id)
+
+    async def publish_into(
+        self, file_id: int, token: str, into: int, path: str, *, keep_replaced: bool = False
+    ) -> Replaced | None:
+        """Move the blocks of the nameless file ``file_id`` into the file ``into``
+        (``VersionWriter.close`` of ``new_contents``), sealed, its mtime and ctime now;
+        ``file_id`` is gone after. ``keep_replaced``: ``into``'s old blocks move to
+        ``file_id`` instead, a nameless, sealed file returned for whoever still reads them
+        (``purge`` it when they are done); else they are deleted. Raises FencedWriterError
+        (``file_id`` lost its token), NotFoundError (``into`` was deleted)."""
+        now = clock.wall()
+        async with self.meta.transaction() as m:
+            f = await m.files.get(file_id)
+            if f is None or f.token != token:
+                raise FencedWriterError("file vanished while being written", path)
+            old = await m.files.get(into)
+            if old is None:
+                raise NotFoundError("the file was deleted while being rewritten", path)
+            new_blocks = await m.files.set_blocks(file_id, [])
+            old_blocks = await m.files.set_blocks(into, new_blocks)
+            await m.own_blocks(new_blocks, into)
+            await m.files.put(
+                replace(
+                    old, encoding=f.encoding, size=f.size, nblocks=f.nblocks, holes=f.holes,
+                    sealed=True, token=None, mtime=now, ctime=now,
+                )
+            )  # fmt: skip
+            if keep_replaced:
+                await m.files.set_blocks(file_id, old_blocks)
+                await m.own_blocks(old_blocks, file_id)
+                kept = replace(
+                    f, encoding=old.encoding, size=old.size, nblocks=old.nblocks,
+                    holes=old.holes, sealed=True, token=None, mtime=now,
+                )  # fmt: skip
+                await m.files.put(kept)
+                return Replaced(file_id, tuple(b.block_id for b in old_blocks))
+            await m.files.set_blocks(file_id, old_blocks)
+            garbage = await m.drop_file(file_id)
+        await self.datapath.delete_chunks(garbage)
+        return None
+
     # -- append-only writers -----------------------------------------------------------------
-    def open_writer(self, path: str, *, encoding: str | None = None) -> WriterOpener:
+    def open_writer(
+        self, path: str, *, encoding: str | None = None, perms: attrs.Perms | None = None
+    ) -> WriterOpener:
         """The single writer of ``path``: ``w = await client.open_writer(p)`` or
         ``async with client.open_writer(p) as w``.
 
@@ -179,11 +249,13 @@ class Client(Namespace):
         running), this writer takes its token over and appends after its durable bytes: the
         old writer is fenced. Raises SealedFileError on a sealed file, IsADirectoryError_,
         NotFoundError (missing parent), InvalidArgumentError (``encoding`` differs from the
-        existing file's).
+        existing file's). ``perms``: the mode and owners of a file it creates.
         """
-        return WriterOpener(lambda: self._open_writer(path, encoding))
+        return WriterOpener(lambda: self._open_writer(path, encoding, perms))
 
-    async def _open_writer(self, path: str, encoding: str | None) -> FileWriter:
+    async def _open_writer(
+        self, path: str, encoding: str | None, perms: attrs.Perms | None
+    ) -> FileWriter:
         parts = split_path(path)
         if not parts:
             raise IsADirectoryError_("is a directory", "/")
@@ -195,10 +267,15 @@ class Client(Namespace):
             if e is None:
                 enc = self._encoding(encoding or inherited)
                 file_id = new_id()
+                mode, uid, gid = attrs.born(await self._dir(m, parent), perms, is_dir=False)
                 await m.files.put(
-                    FileRecord(file_id, enc.name, 0, 0, False, token, parent, parts[-1], now, now)
-                )
+                    FileRecord(
+                        file_id, enc.name, 0, 0, False, token, parent, parts[-1], now, now,
+                        0, mode, uid, gid,
+                    )
+                )  # fmt: skip
                 await m.names.link(parent, Entry(parts[-1], "file", file_id))
+                await attrs.touch_dir(m, parent, now)
                 return FileWriter(self, join_path(parts), file_id, token, enc, 0)
             if e.kind == "dir":
                 raise IsADirectoryError_("is a directory", join_path(parts))

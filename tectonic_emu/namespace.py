@@ -26,6 +26,7 @@ from tectonic_emu.errors import (
 )
 from tectonic_emu.metadata.layers import Metadata, MetaTxn, new_id
 from tectonic_emu.metadata.records import (
+    DIR_MODE,
     FILE_MODE,
     ROOT_DIR_ID,
     ChunkPlacement,
@@ -54,6 +55,7 @@ class Stat:
     uid: int = 0
     gid: int = 0
     atime: float = 0.0
+    nlink: int = 1  # directories: 2 and their subdirectories
 
 
 class Namespace:
@@ -98,6 +100,13 @@ class Namespace:
             raise NotFoundError("no such file or directory", join_path(parts))
         return parent, e
 
+    @staticmethod
+    async def _dir(m: MetaTxn, dir_id: int) -> DirRecord:
+        """The record of a directory that has an entry (or is the root)."""
+        d = await m.names.get_dir(dir_id)
+        assert d is not None, f"directory {dir_id} has an entry and no record"
+        return d
+
     def _encoding(self, name: str) -> Encoding:
         enc = Encoding.parse(name)
         if enc.width > self.config.nodes:
@@ -114,10 +123,12 @@ class Namespace:
         parents: bool = False,
         exist_ok: bool = False,
         encoding: str | None = None,
+        perms: attrs.Perms | None = None,
     ) -> None:
         """Create a directory (and, with ``parents``, its missing ancestors, like ``mkdir -p``).
 
-        ``encoding`` sets what files created below it inherit. Raises AlreadyExistsError
+        ``encoding`` sets what files created below it inherit; ``perms``, its mode and owners
+        (ancestors made with ``parents``: 0755, its owners). Raises AlreadyExistsError
         (unless ``parents`` or ``exist_ok`` and it is a directory), NotFoundError (a missing
         parent without ``parents``), NotADirectoryError_.
         """
@@ -147,10 +158,15 @@ class Namespace:
                 if not (last or parents):
                     raise NotFoundError("no such directory", sub)
                 new = new_id()
+                parent = await self._dir(m, dir_id)
+                asked = perms if last or perms is None else replace(perms, mode=DIR_MODE)
+                mode, uid, gid = attrs.born(parent, asked, is_dir=True)
+                enc = encoding if last else None
                 await m.names.put_dir(
-                    DirRecord(new, dir_id, name, encoding if last else None, now, now)
+                    DirRecord(new, dir_id, name, enc, now, now, mode, uid, gid, None, 0)
                 )
                 await m.names.link(dir_id, Entry(name, "dir", new))
+                await attrs.touch_dir(m, dir_id, now, subdirs_added=1)
                 dir_id = new
 
     async def listdir(self, path: str = "/", *, prefix: str = "") -> list[str]:
@@ -176,17 +192,29 @@ class Namespace:
         async with self.meta.transaction() as m:
             e = await self._entry(m, path)
             if e.kind == "dir":
-                d = await m.names.get_dir(e.id)
-                assert d is not None
+                d = await self._dir(m, e.id)
                 return Stat(
                     join_path(parts) if parts else "/", "dir", e.id, 0, d.encoding, False, 0,
-                    d.ctime, d.mtime, 0, *_posix(d),
+                    d.ctime, d.mtime, 0, *_posix(d), 2 + await attrs.subdirs(m, d),
                 )  # fmt: skip
             f = await m.files.get(e.id)
             assert f is not None
             return Stat(
                 join_path(parts), "file", e.id, f.size, f.encoding, f.sealed, f.nblocks,
                 f.ctime, f.mtime, f.holes, *_posix(f),
+            )  # fmt: skip
+
+    async def stat_id(self, file_id: int) -> Stat:
+        """``stat`` of a file by id (the FUSE mount's open files, wherever they are named
+        now, or nameless); its ``path`` is its name, or "" and its nlink 0 when it has
+        none."""
+        async with self.meta.transaction() as m:
+            f = await m.files.get(file_id)
+            if f is None:
+                raise NotFoundError(f"no file {file_id:016x}")
+            return Stat(
+                f.name or "", "file", file_id, f.size, f.encoding, f.sealed, f.nblocks,
+                f.ctime, f.mtime, f.holes, *_posix(f), 0 if f.parent is None else 1,
             )  # fmt: skip
 
     async def _entry(self, m: MetaTxn, path: str) -> Entry:
@@ -235,7 +263,9 @@ class Namespace:
             return await m.drop_file(file_id)
         f = await m.files.get(file_id)
         if f is not None:
-            await m.files.put(replace(f, parent=None, name=None, token=None, mtime=clock.wall()))
+            # Its token stays: a writer of it goes on writing (an unlinked file still open).
+            now = clock.wall()
+            await m.files.put(replace(f, parent=None, name=None, mtime=now, ctime=now))
         return []
 
     # -- rename and delete -------------------------------------------------------------------
@@ -253,6 +283,7 @@ class Namespace:
             s_parent, se = await self._lookup(m, src)
             d_parent, _ = await self._walk(m, dp[:-1], path=dst)
             de = await m.names.lookup(d_parent, dp[-1])
+            dirs_lost = 0  # subdirectories of the destination's parent replaced
             if se.kind == "dir":
                 await self._check_not_inside(m, d_parent, se.id, dst)
             if de is not None:
@@ -264,6 +295,7 @@ class Namespace:
                     if await m.names.entries(de.id, limit=1):
                         raise DirectoryNotEmptyError("directory not empty", join_path(dp))
                     await m.names.delete_dir(de.id)
+                    dirs_lost = 1
                 else:
                     if se.kind == "dir":
                         raise NotADirectoryError_("not a directory", join_path(dp))
@@ -271,14 +303,21 @@ class Namespace:
             await m.names.unlink(s_parent, sp[-1])
             await m.names.link(d_parent, Entry(dp[-1], se.kind, se.id))
             now = clock.wall()
+            moved = int(se.kind == "dir")
+            if s_parent == d_parent:
+                await attrs.touch_dir(m, s_parent, now, subdirs_added=-dirs_lost)
+            else:
+                await attrs.touch_dir(m, s_parent, now, subdirs_added=-moved)
+                await attrs.touch_dir(m, d_parent, now, subdirs_added=moved - dirs_lost)
+            # The moved entry's ctime moves too (its name, and a directory's "..", changed).
             if se.kind == "dir":
-                d = await m.names.get_dir(se.id)
-                assert d is not None
-                await m.names.put_dir(replace(d, parent=d_parent, name=dp[-1], mtime=now))
+                d = await self._dir(m, se.id)
+                rec = replace(d, parent=d_parent, name=dp[-1], mtime=now, ctime=now)
+                await m.names.put_dir(rec)
             else:
                 f = await m.files.get(se.id)
                 assert f is not None
-                await m.files.put(replace(f, parent=d_parent, name=dp[-1]))
+                await m.files.put(replace(f, parent=d_parent, name=dp[-1], ctime=now))
         await self.datapath.delete_chunks(garbage)
 
     async def _check_not_inside(self, m: MetaTxn, dir_id: int, moved: int, path: str) -> None:
@@ -287,9 +326,7 @@ class Namespace:
                 raise InvalidArgumentError("cannot move a directory inside itself", path)
             if dir_id == ROOT_DIR_ID:
                 return
-            d = await m.names.get_dir(dir_id)
-            assert d is not None
-            dir_id = d.parent
+            dir_id = (await self._dir(m, dir_id)).parent
 
     async def delete(self, path: str, *, recursive: bool = False, keep: bool = False) -> None:
         """Remove a file, or a directory (empty unless ``recursive``). A writer of a deleted
@@ -308,6 +345,7 @@ class Namespace:
             else:
                 garbage = await self._let_go(m, e.id, keep)
             await m.names.unlink(parent, e.name)
+            await attrs.touch_dir(m, parent, clock.wall(), subdirs_added=-(e.kind == "dir"))
         await self.datapath.delete_chunks(garbage)
 
     async def _drop_tree(self, m: MetaTxn, dir_id: int) -> list[ChunkPlacement]:

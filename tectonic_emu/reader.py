@@ -187,6 +187,11 @@ class FileReader:
         self._records: dict[int, BlockRecord] = {}
         self._fetching = asyncio.Lock()
 
+    @property
+    def block_ids(self) -> tuple[int, ...]:
+        """The ids of the blocks it reads (which contents it opened: ``Replaced``)."""
+        return tuple(b.block_id for b in self._blocks)
+
     def _covering(self, start: int, end: int) -> list[BlockEntry]:
         first = bisect.bisect_right(self._ends, start)
         last = first

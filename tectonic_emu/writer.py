@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -68,6 +69,10 @@ class Committer(Protocol):
     async def publish(
         self, file_id: int, token: str, path: str, *, keep_replaced: bool = False
     ) -> None: ...
+
+    async def publish_into(
+        self, file_id: int, token: str, into: int, path: str, *, keep_replaced: bool = False
+    ) -> Replaced | None: ...
 
     async def purge(self, file_id: int) -> None: ...
 
@@ -458,22 +463,47 @@ class FileWriter:
             await self.abort()
 
 
+@dataclass(frozen=True, slots=True)
+class Replaced:
+    """The contents a ``publish_into`` replaced, kept: a nameless, sealed file, and the
+    ids of its blocks (what a reader opened before the swap holds: ``FileReader.block_ids``)."""
+
+    file_id: int
+    block_ids: tuple[int, ...]
+
+
 class VersionWriter(FileWriter):
-    """A ``FileWriter`` of a new, nameless version of a file (``Client.new_version``):
-    ``close`` seals it and swaps it in at its path atomically; ``abort`` deletes it."""
+    """A ``FileWriter`` of a new, nameless version of a file: ``close`` seals it and swaps
+    it in at its path atomically (``Client.new_version``), or moves its blocks into the
+    file ``into`` (``Client.new_contents``); ``abort`` deletes it."""
 
     def __init__(
-        self, client: Committer, path: str, file_id: int, token: str, enc: Encoding, size: int
+        self,
+        client: Committer,
+        path: str,
+        file_id: int,
+        token: str,
+        enc: Encoding,
+        size: int,
+        *,
+        into: int | None = None,
     ) -> None:
         super().__init__(client, path, file_id, token, enc, size)
+        self.into = into
         self.published = False
-        self.keep_replaced = False  # see Client.publish
+        self.keep_replaced = False  # see Client.publish and Client.publish_into
+        self.replaced: Replaced | None = None  # the contents replaced, when kept
 
     async def _close(self) -> None:
         await self._flush()
-        await self._client.publish(
-            self.file_id, self._token, self.path, keep_replaced=self.keep_replaced
-        )
+        if self.into is None:
+            await self._client.publish(
+                self.file_id, self._token, self.path, keep_replaced=self.keep_replaced
+            )
+        else:
+            self.replaced = await self._client.publish_into(
+                self.file_id, self._token, self.into, self.path, keep_replaced=self.keep_replaced
+            )
         self.published = True
         self._closed = True
 
@@ -509,4 +539,11 @@ class WriterOpener:
         await self._writer.__aexit__(exc_type, exc, tb)
 
 
-__all__ = ["BlockPipeline", "Committer", "FileWriter", "VersionWriter", "WriterOpener"]
+__all__ = [
+    "BlockPipeline",
+    "Committer",
+    "FileWriter",
+    "Replaced",
+    "VersionWriter",
+    "WriterOpener",
+]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tectonic_emu import Cluster
-from tectonic_emu.attrs import MAX_ID
+from tectonic_emu.attrs import MAX_ID, Perms
 from tectonic_emu.errors import ArgumentTypeError, InvalidArgumentError, NotFoundError
 from tectonic_emu.metadata.records import DIR_MODE, FILE_MODE, DirRecord, FileRecord
 
@@ -122,7 +123,7 @@ def test_records_keep_attributes_and_old_records_read_as_the_defaults(
 ) -> None:
     f = FileRecord(7, "r1", 3, 1, True, None, 1, "f", 1.0, 2.0, 0, mode, uid, gid, atime)
     assert FileRecord.decode(7, f.encode()) == f
-    d = DirRecord(8, 1, "d", None, 1.0, 2.0, mode, uid, gid, atime)
+    d = DirRecord(8, 1, "d", None, 1.0, 2.0, mode, uid, gid, atime, uid % 5)
     assert DirRecord.decode(8, d.encode()) == d
     # a record written before attributes were kept: no such keys, the defaults
     old = {"e": "r1", "s": 3, "b": 1, "sealed": True, "t": None, "p": 1, "n": "f"}
@@ -130,7 +131,130 @@ def test_records_keep_attributes_and_old_records_read_as_the_defaults(
     assert (got.mode, got.uid, got.gid, got.atime) == (FILE_MODE, 0, 0, None)
     got_dir = DirRecord.decode(8, b'{"p":1,"n":"d","e":null,"c":1.0,"m":2.0}')
     assert (got_dir.mode, got_dir.uid, got_dir.gid, got_dir.atime) == (DIR_MODE, 0, 0, None)
+    assert got_dir.subdirs is None  # not counted yet
     # and the defaults are not written: such records encode as they did
     assert FileRecord.decode(7, json.dumps(old | {"c": 1.0, "m": 2.0}).encode()).encode() == (
         json.dumps(old | {"c": 1.0, "m": 2.0}, separators=(",", ":")).encode()
     )
+
+
+def test_new_files_and_directories_take_the_creators_mode_and_owners(root: Path) -> None:
+    """``perms`` at creation (the mount passes the caller's uid, gid and umasked mode); in a
+    setgid directory the group is the directory's and a new subdirectory keeps setgid."""
+
+    async def go(c: Cluster) -> None:
+        cl = c.client()
+        await cl.mkdir("/d", perms=Perms(0o750, 1000, 100))
+        async with cl.open_writer("/d/f", perms=Perms(0o600, 1000, 100)) as w:
+            await w.append(b"x")
+        v = await cl.new_version("/d/g", perms=Perms(0o640, 1001, 101))
+        await v.append(b"y")
+        await v.close()
+        got = [await cl.stat(p) for p in ("/d", "/d/f", "/d/g")]
+        assert [(s.mode, s.uid, s.gid) for s in got] == [
+            (0o750, 1000, 100), (0o600, 1000, 100), (0o640, 1001, 101)
+        ]  # fmt: skip
+        # an existing file's new version keeps its own, whatever perms it was asked with
+        v = await cl.new_version("/d/g", perms=Perms(0o777, 5, 5))
+        await v.close()
+        s = await cl.stat("/d/g")
+        assert (s.mode, s.uid, s.gid) == (0o640, 1001, 101)
+        # setgid: the directory's group, and setgid kept by subdirectories only
+        await cl.chmod("/d", 0o2775)
+        await cl.mkdir("/d/sub", perms=Perms(0o755, 7, 7))
+        async with cl.open_writer("/d/h", perms=Perms(0o644, 7, 7)) as w:
+            pass
+        sub, h = await cl.stat("/d/sub"), await cl.stat("/d/h")
+        assert (sub.mode, sub.uid, sub.gid) == (0o2755, 7, 100)
+        assert (h.mode, h.uid, h.gid) == (0o644, 7, 100)
+        # mkdir -p: ancestors 0755 with the creator's owners, the last one as asked
+        await cl.mkdir("/p/q/r", parents=True, perms=Perms(0o700, 9, 9))
+        p, r = await cl.stat("/p"), await cl.stat("/p/q/r")
+        assert (p.mode, p.uid, r.mode, r.uid) == (DIR_MODE, 9, 0o700, 9)
+        with pytest.raises(InvalidArgumentError):
+            Perms(0o644, -1, 0)
+
+    run_with(root, go)
+
+
+def test_a_directorys_nlink_counts_its_subdirectories(root: Path) -> None:
+    async def go(c: Cluster) -> None:
+        cl = c.client()
+
+        async def nlink(p: str) -> int:
+            return (await cl.stat(p)).nlink
+
+        await cl.mkdir("/a/b/c", parents=True)
+        await cl.mkdir("/a/d")
+        await cl.write_file("/a/f", b"")  # files do not count
+        assert [await nlink(p) for p in ("/", "/a", "/a/b", "/a/b/c")] == [3, 4, 3, 2]
+        assert await nlink("/a/f") == 1
+        await cl.rename("/a/b", "/b")  # to another parent
+        assert [await nlink(p) for p in ("/", "/a")] == [4, 3]
+        await cl.rename("/a/d", "/a/e")  # within one
+        assert await nlink("/a") == 3
+        await cl.mkdir("/x")
+        await cl.rename("/a/e", "/x")  # over an empty directory
+        assert [await nlink(p) for p in ("/", "/a")] == [5, 2]
+        await cl.delete("/b", recursive=True)
+        await cl.delete("/x")
+        assert await nlink("/") == 3
+
+    run_with(root, go)
+
+
+def test_a_directory_record_written_before_nlink_was_kept_is_counted(root: Path) -> None:
+    """Records of older clusters have no count: stat counts, the next change keeps it."""
+
+    async def go(c: Cluster) -> None:
+        cl = c.client()
+        await cl.mkdir("/a/b", parents=True)
+        await cl.mkdir("/a/c")
+        a = (await cl.stat("/a")).id
+        async with c.meta.transaction() as m:  # as an older version wrote it
+            d = await m.names.get_dir(a)
+            assert d is not None and d.subdirs == 2
+            await m.names.put_dir(replace(d, subdirs=None))
+        assert (await cl.stat("/a")).nlink == 4
+        await cl.mkdir("/a/e")
+        assert (await cl.stat("/a")).nlink == 5
+        async with c.meta.transaction() as m:
+            d = await m.names.get_dir(a)
+            assert d is not None and d.subdirs == 3
+
+    run_with(root, go)
+
+
+def test_a_directorys_times_move_when_names_in_it_come_and_go(root: Path) -> None:
+    """create, mkdir, unlink, rmdir and rename move their directories' mtime and ctime
+    (set back an hour first: changes within ``DIR_TIME_GRAIN`` of the last are not
+    rewritten); a rename moves the renamed entry's ctime, never its mtime."""
+
+    async def go(c: Cluster) -> None:
+        cl = c.client()
+        await cl.mkdir("/a")
+        await cl.mkdir("/b")
+        await cl.write_file("/a/f", b"x")
+        old = time.time() - 3600
+        ids = [(await cl.stat(p)).id for p in ("/a", "/b")]
+        changes = [
+            lambda: cl.write_file("/a/new", b""),
+            lambda: cl.mkdir("/a/sub"),
+            lambda: cl.delete("/a/new"),
+            lambda: cl.delete("/a/sub"),
+            lambda: cl.rename("/a/f", "/b/f"),
+        ]
+        for change in changes:
+            async with c.meta.transaction() as m:  # both directories an hour old
+                for dir_id in ids:
+                    d = await m.names.get_dir(dir_id)
+                    assert d is not None
+                    await m.names.put_dir(replace(d, mtime=old, ctime=old))
+            await change()
+            a = await cl.stat("/a")
+            assert a.mtime > old + 60 and a.ctime > old + 60
+        b, f = await cl.stat("/b"), await cl.stat("/b/f")
+        assert b.mtime > old + 60 and b.ctime > old + 60
+        assert f.ctime > f.mtime  # renamed: its ctime moved, its mtime did not
+
+    run_with(root, go)

@@ -374,3 +374,55 @@ def test_new_version_swaps_in_at_close_and_abort_leaves_the_old(cluster_dir: Pat
         assert [f async for f in c.meta.iter_files() if f.parent is None] == []  # no leftovers
 
     run_with(cluster_dir, go)
+
+
+def test_new_contents_land_in_the_file_wherever_it_is_named_and_keep_its_id(
+    cluster_dir: Path,
+) -> None:
+    """``new_contents`` (the mount's O_TRUNC and rewrites): the file keeps its id, mode and
+    owners, and is found by id even after a rename; the replaced blocks go, or with
+    ``keep_replaced`` stay readable by whoever opened them, under the id returned."""
+
+    async def go(c: Cluster) -> None:
+        client = c.client()
+        await client.write_file("/a", b"old bytes" * 10_000)
+        await client.chmod("/a", 0o600)
+        before = await client.stat("/a")
+        old_reader = await client.reader("/a")
+        w = await client.new_contents(before.id, path="/a")
+        await w.append(b"new")
+        await client.rename("/a", "/b")  # while being rewritten
+        w.keep_replaced = True
+        await w.close()
+        after = await client.stat("/b")
+        assert (after.id, after.mode, after.size) == (before.id, 0o600, 3)
+        assert after.ctime >= before.ctime and after.sealed
+        assert await client.read_file("/b") == b"new"
+        kept = w.replaced
+        assert kept is not None and kept.block_ids == old_reader.block_ids
+        assert await old_reader.read(0, 9) == b"old bytes"  # its blocks kept for it
+        layout = await client.layout("/b")
+        for b in layout:  # the Block layer names the file its blocks moved to
+            rec = await c.meta.block(b.block_id)
+            assert rec is not None and rec.file_id == before.id
+        await client.purge(kept.file_id)
+        assert [f async for f in c.meta.iter_files() if f.parent is None] == []
+        # without keep_replaced the old blocks are deleted at once; abort leaves all as it was
+        w = await client.new_contents(before.id, path="/b")
+        await w.append(b"newer")
+        await w.close()
+        assert w.replaced is None and await client.read_file("/b") == b"newer"
+        w = await client.new_contents(before.id, path="/b")
+        await w.append(b"never")
+        await w.abort()
+        assert await client.read_file("/b") == b"newer"
+        assert [f async for f in c.meta.iter_files() if f.parent is None] == []
+        # the file deleted meanwhile: nothing lands anywhere
+        w = await client.new_contents(before.id, path="/b")
+        await client.delete("/b")
+        with pytest.raises(NotFoundError):
+            await w.close()
+        await w.abort()
+        assert await client.listdir("/") == []
+
+    run_with(cluster_dir, go)

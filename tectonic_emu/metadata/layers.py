@@ -23,6 +23,7 @@ import hashlib
 import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 from tectonic_emu import entropy
 from tectonic_emu.metadata.kv import KVStore, Transaction
@@ -146,6 +147,17 @@ class FileLayer:
         await self._txn.delete(file_key(file_id))
         return blocks
 
+    async def set_blocks(self, file_id: int, entries: list[BlockEntry]) -> list[BlockEntry]:
+        """Make ``entries`` the file's block list (a rewrite's contents moved in); returns
+        the list it had."""
+        old = await self.blocks(file_id)
+        prefix = block_entry_prefix(file_id)
+        for b in old[len(entries) :]:
+            await self._txn.delete(prefix + _U64.pack(b.block_no))
+        for b in entries:
+            await self.add_block(file_id, b)
+        return old
+
     async def add_block(self, file_id: int, entry: BlockEntry) -> None:
         await self._txn.put(block_entry_prefix(file_id) + _U64.pack(entry.block_no), entry.encode())
 
@@ -210,6 +222,14 @@ class MetaTxn:
         self.blocks = BlockLayer(txn)
         self.intents = IntentLayer(txn)
 
+    async def own_blocks(self, entries: list[BlockEntry], file_id: int) -> None:
+        """The Block-layer records of ``entries`` now name ``file_id`` as their file (their
+        entries moved there: ``FileLayer.set_blocks``)."""
+        for b in entries:
+            rec = None if b.is_hole else await self.blocks.get(b.block_id)
+            if rec is not None and rec.file_id != file_id:
+                await self.blocks.put(replace(rec, file_id=file_id), old=rec)
+
     async def drop_file(self, file_id: int) -> list[ChunkPlacement]:
         """Remove a file's File- and Block-layer records; returns its chunks, which the
         caller deletes from the nodes after this transaction commits."""
@@ -254,7 +274,9 @@ class Metadata:
     async def ensure_root(self, now: float) -> None:
         async with self.transaction() as m:
             if await m.names.get_dir(ROOT_DIR_ID) is None:
-                await m.names.put_dir(DirRecord(ROOT_DIR_ID, ROOT_DIR_ID, "", None, now, now))
+                await m.names.put_dir(
+                    DirRecord(ROOT_DIR_ID, ROOT_DIR_ID, "", None, now, now, subdirs=0)
+                )
 
     async def iter_blocks(self) -> AsyncIterator[BlockRecord]:
         """Every block record (in batches of separate transactions)."""

@@ -81,10 +81,17 @@ class DirRecord:
     uid: int = 0
     gid: int = 0
     atime: float | None = None  # None: as ``mtime`` (never set apart from it)
+    # Its subdirectories (its nlink is 2 more); None: not counted yet (a record written
+    # before they were counted: ``attrs.subdirs`` counts them the first time they matter).
+    subdirs: int | None = None
 
     def encode(self) -> bytes:
-        d = {"p": self.parent, "n": self.name, "e": self.encoding, "c": self.ctime, "m": self.mtime}
+        d: dict[str, Any] = {
+            "p": self.parent, "n": self.name, "e": self.encoding, "c": self.ctime, "m": self.mtime
+        }  # fmt: skip
         _put_attrs(d, self.mode, DIR_MODE, self.uid, self.gid, self.atime)
+        if self.subdirs is not None:
+            d["sd"] = self.subdirs
         return _dump(d)
 
     @classmethod
@@ -98,6 +105,7 @@ class DirRecord:
             d["c"],
             d["m"],
             *_attrs(d, DIR_MODE),
+            d.get("sd"),
         )
 
 
