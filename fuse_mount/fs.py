@@ -52,12 +52,14 @@ from typing import Any
 from mfusepy import FuseOSError, Operations, fuse_get_context
 
 from fuse_mount import replybuf
+from fuse_mount.linknames import LinkNames
 from fuse_mount.sparse import staged_regions
 from tectonic_emu import clock
 from tectonic_emu.attrs import Perms, Time
 from tectonic_emu.bridge import Bridge
 from tectonic_emu.bufpool import BufferPool, address_of
 from tectonic_emu.errors import NotFoundError, TectonicError
+from tectonic_emu.metadata.records import FileKind
 from tectonic_emu.reader import FileReader
 from tectonic_emu.writer import FileWriter, Replaced, VersionWriter
 
@@ -73,6 +75,7 @@ MAX_IO = 1 << 20  # reads, writes and readahead negotiated with the kernel
 XATTR_LAYOUT = "user.tectonic.layout"
 XATTR_ENCODING = "user.tectonic.encoding"
 UTIME_NOW, UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2  # <sys/stat.h>
+INO_MASK = 0x7FFF_FFFF_FFFF_FFFF  # file ids as inode numbers (``use_ino``)
 HIDDEN = re.compile(r"\.fuse_hidden[0-9a-f]{16}")
 
 
@@ -280,6 +283,7 @@ class WriteHandle:
         # bytes are published (a write moves them at once, as POSIX has it).
         self.changed: float | None = None
         self.visible = size  # bytes a new reader sees (streaming: flushed so far)
+        self.privileged = False  # setuid or setgid when opened: a user's write clears them
         self.lock = threading.Lock()
 
     # -- streaming ---------------------------------------------------------------------------
@@ -528,6 +532,7 @@ class TectonicFS(Operations):  # type: ignore[misc]
         self._orphans: set[int] = set()
         # libfuse's names for files unlinked while open (``HIDDEN``) -> their file ids.
         self._hidden: dict[str, int] = {}
+        self.links = LinkNames()  # hard-linked files' names, kept coherent in the kernel
         # Contents read here (the file id holding their blocks -> read handles), and those
         # new contents replaced meanwhile, kept under a nameless id until their last reader
         # closes (``replaced``). ``_swaps`` counts replacements, so that a reader whose block
@@ -669,15 +674,18 @@ class TectonicFS(Operations):  # type: ignore[misc]
     # -- attributes and directories ----------------------------------------------------------
     def getattr(self, path: str | None, fh: int | None = None) -> dict[str, Any]:
         st = self._stat_open(path, fh)
+        if path is not None and st.kind != "dir":
+            self.links.seen(st.id, path, st.nlink)
         times = {"st_atime": st.atime, "st_mtime": st.mtime, "st_ctime": st.ctime}
         base = {
             "st_uid": st.uid,
             "st_gid": st.gid,
             "st_nlink": st.nlink,
-            "st_ino": st.id & 0x7FFF_FFFF_FFFF_FFFF,
+            "st_ino": st.id & INO_MASK,
         }
-        if st.kind == "dir":
-            return {**base, **_ns(times), "st_mode": stat_mod.S_IFDIR | st.mode, "st_size": 0}
+        if st.kind != "file":  # a directory, symlink, fifo, device node or socket
+            mode = _TYPE_BITS[st.kind] | st.mode
+            return {**base, **_ns(times), "st_mode": mode, "st_size": st.size, "st_rdev": st.rdev}
         size, stored = st.size, st.size - st.holes
         with self._lock:
             writing = self._writing.get(st.id)
@@ -695,11 +703,16 @@ class TectonicFS(Operations):  # type: ignore[misc]
             "st_blksize": 1 << 20,
         }
 
-    def readdir(self, path: str, fh: int) -> Iterator[str]:
-        names = self._call(self.bridge.client.listdir(path))
-        yield "."
-        yield ".."
-        yield from names
+    def readdir(self, path: str, fh: int) -> Iterator[tuple[str, dict[str, int], int]]:
+        """Each name with its inode number (``use_ino``: a 0 would hide it) and, for a
+        directory, its type (other kinds are not in the entry: DT_UNKNOWN)."""
+        here = self._stat(path).id & INO_MASK
+        entries = self._call(self.bridge.client.scandir(path))
+        yield ".", {"st_ino": here, "st_mode": stat_mod.S_IFDIR}, 0
+        yield "..", {"st_ino": here, "st_mode": stat_mod.S_IFDIR}, 0  # not looked up
+        for e in entries:
+            kind = stat_mod.S_IFDIR if e.kind == "dir" else 0
+            yield e.name, {"st_ino": e.id & INO_MASK, "st_mode": kind}, 0
 
     def mkdir(self, path: str, mode: int) -> int:
         self._call(self.bridge.client.mkdir(path, perms=_caller(mode)))
@@ -718,6 +731,7 @@ class TectonicFS(Operations):  # type: ignore[misc]
         if st.kind == "dir":
             raise FuseOSError(errno.EISDIR)
         self._call(self.bridge.client.delete(path, keep=self._losing_name(st.id)))
+        self.links.changed(self.links.gone(path))  # its other names' link count
         return 0
 
     def rename(self, old: str, new: str) -> int:
@@ -736,13 +750,19 @@ class TectonicFS(Operations):  # type: ignore[misc]
             replaced = self._stat(new)
         except NotFoundError:
             replaced = None
-        keep = replaced is not None and replaced.kind == "file" and self._losing_name(replaced.id)
+        keep = replaced is not None and replaced.kind != "dir" and self._losing_name(replaced.id)
         self._call(self.bridge.client.rename(old, new, keep_replaced=keep))
+        self.links.changed(self.links.gone(new))  # a hard-linked file renamed over
+        moved = self.links.gone(old)
+        if moved is not None:
+            self.links.seen(moved, new, 2)
+            self.links.changed(moved, but=new)  # its ctime moved
         return 0
 
     # The kernel has checked who may (``default_permissions``) before any of these.
     def chmod(self, path: str, mode: int) -> int:
         self._call(self.bridge.client.chmod(path, stat_mod.S_IMODE(mode)))
+        self.links.changed(self.links.id_of(path), but=path)
         return 0
 
     def chown(self, path: str, uid: int, gid: int) -> int:
@@ -750,19 +770,44 @@ class TectonicFS(Operations):  # type: ignore[misc]
         keep = (1 << 32) - 1
         got_uid, got_gid = (-1 if v in (-1, keep) else v for v in (uid, gid))
         self._call(self.bridge.client.chown(path, got_uid, got_gid))
+        self.links.changed(self.links.id_of(path), but=path)
         return 0
 
     def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
         atime: Time = "now" if times is None else _time(times[0])
         mtime: Time = "now" if times is None else _time(times[1])
         self._call(self.bridge.client.utime(path, atime, mtime))
+        self.links.changed(self.links.id_of(path), but=path)
         return 0
 
+    # mfusepy's names, as fusepy's: ``target`` is the new name, ``source`` what it is of.
     def symlink(self, target: str, source: str) -> int:
-        raise FuseOSError(errno.EPERM)
+        self._call(self.bridge.client.symlink(source, target, perms=_caller(0o777)))
+        return 0
+
+    def readlink(self, path: str) -> str:
+        return str(self._call(self.bridge.client.readlink(path)))
 
     def link(self, target: str, source: str) -> int:
-        raise FuseOSError(errno.EPERM)
+        self._call(self.bridge.client.link(source, target))
+        file_id = self._stat(target).id
+        self.links.seen(file_id, source, 2)
+        self.links.seen(file_id, target, 2)
+        self.links.changed(file_id, but=target)  # the kernel has the new name's from the reply
+        return 0
+
+    def mknod(self, path: str, mode: int, dev: int) -> int:
+        kind = _KINDS.get(stat_mod.S_IFMT(mode))
+        if kind is None:
+            raise FuseOSError(errno.EINVAL)
+        if kind == "file":  # mknod(2) may make an empty regular file too
+            opener = self.bridge.client.open_writer(
+                path, encoding=self.encoding, perms=_caller(mode)
+            )
+            self._call(_made(opener))
+            return 0
+        self._call(self.bridge.client.mknod(path, kind, perms=_caller(mode), rdev=dev))
+        return 0
 
     def statfs(self, path: str) -> dict[str, int]:
         vfs = os.statvfs(self.bridge.cluster_dir)
@@ -832,12 +877,13 @@ class TectonicFS(Operations):  # type: ignore[misc]
             return self._add(new)
         if flags & os.O_TRUNC:
             handle = WriteHandle(self, st.id, path, writer=None, size=0, base_exists=False)
+            handle.privileged = _privileged(st.mode)
             handle.writer = self._call(handle.new_contents())
             return self._add(handle)
         # An existing file, kept: the first write stages it (copy-on-write).
-        return self._add(
-            WriteHandle(self, st.id, path, writer=None, size=st.size, base_exists=True)
-        )
+        handle = WriteHandle(self, st.id, path, writer=None, size=st.size, base_exists=True)
+        handle.privileged = _privileged(st.mode)
+        return self._add(handle)
 
     def read(self, path: str | None, size: int, offset: int, fh: int) -> bytes:
         return self._handle(fh).read(size, offset)
@@ -854,7 +900,20 @@ class TectonicFS(Operations):  # type: ignore[misc]
         handle = self._handle(fh)
         if not isinstance(handle, WriteHandle):
             raise FuseOSError(errno.EBADF)
+        if handle.privileged and fuse_get_context()[0] != 0:
+            self._drop_privileges(handle)
         return handle.write(data, offset)
+
+    def _drop_privileges(self, handle: WriteHandle) -> None:
+        """A write by a user (not root) clears setuid, and setgid where group-executable,
+        as Linux does (the kernel leaves it to the file system for direct I/O)."""
+        st = self._call(self.bridge.client.stat_id(handle.file_id))
+        mode = st.mode & ~stat_mod.S_ISUID
+        if mode & stat_mod.S_IXGRP:
+            mode &= ~stat_mod.S_ISGID
+        if mode != st.mode:
+            self._call(self.bridge.client.chmod_id(handle.file_id, mode))
+        handle.privileged = False
 
     def truncate(self, path: str | None, length: int, fh: int | None = None) -> int:
         if fh is not None and isinstance(self._handles.get(fh), WriteHandle):
@@ -880,12 +939,14 @@ class TectonicFS(Operations):  # type: ignore[misc]
                 self._call(handle.writer.abort())
             if handle.staging is not None:
                 handle.staging.close()
+        self.links.changed(st.id, but=path)
         return 0
 
     def flush(self, path: str | None, fh: int) -> int:
         handle = self._handle(fh)
         if isinstance(handle, WriteHandle):
             handle.flush()
+            self.links.changed(handle.file_id, but=path)  # its size and times, elsewhere
         return 0
 
     def fsync(self, path: str | None, datasync: int, fh: int) -> int:
@@ -936,6 +997,37 @@ class TectonicFS(Operations):  # type: ignore[misc]
             except (OSError, TectonicError) as e:
                 log.warning("a file open at unmount could not be completed: %s", e)
         self.pool.close()
+
+
+async def _made(opener: Any) -> None:
+    """An empty regular file created and sealed (``mknod`` of S_IFREG)."""
+    async with opener:
+        pass
+
+
+_TYPE_BITS: dict[str, int] = {
+    "dir": stat_mod.S_IFDIR,
+    "symlink": stat_mod.S_IFLNK,
+    "fifo": stat_mod.S_IFIFO,
+    "chardev": stat_mod.S_IFCHR,
+    "blockdev": stat_mod.S_IFBLK,
+    "socket": stat_mod.S_IFSOCK,
+}
+_KINDS: dict[int, FileKind] = {
+    stat_mod.S_IFREG: "file",
+    stat_mod.S_IFLNK: "symlink",
+    stat_mod.S_IFIFO: "fifo",
+    stat_mod.S_IFCHR: "chardev",
+    stat_mod.S_IFBLK: "blockdev",
+    stat_mod.S_IFSOCK: "socket",
+}
+
+
+def _privileged(mode: int) -> bool:
+    """Whether a write by a user clears bits of ``mode`` (``_drop_privileges``)."""
+    return bool(mode & stat_mod.S_ISUID) or (
+        mode & (stat_mod.S_ISGID | stat_mod.S_IXGRP) == stat_mod.S_ISGID | stat_mod.S_IXGRP
+    )
 
 
 def _is_hidden(path: str) -> bool:

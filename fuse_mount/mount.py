@@ -223,6 +223,7 @@ def mount(
                 max_threads=16,
                 attr_timeout=1.0,
                 entry_timeout=1.0,
+                use_ino=True,  # st_ino is the file id: one number for a file's hard links
                 **_sharing(allow_other),
             )
         except RuntimeError as e:  # mfusepy: libfuse returned an error status

@@ -41,7 +41,7 @@ from tectonic_emu.metadata.records import (
 )
 from tectonic_emu.namespace import Namespace, Stat
 from tectonic_emu.paths import join_path, split_path
-from tectonic_emu.reader import FileReader, blocks_in, read_blocks
+from tectonic_emu.reader import FileReader, blocks_in, read_blocks, regular
 from tectonic_emu.store import StoreView
 from tectonic_emu.writer import FileWriter, Replaced, VersionWriter, WriterOpener
 
@@ -281,6 +281,8 @@ class Client(Namespace):
                 raise IsADirectoryError_("is a directory", join_path(parts))
             f = await m.files.get(e.id)
             assert f is not None
+            if f.kind != "file":
+                raise InvalidArgumentError(f"not a regular file (a {f.kind})", join_path(parts))
             if f.sealed:
                 raise SealedFileError("file is sealed (immutable)", join_path(parts))
             if encoding is not None and Encoding.parse(encoding).name != f.encoding:
@@ -408,9 +410,7 @@ class Client(Namespace):
             return await self._reader(m, file_id)
 
     async def _reader(self, m: MetaTxn, file_id: int, path: str | None = None) -> FileReader:
-        f = await m.files.get(file_id)
-        if f is None:
-            raise NotFoundError(f"no file {file_id:016x}")
+        f = regular(await m.files.get(file_id), file_id)
         return FileReader(self, file_id, f.size, await m.files.blocks(file_id), path)
 
     async def read_file(self, path: str) -> bytes | Synthetic:

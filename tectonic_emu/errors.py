@@ -71,6 +71,12 @@ class SealedFileError(TectonicError, PermissionError):
     default_errno = _errno.EPERM
 
 
+class NotPermittedError(TectonicError, PermissionError):
+    """What POSIX refuses with EPERM whoever asks: a hard link to a directory."""
+
+    default_errno = _errno.EPERM
+
+
 class FencedWriterError(TectonicError):
     """This writer lost its write token to a newer writer of the same file."""
 

@@ -6,11 +6,12 @@ block commits.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import Literal
 
 from tectonic_emu import attrs, clock
-from tectonic_emu.argcheck import bool_arg
+from tectonic_emu.argcheck import bool_arg, int_arg
 from tectonic_emu.coding import Encoding
 from tectonic_emu.config import ClusterConfig
 from tectonic_emu.datapath import DataPath
@@ -20,21 +21,27 @@ from tectonic_emu.errors import (
     InvalidArgumentError,
     InvalidPathError,
     IsADirectoryError_,
+    NameTooLongError,
     NotADirectoryError_,
     NotEnoughNodesError,
     NotFoundError,
+    NotPermittedError,
 )
 from tectonic_emu.metadata.layers import Metadata, MetaTxn, new_id
 from tectonic_emu.metadata.records import (
     DIR_MODE,
     FILE_MODE,
     ROOT_DIR_ID,
+    SPECIAL_KINDS,
     ChunkPlacement,
     DirRecord,
     Entry,
+    FileKind,
     FileRecord,
 )
 from tectonic_emu.paths import join_path, split_path
+
+MAX_TARGET = 4095  # bytes of a symlink's target: PATH_MAX less its NUL
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +49,7 @@ class Stat:
     """What ``Client.stat`` reports of a file or directory."""
 
     path: str
-    kind: Literal["file", "dir"]
+    kind: Literal["dir"] | FileKind  # "file": a regular file
     id: int
     size: int  # files: committed bytes; directories: 0
     encoding: str | None  # files: their encoding; directories: what new files inherit
@@ -56,6 +63,8 @@ class Stat:
     gid: int = 0
     atime: float = 0.0
     nlink: int = 1  # directories: 2 and their subdirectories
+    target: str | None = None  # a symlink's
+    rdev: int = 0  # a device node's
 
 
 class Namespace:
@@ -199,10 +208,7 @@ class Namespace:
                 )  # fmt: skip
             f = await m.files.get(e.id)
             assert f is not None
-            return Stat(
-                join_path(parts), "file", e.id, f.size, f.encoding, f.sealed, f.nblocks,
-                f.ctime, f.mtime, f.holes, *_posix(f),
-            )  # fmt: skip
+            return _file_stat(join_path(parts), f)
 
     async def stat_id(self, file_id: int) -> Stat:
         """``stat`` of a file by id (the FUSE mount's open files, wherever they are named
@@ -212,10 +218,7 @@ class Namespace:
             f = await m.files.get(file_id)
             if f is None:
                 raise NotFoundError(f"no file {file_id:016x}")
-            return Stat(
-                f.name or "", "file", file_id, f.size, f.encoding, f.sealed, f.nblocks,
-                f.ctime, f.mtime, f.holes, *_posix(f), 0 if f.parent is None else 1,
-            )  # fmt: skip
+            return _file_stat(f.name or "", f)
 
     async def _entry(self, m: MetaTxn, path: str) -> Entry:
         """The entry of an existing path; the root's is a directory's of no name."""
@@ -230,6 +233,15 @@ class Namespace:
         mode = attrs.check_mode("chmod", mode)
         async with self.meta.transaction() as m:
             await attrs.change(m, await self._entry(m, path), clock.wall(), mode=mode)
+
+    async def chmod_id(self, file_id: int, mode: int) -> None:
+        """``chmod`` of a file by id (the mount's open files: a write by a user clears
+        setuid as Linux does, wherever the file is named now). Raises NotFoundError."""
+        mode = attrs.check_mode("chmod_id", mode)
+        async with self.meta.transaction() as m:
+            if await m.files.get(file_id) is None:
+                raise NotFoundError(f"no file {file_id:016x}")
+            await attrs.change(m, Entry("", "file", file_id), clock.wall(), mode=mode)
 
     async def chown(self, path: str, uid: int = -1, gid: int = -1) -> None:
         """Set the owner and group of a file or directory (-1: leave it, as chown(2)); its
@@ -249,6 +261,87 @@ class Namespace:
         async with self.meta.transaction() as m:
             await attrs.change(m, await self._entry(m, path), clock.wall(), atime=a, mtime=mt)
 
+    # -- links and special files ---------------------------------------------------------------
+    async def symlink(self, target: str, path: str, *, perms: attrs.Perms | None = None) -> None:
+        """Make ``path`` a symbolic link holding ``target`` (kept as given, up to 4,095
+        bytes: the native client never follows links; the FUSE mount's kernel does). Its
+        mode is 0777; ``perms`` gives its owners. Raises AlreadyExistsError, NotFoundError
+        (a missing parent), InvalidArgumentError."""
+        if not isinstance(target, str) or not target or "\0" in target:
+            raise InvalidArgumentError(
+                f"symlink: target must be a non-empty string, not {target!r}"
+            )
+        if len(os.fsencode(target)) > MAX_TARGET:
+            raise NameTooLongError(f"symlink target longer than {MAX_TARGET} bytes", path)
+        await self._make(path, "symlink", perms, target=target)
+
+    async def readlink(self, path: str) -> str:
+        """A symbolic link's target. Raises NotFoundError, InvalidArgumentError (not a
+        symlink, as readlink(2))."""
+        st = await self.stat(path)
+        if st.target is None:
+            raise InvalidArgumentError("not a symbolic link", path)
+        return st.target
+
+    async def mknod(
+        self, path: str, kind: FileKind, *, perms: attrs.Perms | None = None, rdev: int = 0
+    ) -> None:
+        """Make ``path`` a fifo, a character or block device node (``rdev`` its number)
+        or a socket: a name with attributes and no bytes. Raises AlreadyExistsError,
+        NotFoundError, InvalidArgumentError."""
+        if kind not in SPECIAL_KINDS:
+            raise InvalidArgumentError(f"mknod: kind is one of {', '.join(SPECIAL_KINDS)}")
+        rdev = int_arg("mknod", "rdev", rdev, at_least=0)
+        await self._make(path, kind, perms, rdev=rdev if kind in ("chardev", "blockdev") else 0)
+
+    async def _make(
+        self,
+        path: str,
+        kind: FileKind,
+        perms: attrs.Perms | None,
+        *,
+        target: str | None = None,
+        rdev: int = 0,
+    ) -> None:
+        """A new name of a kind with no bytes, in one transaction."""
+        now = clock.wall()
+        async with self.meta.transaction() as m:
+            parent, name = await self._free_name(m, path)
+            mode, uid, gid = attrs.born(await self._dir(m, parent), perms, is_dir=False)
+            rec = FileRecord(
+                new_id(), self.config.encoding, 0, 0, True, None, parent, name, now, now, 0,
+                0o777 if kind == "symlink" else mode, uid, gid, None, 1, kind, target, rdev,
+            )  # fmt: skip
+            await m.files.put(rec)
+            await m.names.link(parent, Entry(name, "file", rec.file_id))
+            await attrs.touch_dir(m, parent, now)
+
+    async def link(self, src: str, dst: str) -> None:
+        """Give the file at ``src`` (of any kind but a directory) a second name ``dst``: a
+        hard link, one file with two names (its nlink counts them; it goes with its last).
+        Raises NotFoundError, AlreadyExistsError, NotPermittedError (a directory)."""
+        now = clock.wall()
+        async with self.meta.transaction() as m:
+            _, e = await self._lookup(m, src)
+            if e.kind == "dir":
+                raise NotPermittedError("a directory cannot have a hard link", src)
+            parent, name = await self._free_name(m, dst)
+            f = await m.files.get(e.id)
+            assert f is not None
+            await m.files.put(replace(f, nlink=f.nlink + 1, ctime=now))
+            await m.names.link(parent, Entry(name, "file", e.id))
+            await attrs.touch_dir(m, parent, now)
+
+    async def _free_name(self, m: MetaTxn, path: str) -> tuple[int, str]:
+        """(parent directory id, name) of ``path``, where nothing is yet."""
+        parts = split_path(path)
+        if not parts:
+            raise AlreadyExistsError("the root exists", "/")
+        parent, _ = await self._walk(m, parts[:-1], path=path)
+        if await m.names.lookup(parent, parts[-1]) is not None:
+            raise AlreadyExistsError("file exists", join_path(parts))
+        return parent, parts[-1]
+
     async def exists(self, path: str) -> bool:
         try:
             await self.stat(path)
@@ -257,11 +350,15 @@ class Namespace:
         return True
 
     async def _let_go(self, m: MetaTxn, file_id: int, keep: bool) -> list[ChunkPlacement]:
-        """A file that lost its name: dropped (its chunks returned for deletion), or with
-        ``keep`` made nameless, so that whoever still reads it by id can go on."""
+        """A file lost one of its names. Its last: dropped (its chunks returned for
+        deletion), or with ``keep`` made nameless, so that whoever still reads it by id can
+        go on. Another: its link count drops, its ctime moves."""
+        f = await m.files.get(file_id)
+        if f is not None and f.nlink > 1:
+            await m.files.put(replace(f, nlink=f.nlink - 1, ctime=clock.wall()))
+            return []
         if not keep:
             return await m.drop_file(file_id)
-        f = await m.files.get(file_id)
         if f is not None:
             # Its token stays: a writer of it goes on writing (an unlinked file still open).
             now = clock.wall()
@@ -353,11 +450,22 @@ class Namespace:
         for e in await m.names.entries(dir_id):
             if e.kind == "dir":
                 garbage += await self._drop_tree(m, e.id)
-            else:
-                garbage += await m.drop_file(e.id)
+            else:  # a file with other names outside the tree stays
+                garbage += await self._let_go(m, e.id, False)
             await m.names.unlink(dir_id, e.name)
         await m.names.delete_dir(dir_id)
         return garbage
+
+
+def _file_stat(path: str, f: FileRecord) -> Stat:
+    """``Stat`` of a File-layer record (nameless: nlink 0); a symlink's size is its
+    target's length, as lstat has it."""
+    size = len(os.fsencode(f.target)) if f.target is not None else f.size
+    nlink = 0 if f.parent is None else f.nlink
+    return Stat(
+        path, f.kind, f.file_id, size, f.encoding, f.sealed, f.nblocks, f.ctime, f.mtime,
+        f.holes, *_posix(f), nlink, f.target, f.rdev,
+    )  # fmt: skip
 
 
 def _posix(rec: DirRecord | FileRecord) -> tuple[int, int, int, float]:

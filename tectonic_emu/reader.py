@@ -51,15 +51,25 @@ _ZEROS = memoryview(bytes(ZERO_PIECE))  # sliced without copies; never written
 MAX_BLOCKS_IN_FLIGHT = 64
 
 
+def regular(f: FileRecord | None, file_id: int) -> FileRecord:
+    """``f``, the record of file ``file_id``, if it is a regular file: NotFoundError when
+    there is none, InvalidArgumentError for a symlink, fifo, device node or socket (the
+    native client reads no bytes of those, and follows no links)."""
+    if f is None:
+        raise NotFoundError(f"no file {file_id:016x}")
+    if f.kind != "file":
+        where = f"file {file_id:016x}" if f.name is None else f.name
+        raise InvalidArgumentError(f"not a regular file (a {f.kind})", where)
+    return f
+
+
 async def blocks_in(
     m: MetaTxn, file_id: int, start: int, size: int
 ) -> tuple[FileRecord, list[BlockEntry], list[BlockRecord | None]]:
     """File ``file_id``'s record, and the blocks (with their records; None for a hole) that
     hold bytes [start, start + size), to the end when ``size`` < 0: a 1 MiB read of a large
     file looks up one block record, not all of them."""
-    f = await m.files.get(file_id)
-    if f is None:
-        raise NotFoundError(f"no file {file_id:016x}")
+    f = regular(await m.files.get(file_id), file_id)
     end = f.size if size < 0 else min(f.size, start + size)
     blocks = [b for b in await m.files.blocks(file_id) if b.end > start and b.offset < end]
     recs: list[BlockRecord | None] = []

@@ -138,8 +138,10 @@ def test_errnos(d: Path) -> None:
         (lambda: os.stat(d / "nope"), errno.ENOENT),
         (lambda: (d / "f" / "x").write_bytes(b""), errno.ENOTDIR),
         (lambda: os.mkdir(d / ("n" * 256)), errno.ENAMETOOLONG),
-        (lambda: os.symlink("f", d / "link"), errno.EPERM),
-        (lambda: os.link(d / "f", d / "hard"), errno.EPERM),
+        (lambda: os.symlink("f", d / "f"), errno.EEXIST),
+        (lambda: os.link(d / "f", d / "sub"), errno.EEXIST),
+        (lambda: os.link(d / "sub", d / "hard"), errno.EPERM),  # a directory
+        (lambda: os.readlink(d / "f"), errno.EINVAL),
     ]
     for fn, code in cases:
         with pytest.raises(OSError) as info:

@@ -265,3 +265,41 @@ def test_nothing_nameless_is_left_behind_by_open_files(tmp_path: Path) -> None:
         assert asyncio.run(nameless()) == []
     finally:
         gen.close()
+
+
+def test_symlinks_hard_links_and_special_files_through_the_mount(d: Path) -> None:
+    (d / "f").write_bytes(b"bytes")
+    os.symlink("f", d / "s")
+    assert os.readlink(d / "s") == "f" and (d / "s").read_bytes() == b"bytes"
+    assert os.lstat(d / "s").st_size == 1 and stat.S_ISLNK(os.lstat(d / "s").st_mode)
+    os.link(d / "f", d / "h")
+    # one file: one inode number, and every name's link count and mode at once (the
+    # kernel caches each name's attributes apart: the mount drops the others' on a change)
+    assert os.stat(d / "f").st_ino == os.stat(d / "h").st_ino
+    assert os.stat(d / "f").st_nlink == 2
+    os.chmod(d / "h", 0o600)
+    assert stat.S_IMODE(os.stat(d / "f").st_mode) == 0o600
+    os.unlink(d / "h")
+    assert os.stat(d / "f").st_nlink == 1
+    os.mkfifo(d / "p", 0o640)
+    os.mknod(d / "c", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    assert stat.S_ISFIFO(os.stat(d / "p").st_mode)
+    assert os.stat(d / "c").st_rdev == os.makedev(1, 3)
+    assert sorted(os.listdir(d)) == ["c", "f", "p", "s"]
+    tar = subprocess.run(["tar", "-C", str(d), "-cf", "-", "."], capture_output=True, check=True)
+    copy = d / "copy"
+    copy.mkdir()
+    subprocess.run(["tar", "-C", str(copy), "-xf", "-"], input=tar.stdout, check=True)
+    assert os.readlink(copy / "s") == "f" and (copy / "s").read_bytes() == b"bytes"
+
+
+def test_a_users_write_clears_setuid_as_linux_does(d: Path) -> None:
+    (d / "f").write_bytes(b"")
+    os.chown(d / "f", NOBODY, NOBODY)
+    os.chmod(d / "f", 0o6777)
+    assert as_user(NOBODY, f"echo x >> {d}/f").returncode == 0
+    assert stat.S_IMODE((d / "f").stat().st_mode) == 0o777
+    os.chmod(d / "f", 0o4755)
+    with open(d / "f", "ab") as f:  # root keeps them
+        f.write(b"y")
+    assert stat.S_IMODE((d / "f").stat().st_mode) == 0o4755

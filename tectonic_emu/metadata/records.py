@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 EntryKind = Literal["file", "dir"]
+# What a File-layer record is: a regular file (its blocks), or one of the kinds that have
+# no bytes, only a name and attributes (a symlink keeps its target in the record).
+FileKind = Literal["file", "symlink", "fifo", "chardev", "blockdev", "socket"]
+SPECIAL_KINDS: tuple[FileKind, ...] = ("fifo", "chardev", "blockdev", "socket")
 ROOT_DIR_ID = 1
 # The block id of a hole: a File-layer entry with no block behind it, whose bytes read as
 # zeros (a sparse ``truncate``). ``layers.new_id`` never returns it, so no Block-layer record,
@@ -128,6 +132,11 @@ class FileRecord:
     uid: int = 0
     gid: int = 0
     atime: float | None = None  # None: as ``mtime`` (never set apart from it)
+    # Names it has: hard links; its ``parent`` and ``name`` are one of them (the last given).
+    nlink: int = 1
+    kind: FileKind = "file"
+    target: str | None = None  # a symlink's
+    rdev: int = 0  # a device node's number
 
     def encode(self) -> bytes:
         d: dict[str, Any] = {
@@ -144,6 +153,14 @@ class FileRecord:
         if self.holes:  # absent when 0: records written before holes existed decode alike
             d["h"] = self.holes
         _put_attrs(d, self.mode, FILE_MODE, self.uid, self.gid, self.atime)
+        if self.nlink != 1:
+            d["l"] = self.nlink
+        if self.kind != "file":  # each left out at its default, as the attributes are
+            d["k"] = self.kind
+        if self.target is not None:
+            d["tg"] = self.target
+        if self.rdev:
+            d["rd"] = self.rdev
         return _dump(d)
 
     @classmethod
@@ -162,6 +179,10 @@ class FileRecord:
             d["m"],
             d.get("h", 0),
             *_attrs(d, FILE_MODE),
+            d.get("l", 1),
+            d.get("k", "file"),
+            d.get("tg"),
+            d.get("rd", 0),
         )
 
 
@@ -293,6 +314,8 @@ __all__ = [
     "DirRecord",
     "Entry",
     "EntryKind",
+    "FileKind",
     "FileRecord",
+    "SPECIAL_KINDS",
     "IntentRecord",
 ]
