@@ -13,9 +13,10 @@ import pytest
 
 pytest.importorskip("mfusepy")
 
-import fuse_mount.fs as fs_module
+import fuse_mount.readhandle as readhandle_module
 import tectonic_emu.bufpool as bufpool_module
-from fuse_mount.fs import READAHEAD_SEGMENTS, TectonicFS
+from fuse_mount.fs import TectonicFS
+from fuse_mount.readhandle import READAHEAD_SEGMENTS
 from tectonic_emu import Cluster
 from tectonic_emu.bridge import Bridge
 
@@ -45,7 +46,7 @@ def test_a_segment_being_copied_out_is_not_recycled(
         fs = TectonicFS(bridge)
         handle = fs._handles[fs.open("/f", os.O_RDONLY)]
         copying, go_on = threading.Event(), threading.Event()
-        real_copy = fs_module._copy_out
+        real_copy = readhandle_module._copy_out
 
         def slow_first_copy(dest: int, src: object, n: int) -> None:
             if threading.current_thread().name == "slow-reader" and not copying.is_set():
@@ -53,7 +54,7 @@ def test_a_segment_being_copied_out_is_not_recycled(
                 assert go_on.wait(30)
             real_copy(dest, src, n)
 
-        monkeypatch.setattr("fuse_mount.fs._copy_out", slow_first_copy)
+        monkeypatch.setattr("fuse_mount.readhandle._copy_out", slow_first_copy)
         got: list[bytes] = []
         slow = threading.Thread(
             target=lambda: got.append(_read(handle, SEG, 0)), name="slow-reader"
