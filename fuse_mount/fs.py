@@ -385,31 +385,40 @@ class TectonicFS(Operations):  # type: ignore[misc]
         }
 
     # -- extended attributes -----------------------------------------------------------------
+    # ``user.*`` attributes are the store's (``tectonic_emu/xattrs.py``); ``user.tectonic.*``
+    # are computed here and cannot be set; other namespaces are not kept.
     def listxattr(self, path: str) -> list[str]:
         st = self._stat(path)
-        return [XATTR_LAYOUT, XATTR_ENCODING] if st.kind == "file" else [XATTR_ENCODING]
+        ours = [XATTR_LAYOUT, XATTR_ENCODING] if st.kind == "file" else [XATTR_ENCODING]
+        return ours + list(self._call(self.bridge.client.listxattr(path)))
 
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
-        if name not in (XATTR_LAYOUT, XATTR_ENCODING):
+        if not name.startswith("user."):
             # The kernel asks for security.capability before every write: answer at once,
             # without a metadata lookup (it was a round trip per 1 MiB write).
             raise FuseOSError(errno.ENODATA)
+        if name not in (XATTR_LAYOUT, XATTR_ENCODING):
+            return bytes(self._call(self.bridge.client.getxattr(path, name)))
         st = self._stat(path)
         if name == XATTR_ENCODING:
             return (st.encoding or "").encode()
-        if name == XATTR_LAYOUT and st.kind == "file":
+        if st.kind == "file":
             layout = self._call(self.bridge.client.layout(path))
             return json.dumps([_layout_dict(b) for b in layout]).encode()
         raise FuseOSError(errno.ENODATA)
 
     def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int:
-        self._stat(path)
         if name in (XATTR_LAYOUT, XATTR_ENCODING):
+            self._stat(path)
             raise FuseOSError(errno.EPERM)  # the layout is the store's; encodings: mkdir
-        raise FuseOSError(errno.ENOTSUP)
+        self._call(self.bridge.client.setxattr(path, name, value, options))
+        self.links.changed(self.links.id_of(path), but=path)
+        return 0
 
     def removexattr(self, path: str, name: str) -> int:
-        raise FuseOSError(errno.ENOTSUP)
+        self._call(self.bridge.client.removexattr(path, name))
+        self.links.changed(self.links.id_of(path), but=path)
+        return 0
 
     # -- files -------------------------------------------------------------------------------
     def create(self, path: str, mode: int, fi: Any = None) -> int:

@@ -77,6 +77,18 @@ class NotPermittedError(TectonicError, PermissionError):
     default_errno = _errno.EPERM
 
 
+class NoAttributeError(TectonicError):
+    """An extended attribute that is not there (getxattr, removexattr, XATTR_REPLACE)."""
+
+    default_errno = _errno.ENODATA
+
+
+class NotSupportedError(TectonicError):
+    """An extended attribute outside ``user.*`` (the namespace the store keeps)."""
+
+    default_errno = _errno.EOPNOTSUPP
+
+
 class FencedWriterError(TectonicError):
     """This writer lost its write token to a newer writer of the same file."""
 

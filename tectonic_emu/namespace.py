@@ -10,8 +10,8 @@ import os
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from tectonic_emu import attrs, clock
-from tectonic_emu.argcheck import bool_arg, int_arg
+from tectonic_emu import attrs, clock, xattrs
+from tectonic_emu.argcheck import bool_arg, bytes_arg, int_arg
 from tectonic_emu.coding import Encoding
 from tectonic_emu.config import ClusterConfig
 from tectonic_emu.datapath import DataPath
@@ -22,6 +22,7 @@ from tectonic_emu.errors import (
     InvalidPathError,
     IsADirectoryError_,
     NameTooLongError,
+    NoAttributeError,
     NotADirectoryError_,
     NotEnoughNodesError,
     NotFoundError,
@@ -261,6 +262,39 @@ class Namespace:
         async with self.meta.transaction() as m:
             await attrs.change(m, await self._entry(m, path), clock.wall(), atime=a, mtime=mt)
 
+    # -- extended attributes (tectonic_emu/xattrs.py) -------------------------------------------
+    async def setxattr(self, path: str, name: str, value: bytes, flags: int = 0) -> None:
+        """Set the ``user.*`` attribute ``name`` of a file or directory (``flags``:
+        ``xattrs.CREATE`` fails on one there, ``xattrs.REPLACE`` on one missing); its ctime
+        moves. Raises NotFoundError, NotSupportedError (not ``user.*``), AlreadyExistsError,
+        NoAttributeError, InvalidArgumentError (a name over 255 bytes, a value over 64 KiB)."""
+        name = xattrs.check_name("setxattr", name)
+        value = bytes(bytes_arg("setxattr", "value", value))
+        flags = int_arg("setxattr", "flags", flags, at_least=0)
+        async with self.meta.transaction() as m:
+            e = await self._entry(m, path)
+            await xattrs.set_(m, e, name, value, flags, clock.wall())
+
+    async def getxattr(self, path: str, name: str) -> bytes:
+        """The value of a ``user.*`` attribute. Raises NotFoundError, NoAttributeError."""
+        name = xattrs.check_name("getxattr", name)
+        async with self.meta.transaction() as m:
+            value = await m.xattrs.get((await self._entry(m, path)).id, name)
+        if value is None:
+            raise NoAttributeError("no such attribute", name)
+        return value
+
+    async def listxattr(self, path: str) -> list[str]:
+        """The names of a file's or directory's ``user.*`` attributes, sorted."""
+        async with self.meta.transaction() as m:
+            return sorted(await m.xattrs.names((await self._entry(m, path)).id))
+
+    async def removexattr(self, path: str, name: str) -> None:
+        """Remove a ``user.*`` attribute; the ctime moves. Raises NoAttributeError."""
+        name = xattrs.check_name("removexattr", name)
+        async with self.meta.transaction() as m:
+            await xattrs.remove(m, await self._entry(m, path), name, clock.wall())
+
     # -- links and special files ---------------------------------------------------------------
     async def symlink(self, target: str, path: str, *, perms: attrs.Perms | None = None) -> None:
         """Make ``path`` a symbolic link holding ``target`` (kept as given, up to 4,095
@@ -391,7 +425,7 @@ class Namespace:
                         raise IsADirectoryError_("is a directory", join_path(dp))
                     if await m.names.entries(de.id, limit=1):
                         raise DirectoryNotEmptyError("directory not empty", join_path(dp))
-                    await m.names.delete_dir(de.id)
+                    await m.drop_dir(de.id)
                     dirs_lost = 1
                 else:
                     if se.kind == "dir":
@@ -453,7 +487,7 @@ class Namespace:
             else:  # a file with other names outside the tree stays
                 garbage += await self._let_go(m, e.id, False)
             await m.names.unlink(dir_id, e.name)
-        await m.names.delete_dir(dir_id)
+        await m.drop_dir(dir_id)
         return garbage
 
 

@@ -303,3 +303,31 @@ def test_a_users_write_clears_setuid_as_linux_does(d: Path) -> None:
     with open(d / "f", "ab") as f:  # root keeps them
         f.write(b"y")
     assert stat.S_IMODE((d / "f").stat().st_mode) == 0o4755
+
+
+def test_user_xattrs_are_kept_and_other_namespaces_refused(d: Path) -> None:
+    import errno
+
+    (d / "f").write_bytes(b"x")
+    os.setxattr(d / "f", "user.checksum", b"\x00\xffsha")
+    os.setxattr(d, "user.owner", b"team")
+    assert os.getxattr(d / "f", "user.checksum") == b"\x00\xffsha"
+    assert "user.checksum" in os.listxattr(d / "f")
+    assert "user.owner" in os.listxattr(d)
+    with pytest.raises(OSError) as e:
+        os.setxattr(d / "f", "user.checksum", b"", os.XATTR_CREATE)
+    assert e.value.errno == errno.EEXIST
+    os.removexattr(d / "f", "user.checksum")
+    with pytest.raises(OSError) as e:
+        os.getxattr(d / "f", "user.checksum")
+    assert e.value.errno == errno.ENODATA
+    with pytest.raises(OSError) as e:
+        os.setxattr(d / "f", "trusted.x", b"1")
+    assert e.value.errno == errno.EOPNOTSUPP
+    # another user writes attributes only where the mode lets it write
+    os.chmod(d / "f", 0o644)
+    script = "import os, sys; os.setxattr(sys.argv[1], 'user.x', b'1')"
+    got = subprocess.run(
+        ["/usr/bin/python3", "-c", script, str(d / "f")], user=NOBODY, capture_output=True
+    )
+    assert b"Permission denied" in got.stderr

@@ -81,6 +81,12 @@ def intent_key(block_id: int, owner: str) -> bytes:
     return _part(b"I", block_id) + owner.encode()
 
 
+def xattr_prefix(obj_id: int) -> bytes:
+    """Extended attributes of the file or directory ``obj_id`` (ids are unique across
+    both): the attribute's name follows."""
+    return _part(b"X", obj_id)
+
+
 def disk_prefix(node: int, disk: int) -> bytes:
     return b"D" + _U16.pack(node) + _U16.pack(disk)
 
@@ -212,8 +218,34 @@ class IntentLayer:
         await self._txn.delete(intent_key(block_id, owner))
 
 
+class XattrLayer:
+    """Extended attributes (``user.*``) of files and directories, one key each, so that a
+    file's record (rewritten at every block commit) does not carry them."""
+
+    def __init__(self, txn: Transaction) -> None:
+        self._txn = txn
+
+    async def get(self, obj_id: int, name: str) -> bytes | None:
+        return await self._txn.get(xattr_prefix(obj_id) + name.encode())
+
+    async def put(self, obj_id: int, name: str, value: bytes) -> None:
+        await self._txn.put(xattr_prefix(obj_id) + name.encode(), value)
+
+    async def delete(self, obj_id: int, name: str) -> None:
+        await self._txn.delete(xattr_prefix(obj_id) + name.encode())
+
+    async def names(self, obj_id: int) -> list[str]:
+        prefix = xattr_prefix(obj_id)
+        return [k[len(prefix) :].decode() for k, _ in await self._txn.scan(prefix)]
+
+    async def clear(self, obj_id: int) -> None:
+        """Remove them all (the file or directory goes)."""
+        for name in await self.names(obj_id):
+            await self.delete(obj_id, name)
+
+
 class MetaTxn:
-    """The three layers seen through one transaction."""
+    """The layers seen through one transaction."""
 
     def __init__(self, txn: Transaction) -> None:
         self.txn = txn
@@ -221,6 +253,12 @@ class MetaTxn:
         self.files = FileLayer(txn)
         self.blocks = BlockLayer(txn)
         self.intents = IntentLayer(txn)
+        self.xattrs = XattrLayer(txn)
+
+    async def drop_dir(self, dir_id: int) -> None:
+        """Remove an (empty) directory's record and its extended attributes."""
+        await self.names.delete_dir(dir_id)
+        await self.xattrs.clear(dir_id)
 
     async def own_blocks(self, entries: list[BlockEntry], file_id: int) -> None:
         """The Block-layer records of ``entries`` now name ``file_id`` as their file (their
@@ -234,6 +272,7 @@ class MetaTxn:
         """Remove a file's File- and Block-layer records; returns its chunks, which the
         caller deletes from the nodes after this transaction commits."""
         garbage: list[ChunkPlacement] = []
+        await self.xattrs.clear(file_id)
         for b in await self.files.delete(file_id):
             if b.is_hole:
                 continue  # no record, no chunks
