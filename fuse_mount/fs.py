@@ -65,6 +65,7 @@ MAX_IO = 1 << 20  # reads, writes and readahead negotiated with the kernel
 XATTR_LAYOUT = "user.tectonic.layout"
 XATTR_ENCODING = "user.tectonic.encoding"
 UTIME_NOW, UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2  # <sys/stat.h>
+FALLOC_FL_KEEP_SIZE = 0x01  # <linux/falloc.h>
 INO_MASK = 0x7FFF_FFFF_FFFF_FFFF  # file ids as inode numbers (``use_ino``)
 HIDDEN = re.compile(r"\.fuse_hidden[0-9a-f]{16}")
 
@@ -511,6 +512,23 @@ class TectonicFS(Operations):  # type: ignore[misc]
             if handle.staging is not None:
                 handle.staging.close()
         self.links.changed(st.id, but=path)
+        return 0
+
+    def fallocate(self, path: str | None, mode: int, offset: int, size: int, fh: int) -> int:
+        """Mode 0 grows the file to ``offset + size`` if shorter, as a hole (nothing is
+        written, and no room is reserved: the store allocates as blocks are written);
+        ``FALLOC_FL_KEEP_SIZE`` alone is a hint, taken. Punching holes, zeroing or
+        collapsing ranges: EOPNOTSUPP."""
+        if mode & ~FALLOC_FL_KEEP_SIZE:
+            raise FuseOSError(errno.EOPNOTSUPP)
+        if mode & FALLOC_FL_KEEP_SIZE:
+            return 0
+        handle = self._handles.get(fh)
+        size_now = (
+            handle.size if isinstance(handle, WriteHandle) else self._stat_open(path, fh).size
+        )
+        if offset + size > size_now:
+            self.truncate(path, offset + size, fh)
         return 0
 
     def flush(self, path: str | None, fh: int) -> int:

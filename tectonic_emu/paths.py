@@ -2,7 +2,9 @@
 
 Paths are ``/``-separated and always relative to the cluster's root; leading, trailing and
 repeated slashes are ignored as POSIX does. A name is at most 255 UTF-8 bytes, not ``.`` or
-``..``, and holds neither ``/`` nor NUL.
+``..``, and holds neither ``/`` nor NUL. A whole path has no cap: one a program passes the
+kernel is at most 4,096 bytes, but relative to a working directory of any depth (the FUSE
+mount hands on the path from its root).
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 from tectonic_emu.errors import InvalidPathError, NameTooLongError
 
 MAX_NAME_BYTES = 255
-MAX_PATH_BYTES = 4096
 
 
 def check_name(name: str, path: str | None = None) -> str:
@@ -31,8 +32,6 @@ def split_path(path: str) -> list[str]:
     """The components of ``path`` (``[]`` for the root), each checked with ``check_name``."""
     if not isinstance(path, str):
         raise InvalidPathError(f"a path must be a string, not {type(path).__name__}")
-    if len(path.encode(errors="surrogatepass")) > MAX_PATH_BYTES:
-        raise NameTooLongError(f"path longer than {MAX_PATH_BYTES} bytes", path[:64] + "...")
     parts = [p for p in path.split("/") if p]
     for p in parts:
         check_name(p, path)

@@ -331,3 +331,59 @@ def test_user_xattrs_are_kept_and_other_namespaces_refused(d: Path) -> None:
         ["/usr/bin/python3", "-c", script, str(d / "f")], user=NOBODY, capture_output=True
     )
     assert b"Permission denied" in got.stderr
+
+
+def test_paths_deeper_than_4096_bytes_work_relative_to_a_directory(d: Path) -> None:
+    """Each name up to 255 bytes, and no cap on the whole path from the mount's root: a
+    program reaches any depth through a working directory (issue 21; it was 4,096)."""
+    name = "n" * 255
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        for _ in range(20):  # 20 levels of 256 bytes: over 5,000 bytes from the root
+            os.mkdir(name, dir_fd=fd)
+            inner = os.open(name, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        f = os.open("f", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+        os.write(f, b"deep")
+        os.close(f)
+        f = os.open("f", os.O_RDONLY, dir_fd=fd)
+        assert os.read(f, 10) == b"deep"
+        os.close(f)
+        with pytest.raises(OSError) as e:
+            os.mkdir("m" * 256, dir_fd=fd)
+        assert e.value.errno == 36  # ENAMETOOLONG
+    finally:
+        os.close(fd)
+    shutil.rmtree(d / name)
+
+
+def test_fallocate_grows_a_file_and_copy_file_range_copies(d: Path) -> None:
+    import ctypes
+    import errno
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+    fd = os.open(d / "f", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"head")
+        assert libc.fallocate(fd, 0, 0, 1 << 20) == 0  # mode 0: grown, zeros
+        assert os.fstat(fd).st_size == 1 << 20
+        assert libc.fallocate(fd, 1, 0, 4 << 20) == 0  # KEEP_SIZE: a hint
+        assert os.fstat(fd).st_size == 1 << 20
+        assert libc.fallocate(fd, 3, 0, 4096) == -1  # punching a hole: not supported
+        assert ctypes.get_errno() == errno.EOPNOTSUPP
+    finally:
+        os.close(fd)
+    assert (d / "f").read_bytes() == b"head" + bytes((1 << 20) - 4)
+    data = os.urandom(3 << 20)
+    (d / "src").write_bytes(data)
+    src, dst = os.open(d / "src", os.O_RDONLY), os.open(d / "dst", os.O_WRONLY | os.O_CREAT)
+    try:
+        copied = 0
+        while copied < len(data):  # the kernel splices it through the mount
+            copied += os.copy_file_range(src, dst, len(data) - copied)
+    finally:
+        os.close(src)
+        os.close(dst)
+    assert (d / "dst").read_bytes() == data
