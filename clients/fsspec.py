@@ -51,7 +51,7 @@ from fsspec.callbacks import DEFAULT_CALLBACK, Callback  # type: ignore[import-u
 from clients.fsspec_file import Info, TectonicFile
 from clients.fsspec_session import CLOSE_TIMEOUT as CLOSE_TIMEOUT
 from clients.fsspec_session import Session, close_session
-from tectonic_emu import Client, FileWriter, Stat
+from tectonic_emu import Client, FileWriter, Stat, attrs
 from tectonic_emu.chunkstore.base import BytesLike
 from tectonic_emu.errors import (
     AlreadyExistsError,
@@ -108,17 +108,44 @@ def _join(parent: str, name: str) -> str:
     return parent.rstrip("/") + "/" + name
 
 
+# fsspec's names of the kinds (its SFTP filesystem's "link"; LocalFileSystem's "other").
+_TYPES = {"file": "file", "dir": "directory", "symlink": "link"}
+
+
 def _info_of(st: Stat) -> Info:
-    return {
+    """fsspec's info of ``st``: LocalFileSystem's fields (``mode`` with the type bits, as
+    lstat's st_mode; ``islink``, and a symlink's ``destination``), never following a
+    symlink, and the store's own (``encoding``, ``sealed``, the version ``id``)."""
+    info: Info = {
         "name": st.path,
         "size": st.size,
-        "type": "file" if st.kind == "file" else "directory",
+        "type": _TYPES.get(st.kind, "other"),
+        "mode": attrs.st_mode(st.kind, st.mode),
+        "uid": st.uid,
+        "gid": st.gid,
+        "nlink": st.nlink,
         "mtime": st.mtime,
+        "atime": st.atime,
+        "ctime": st.ctime,
         "created": st.ctime,
+        "islink": st.kind == "symlink",
         "encoding": st.encoding,
         "sealed": st.sealed,
         "id": st.id,
     }
+    if st.target is not None:
+        info["destination"] = st.target
+    return info
+
+
+def _regular(st: Stat) -> Stat:
+    """``st``, if it is a regular file's: IsADirectoryError for a directory, the store's
+    InvalidArgumentError for a symlink (never followed), a fifo, a device or a socket."""
+    if st.kind == "dir":
+        raise IsADirectoryError_("is a directory", st.path)
+    if st.kind != "file":
+        raise InvalidArgumentError(f"not a regular file (a {st.kind})", st.path)
+    return st
 
 
 def _outermost(paths: list[str]) -> list[str]:
@@ -249,9 +276,12 @@ class TectonicFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec ships
         return await op()
 
     # -- names ---------------------------------------------------------------------------------
-    async def _info(self, path: str, **kwargs: Any) -> Info:
+    async def _stat(self, path: str) -> Stat:
         client = await self._client()
-        return _info_of(await client.stat(self._strip_protocol(path)))
+        return await client.stat(self._strip_protocol(path))
+
+    async def _info(self, path: str, **kwargs: Any) -> Info:
+        return _info_of(await self._stat(path))
 
     async def _exists(self, path: str, **kwargs: Any) -> bool:
         try:
@@ -402,6 +432,52 @@ class TectonicFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec ships
     def created(self, path: str) -> datetime:
         return datetime.fromtimestamp(self.info(path)["created"], tz=UTC)
 
+    # -- links and times -----------------------------------------------------------------------
+    async def _symlink(self, target: str, path: str) -> None:
+        """Make ``path`` a symbolic link holding ``target``, kept as given (nothing here
+        follows it; a mount's kernel reads it relative to the link's directory). Raises
+        FileExistsError, InvalidArgumentError (an empty target)."""
+        path = self._strip_protocol(path)
+        client = await self._client()
+        await self._with_parents(path, lambda: client.symlink(target, path))
+
+    def symlink(self, target: str, path: str) -> None:
+        """LocalFileSystem's ``symlink(src, dst)``: ``path`` becomes a link to ``target``."""
+        self._run(self._symlink, target, path)
+
+    async def _link(self, src: str, dst: str) -> None:
+        """Give the file at ``src`` a second name ``dst`` (a hard link: its ``nlink``
+        counts both). Raises FileNotFoundError, FileExistsError, PermissionError (a
+        directory)."""
+        src, dst = self._strip_protocol(src), self._strip_protocol(dst)
+        client = await self._client()
+        await client.stat(src)  # a missing src makes no parents of dst
+        await self._with_parents(dst, lambda: client.link(src, dst))
+
+    def link(self, src: str, dst: str) -> None:
+        self._run(self._link, src, dst)
+
+    async def _islink(self, path: str) -> bool:
+        try:
+            return (await self._stat(path)).kind == "symlink"
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+
+    def islink(self, path: str) -> bool:
+        return self._run(self._islink, path)
+
+    def touch(self, path: str, truncate: bool = True, **kwargs: Any) -> None:
+        """Create an empty file (with ``truncate``, replace one by an empty version); with
+        ``truncate=False``, an existing path's atime and mtime become now instead."""
+        if truncate or not self.exists(path):
+            super().touch(path, truncate=truncate, **kwargs)
+            return
+        self._run(self._touch_times, self._strip_protocol(path))
+
+    async def _touch_times(self, path: str) -> None:
+        client = await self._client()
+        await client.utime(path)
+
     # -- bytes ---------------------------------------------------------------------------------
     async def _cat_file(
         self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
@@ -451,6 +527,7 @@ class TectonicFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec ships
         st = await client.stat(self._strip_protocol(path1))
         if st.kind == "dir":
             return await self._makedirs(path2, exist_ok=True)
+        _regular(st)
         writer, _ = await self._open_writer(path2, "wb")
         await _stream_into(writer, self._read_pieces(st.id, st.size))
 
@@ -482,7 +559,7 @@ class TectonicFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec ships
         if st.kind == "dir":
             await aiofiles.os.makedirs(lpath, exist_ok=True)
             return
-        callback.set_size(st.size)
+        callback.set_size(_regular(st).size)
         # A private temporary file beside lpath replaces it once complete; a symlink or a
         # special file at lpath is refused, never written through (localfile.py).
         output = atomic_output(Path(lpath))
@@ -536,9 +613,7 @@ class TectonicFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec ships
         kwargs.pop("size", None)  # fsspec's reopen passes it; the size is the version's own
         options = {"cache_type": cache_type, "cache_options": cache_options, **kwargs}
         if mode == "rb":
-            details = self._run(self._info, path)
-            if details["type"] != "file":
-                raise IsADirectoryError_("is a directory", path)
+            details = _info_of(_regular(self._run(self._stat, path)))
             return TectonicFile(
                 self, path, mode, block_size, autocommit, details=details, **options
             )

@@ -42,7 +42,7 @@ import re
 import stat as stat_mod
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from mfusepy import FuseOSError, Operations, fuse_get_context
 
@@ -50,6 +50,7 @@ from fuse_mount import replybuf
 from fuse_mount.linknames import LinkNames
 from fuse_mount.readhandle import READAHEAD_SEGMENTS, ReadHandle
 from fuse_mount.writehandle import WriteHandle
+from tectonic_emu import attrs
 from tectonic_emu.attrs import Perms, Time
 from tectonic_emu.bridge import Bridge
 from tectonic_emu.bufpool import BufferPool
@@ -247,7 +248,7 @@ class TectonicFS(Operations):  # type: ignore[misc]
             "st_ino": st.id & INO_MASK,
         }
         if st.kind != "file":  # a directory, symlink, fifo, device node or socket
-            mode = _TYPE_BITS[st.kind] | st.mode
+            mode = attrs.st_mode(st.kind, st.mode)
             return {**base, **_ns(times), "st_mode": mode, "st_size": st.size, "st_rdev": st.rdev}
         size, stored = st.size, st.size - st.holes
         with self._lock:
@@ -594,22 +595,8 @@ async def _made(opener: Any) -> None:
         pass
 
 
-_TYPE_BITS: dict[str, int] = {
-    "dir": stat_mod.S_IFDIR,
-    "symlink": stat_mod.S_IFLNK,
-    "fifo": stat_mod.S_IFIFO,
-    "chardev": stat_mod.S_IFCHR,
-    "blockdev": stat_mod.S_IFBLK,
-    "socket": stat_mod.S_IFSOCK,
-}
-_KINDS: dict[int, FileKind] = {
-    stat_mod.S_IFREG: "file",
-    stat_mod.S_IFLNK: "symlink",
-    stat_mod.S_IFIFO: "fifo",
-    stat_mod.S_IFCHR: "chardev",
-    stat_mod.S_IFBLK: "blockdev",
-    stat_mod.S_IFSOCK: "socket",
-}
+# What mknod is asked to make, by its type bits.
+_KINDS = {bits: cast(FileKind, kind) for kind, bits in attrs.TYPE_BITS.items() if kind != "dir"}
 
 
 def _privileged(mode: int) -> bool:

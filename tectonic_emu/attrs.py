@@ -105,6 +105,24 @@ def check_id(where: str, name: str, value: object) -> int | None:
     return None if n == -1 else n
 
 
+#: The file-type bits (``stat.S_IFMT``) of each kind of entry.
+TYPE_BITS: dict[str, int] = {
+    "dir": stat.S_IFDIR,
+    "file": stat.S_IFREG,
+    "symlink": stat.S_IFLNK,
+    "fifo": stat.S_IFIFO,
+    "chardev": stat.S_IFCHR,
+    "blockdev": stat.S_IFBLK,
+    "socket": stat.S_IFSOCK,
+}
+
+
+def st_mode(kind: str, mode: int) -> int:
+    """What lstat(2) gives as st_mode for an entry of ``kind`` with permission bits
+    ``mode``: the two together (``stat.filemode`` of it reads as ``ls -l`` shows it)."""
+    return TYPE_BITS[kind] | mode
+
+
 def check_time(where: str, name: str, value: object) -> Time:
     if value in ("now", "omit"):
         return value
@@ -156,6 +174,7 @@ async def change(
 __all__ = [
     "DIR_TIME_GRAIN",
     "MAX_ID",
+    "TYPE_BITS",
     "Perms",
     "Time",
     "born",
@@ -163,6 +182,7 @@ __all__ = [
     "check_id",
     "check_mode",
     "check_time",
+    "st_mode",
     "subdirs",
     "touch_dir",
 ]

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from click.testing import CliRunner
 
 from tectonic_emu import Cluster, ClusterConfig, Encoding
 from tectonic_emu.cli import cli
+from tectonic_emu.cli.listing import long_listing
 
 from .conftest import SMALL_BLOCK, make_cluster, run_with
 
@@ -218,7 +221,9 @@ def test_stdin_stdout_and_listing(tmp_path: Path, cluster: Path) -> None:
     ]
     long = ok("ls", "-l", cluster=cluster).decode().splitlines()
     assert len(long) == 2
-    assert long[1].split() == ["file", str(len(data)), "rs-6-3", "sealed", "from-stdin"]
+    size = str(len(data))
+    assert long[1].split()[:7] == ["-rw-r--r--", "1", "0", "0", size, "rs-6-3", "s"]
+    assert long[1].split()[-1] == "from-stdin"
 
 
 def test_namespace_commands(tmp_path: Path, cluster: Path) -> None:
@@ -240,7 +245,8 @@ def test_namespace_commands(tmp_path: Path, cluster: Path) -> None:
     run("mv", "/a/r3/f", "/a/b/g")
     assert run("ls", "/a/b") == "c/\ng\n"
     assert run("ls", "/a/r3") == ""
-    assert run("ls", "-l", "/a/b").splitlines()[1].split() == ["file", "1000", "r3", "sealed", "g"]
+    g = run("ls", "-l", "/a/b").splitlines()[1].split()
+    assert g[:7] + g[9:] == ["-rw-r--r--", "1", "0", "0", "1000", "r3", "s", "g"]
     assert [r["path"] for r in json.loads(run("ls", "--json", "/a/b/g"))] == ["/a/b/g"]
     run("put", str(tmp_path / "x.bin"), "/a/b/h")
     run("mv", "/a/b/h", "/a/b/g")  # replaces a file
@@ -254,6 +260,99 @@ def test_namespace_commands(tmp_path: Path, cluster: Path) -> None:
     assert "below redundancy 0" in run("cluster", "status")
     assert "0 corrupt, 0 missing" in run("scrub")
     assert "0 unrecoverable" in run("repair", "--gc-grace", "0")
+
+
+def test_ls_l_and_stat_show_links_modes_owners_and_times(cluster: Path) -> None:
+    """What the native client keeps (issue 21) reaches ls -l, the JSON of ls and stat, and
+    stat's lines: a chmod'ed, chown'ed and utime'd file, its hard link, a symlink (never
+    followed), a fifo, a block device, a directory."""
+    when = 1_700_000_000.0
+
+    async def make(c: Cluster) -> None:
+        cl = c.client()
+        await cl.mkdir("/d", encoding="r3")
+        await cl.write_file("/d/model.bin", b"x" * 1000)
+        await cl.chmod("/d/model.bin", 0o4750)
+        await cl.chown("/d/model.bin", 65534, 65533)
+        await cl.utime("/d/model.bin", atime=when - 60, mtime=when)
+        await cl.link("/d/model.bin", "/d/hard-link-of-it")
+        await cl.symlink("model.bin", "/d/latest")
+        await cl.mknod("/d/fifo", "fifo")
+        await cl.mknod("/d/sda1", "blockdev", rdev=os.makedev(8, 1))
+        await cl.mkdir("/d/sub")
+
+    run_with(cluster, make)
+    runner = CliRunner()
+
+    def run(*args: str) -> str:
+        r = runner.invoke(cli, list(args), env={ENV_VAR: str(cluster)}, catch_exceptions=False)
+        assert r.exit_code == 0, (args, r.output)
+        return r.stdout
+
+    lines = run("ls", "-l", "/d").splitlines()
+    assert all(len(line) <= 80 for line in lines), lines
+    # Columns line up: every mtime starts at the same place.
+    starts = [re.search(r" \d{4}-\d\d-\d\d \d\d:\d\d ", line) for line in lines]
+    assert None not in starts and len({m.start() for m in starts if m}) == 1, lines
+    rows = {" ".join(f[9:]): f[:9] for f in (line.split() for line in lines)}
+    then = time.strftime("%Y-%m-%d %H:%M", time.localtime(when)).split()
+    model = ["-rwsr-x---", "2", "65534", "65533", "1000", "r3", "s", *then]
+    assert {name: f[:7] for name, f in rows.items()} == {
+        "fifo": ["prw-r--r--", "1", "0", "0", "0", "-", "-"],
+        "hard-link-of-it": model[:7],
+        "latest -> model.bin": ["lrwxrwxrwx", "1", "0", "0", "9", "-", "-"],
+        "model.bin": model[:7],
+        "sda1": ["brw-r--r--", "1", "0", "0", "8,1", "-", "-"],
+        "sub/": ["drwxr-xr-x", "2", "0", "0", "0", "-", "-"],
+    }
+    assert rows["model.bin"] == rows["hard-link-of-it"] == model
+
+    js = {r["path"]: r for r in json.loads(run("ls", "--json", "/d"))}
+    m = js["/d/model.bin"]
+    assert (m["mode"], m["mode_str"], m["uid"], m["gid"], m["nlink"]) == (
+        0o4750, "-rwsr-x---", 65534, 65533, 2
+    )  # fmt: skip
+    assert (m["mtime"], m["atime"], m["target"], m["rdev"]) == (when, when - 60, None, 0)
+    assert m["ctime"] > when  # chmod, chown, utime and link each moved it
+    assert js["/d/hard-link-of-it"] == m | {"path": "/d/hard-link-of-it"}  # one file
+    link = js["/d/latest"]
+    assert (link["kind"], link["target"], link["size"], link["mode"], link["mode_str"]) == (
+        "symlink", "model.bin", 9, 0o777, "lrwxrwxrwx"
+    )  # fmt: skip
+    assert (js["/d/fifo"]["kind"], js["/d/fifo"]["mode_str"]) == ("fifo", "prw-r--r--")
+    assert js["/d/sda1"]["rdev"] == os.makedev(8, 1)
+    assert (js["/d/sub"]["nlink"], js["/d/sub"]["mode"]) == (2, 0o755)
+
+    # A symlink lists and stats as itself: not followed, no blocks to look up.
+    assert json.loads(run("ls", "--json", "/d/latest")) == [link]
+    assert json.loads(run("stat", "--json", "/d/latest")) == link
+    st = json.loads(run("stat", "--json", "/d/model.bin"))
+    assert len(st.pop("block_list")) == 1 and st == m
+    text = run("stat", "/d/latest").splitlines()
+    assert "mode      lrwxrwxrwx (0777)" in text and "target    model.bin" in text
+    assert "rdev      8,1" in run("stat", "/d/sda1").splitlines()
+    text = run("stat", "/d/model.bin").splitlines()
+    assert "mode      -rwsr-x--- (4750)" in text and "uid       65534" in text
+    assert "mtime     " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) in text
+
+
+def test_ls_l_fits_80_columns_at_its_widest_cells() -> None:
+    """The widths ls -l promises within 80 columns (``long_listing``'s docstring)."""
+    row = {
+        "path": "/d/" + "n" * 15,
+        "kind": "file",
+        "size": 99_999_999_999,
+        "encoding": "rs-10-4",
+        "sealed": False,
+        "mode_str": "-rwsr-sr-t",
+        "nlink": 99,
+        "uid": 99999,
+        "gid": 99999,
+        "mtime": 4_000_000_000.0,
+        "target": None,
+    }
+    (line,) = long_listing([row])
+    assert len(line) == 80, line
 
 
 def test_long_valid_name(tmp_path: Path, cluster: Path) -> None:

@@ -9,6 +9,7 @@ import errno
 import multiprocessing
 import os
 import pickle
+import stat
 import subprocess
 import sys
 import uuid
@@ -21,6 +22,8 @@ import pytest
 
 from clients.fsspec import TectonicFile, TectonicFileSystem, cluster_url, split_url
 from tectonic_emu import Cluster, InvalidArgumentError
+
+from .conftest import run_with
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = 64 << 10  # store block of an r3 file: writes of a few hundred KiB span blocks
@@ -308,6 +311,60 @@ def test_listing_and_info(tfs: TectonicFileSystem, root: str) -> None:
     assert tfs.isfile(root + "/b") and tfs.isdir(root + "/a") and not tfs.isfile(root + "/a")
     assert tfs.find(root, withdirs=True) == [root, root + "/a", root + "/b"]
     assert tfs.du(root) == 100
+
+
+def test_links_modes_owners_and_times_as_the_local_filesystem_has_them(
+    tfs: TectonicFileSystem, cluster_dir: Path, root: str
+) -> None:
+    """info and ls(detail=True) carry what the native client keeps, under LocalFileSystem's
+    names: ``mode`` with the type bits, ``islink`` and a symlink's ``destination``. A
+    symlink is never followed: its type is "link", and reading it is the store's EINVAL."""
+    when = 1_700_000_000.0
+    tfs.pipe_file(root + "/f", b"abc")
+
+    async def attributes(c: Cluster) -> None:
+        cl = c.client()
+        await cl.chmod(root + "/f", 0o640)
+        await cl.chown(root + "/f", 1000, 1001)
+        await cl.utime(root + "/f", atime=when - 60, mtime=when)
+        await cl.mknod(root + "/fifo", "fifo")
+
+    run_with(cluster_dir, attributes)
+    tfs.link(root + "/f", root + "/hard")
+    tfs.symlink("f", root + "/s")
+    local = {"name", "size", "type", "created", "islink", "mode", "uid", "gid", "mtime", "nlink"}
+    infos = {i["name"].rsplit("/", 1)[-1]: i for i in tfs.ls(root, detail=True)}
+    assert sorted(infos) == ["f", "fifo", "hard", "s"]
+    f = infos["f"]
+    assert local <= f.keys() and "destination" not in f
+    assert (f["type"], f["mode"], f["uid"], f["gid"], f["nlink"], f["islink"]) == (
+        "file", stat.S_IFREG | 0o640, 1000, 1001, 2, False
+    )  # fmt: skip
+    assert (f["mtime"], f["atime"]) == (when, when - 60) and f["ctime"] > when
+    assert infos["hard"] == f | {"name": root + "/hard"}
+    s = infos["s"]
+    assert (s["type"], s["mode"], s["islink"], s["destination"], s["size"]) == (
+        "link", stat.S_IFLNK | 0o777, True, "f", 1
+    )  # fmt: skip
+    assert tfs.info(root + "/s") == s
+    assert (infos["fifo"]["type"], infos["fifo"]["mode"]) == ("other", stat.S_IFIFO | 0o644)
+    assert tfs.info(root)["mode"] == stat.S_IFDIR | 0o755
+    assert tfs.islink(root + "/s") and not tfs.islink(root + "/f")
+    assert not tfs.islink(root + "/nothing") and not tfs.isfile(root + "/s")
+    for read in (tfs.cat_file, tfs.open, lambda p: tfs.get_file(p, os.devnull)):
+        with pytest.raises(InvalidArgumentError, match="not a regular file") as e:
+            read(root + "/s")
+        assert e.value.errno == errno.EINVAL
+    with pytest.raises(InvalidArgumentError):
+        tfs.cp_file(root + "/s", root + "/copy")
+    assert not tfs.exists(root + "/copy")
+    with pytest.raises(FileExistsError):
+        tfs.symlink("g", root + "/s")
+    with pytest.raises(FileNotFoundError):
+        tfs.link(root + "/nothing", root + "/new/dir/link")
+    assert not tfs.exists(root + "/new")  # a missing source makes no parents
+    tfs.touch(root + "/f", truncate=False)  # times now, the bytes as they were
+    assert tfs.info(root + "/f")["mtime"] > when and tfs.cat_file(root + "/f") == b"abc"
 
 
 def test_cat_ranges(tfs: TectonicFileSystem, root: str) -> None:

@@ -19,6 +19,7 @@ from tectonic_emu.cli.common import (
     run,
     with_cluster,
 )
+from tectonic_emu.cli.listing import entry_name, long_listing, stat_dict, stat_lines
 from tectonic_emu.cluster import Cluster
 from tectonic_emu.errors import IsADirectoryError_, NotFoundError
 from tectonic_emu.localfile import atomic_output
@@ -129,53 +130,44 @@ def get(cluster_dir: Path, remote: str, local: str, force: bool) -> None:
 @click.command("ls")
 @cluster_option
 @click.argument("path", default="/")
-@click.option("-l", "long", is_flag=True, help="Long listing: kind, size, encoding, sealed.")
+@click.option(
+    "-l",
+    "long",
+    is_flag=True,
+    help="Long listing, as ls -l: type and permissions, links, uid, gid (numbers), size, "
+    "encoding, state (s sealed, o open, - not a regular file), mtime (local), name, and "
+    "-> target for a symlink.",
+)
 @json_option
 def ls(cluster_dir: Path, path: str, long: bool, as_json: bool) -> None:
-    """List a directory.
+    """List a directory (a path that is not one lists as itself; a symlink is never
+    followed).
 
     \b
     Example:
       tectonic-emu ls --cluster /tmp/c1 -l /ckpt
+      lrwxrwxrwx 1    0    0        7 -      - 2026-12-08 10:42 latest -> step-10
+      -rw-r--r-- 2 1000 1000 67108864 rs-6-3 s 2026-12-08 10:41 model.bin
+      drwxr-xr-x 2    0    0        0 r3     - 2026-12-08 10:41 step-10/
     """
 
     async def go(c: Cluster) -> list[dict[str, Any]]:
         client = c.client()
         st = await client.stat(path)
-        if st.kind == "file":
-            return [_stat_dict(st)]
+        if st.kind != "dir":
+            return [stat_dict(st)]
         out = []
         for e in await client.scandir(path):
             sub = await client.stat(path.rstrip("/") + "/" + e.name)
-            out.append(_stat_dict(sub))
+            out.append(stat_dict(sub))
         return out
 
     rows = run(with_cluster(cluster_dir, go))
     if as_json:
         print_json(rows)
         return
-    for r in rows:
-        name = r["path"].rsplit("/", 1)[-1] + ("/" if r["kind"] == "dir" else "")
-        if long:
-            click.echo(
-                f"{r['kind']:4} {r['size']:>14} {r['encoding'] or '-':8} "
-                f"{'sealed' if r['sealed'] else ('-' if r['kind'] == 'dir' else 'open'):6} {name}"
-            )
-        else:
-            click.echo(name)
-
-
-def _stat_dict(st: Any) -> dict[str, Any]:
-    return {
-        "path": st.path,
-        "kind": st.kind,
-        "size": st.size,
-        "encoding": st.encoding,
-        "sealed": st.sealed,
-        "blocks": st.nblocks,
-        "ctime": st.ctime,
-        "mtime": st.mtime,
-    }
+    for line in long_listing(rows) if long else [entry_name(r) for r in rows]:
+        click.echo(line)
 
 
 @click.command("mkdir")
@@ -232,7 +224,8 @@ def rm(cluster_dir: Path, path: str, recursive: bool) -> None:
 @click.argument("path")
 @json_option
 def stat(cluster_dir: Path, path: str, as_json: bool) -> None:
-    """Size, encoding, sealed, and (files) every block's chunks with node, disk and file path.
+    """Size, encoding, sealed, mode, owners, links and times, and (regular files) every
+    block's chunks with node, disk and file path.
 
     \b
     Example:
@@ -242,8 +235,8 @@ def stat(cluster_dir: Path, path: str, as_json: bool) -> None:
     async def go(c: Cluster) -> dict[str, Any]:
         client = c.client()
         st = await client.stat(path)
-        d = _stat_dict(st)
-        if st.kind == "file":
+        d = stat_dict(st)
+        if st.kind == "file":  # a symlink, a fifo... has no blocks
             d["block_list"] = [
                 {
                     "block_no": b.block_no,
@@ -272,8 +265,8 @@ def stat(cluster_dir: Path, path: str, as_json: bool) -> None:
     if as_json:
         print_json(d)
         return
-    for k in ("path", "kind", "size", "encoding", "sealed", "blocks"):
-        click.echo(f"{k:9} {d[k]}")
+    for line in stat_lines(d):
+        click.echo(line)
     for b in d.get("block_list", []):
         nodes = ",".join(f"n{c['node']}/d{c['disk']}" for c in b["chunks"])
         click.echo(f"  block {b['block_no']} @{b['offset']} +{b['length']}: {nodes}")
