@@ -1,23 +1,39 @@
 """Random operations on a real mount and on a local directory, compared after every step.
 
 The JuiceFS pattern: each operation runs on both sides and must give the same result, or fail
-with the same errno; after every step both trees must hold the same names, kinds, sizes and
-bytes. The local directory is the model, so nothing here predicts POSIX by hand.
+with the same errno; after every step both trees must hold the same names and the same of
+each. The local directory is the model, so nothing here predicts POSIX by hand.
 
 One cluster and one mount per test function; each hypothesis example works in a fresh
 directory of its own on both sides. Names come from a small universe (three at the top, two
-below each), so a name is often a file on one step and a directory the next, and calls that
-must fail (mkdir over a name, rmdir of a full directory or of a file, unlink of a directory, a
-path under a file, a missing file, a 256-byte name) come up by themselves; ``must_fail`` also
-picks them on purpose from the tree as it is, and ``rename`` the moves that succeed.
+below each), so a name is often a file on one step and a directory, a symlink or a fifo the
+next, and calls that must fail (mkdir over a name, rmdir of a full directory or of a file,
+unlink of a directory, a path under a file, a missing file, a 256-byte name, a hard link to a
+directory, a symlink over a name, readlink of a file, a dangling or looping symlink) come up
+by themselves; ``must_fail`` also picks them on purpose from the tree as it is, and
+``rename`` the moves that succeed.
 
-Modes and times are not compared: the mount keeps neither (``docs/fuse.md``); directory sizes
-and link counts are not either (the mount reports 0 and 2, ext4 its block size and
-subdirectory count). Errnos are compared exactly: no call here has a reason to fail
-differently on the store than on ext4, and none does.
+What is compared, of every name (by lstat) and of the example's directory itself: its kind;
+its permission bits with setuid, setgid and sticky (``chmod`` sets any of 0..0o7777); its
+owner and group (``chown``); its link count, a directory's too (2 and one per
+subdirectory); which other names are the same file (hard links: "same inode as name X",
+never the numbers, which differ between the sides); a file's size and bytes, a symlink's
+target. A directory's size is not (ext4 reports its block size, the mount 0). Times: the
+atime and mtime ``utime`` sets explicitly (in nanoseconds) must read back, and the mtime
+stay on the mount until the local one moves (a write, a name added to a directory), and
+then must have moved there too. A time set "now" differs between the sides by how long a
+call takes and is never compared: a touch's, and the ctime a chmod, chown or utime moves,
+are checked to fall within the call. Files kept open across steps (``open_fd``) are
+compared by fstat after every step too, while their names are renamed, unlinked and linked,
+and their bytes must land in the file wherever it went (``write_while_moved`` too).
 
-A bug the machine found (the size of a file open with O_TRUNC) has a test of its own at the
-end.
+Errnos are compared exactly: no call here has a reason to fail differently on the store
+than on ext4.
+
+The bugs the machine found have tests of their own at the end: one fixed (the size of a
+file open with O_TRUNC), and the rest strict xfails. The machine steers around each of
+those where a comment names its test (an ``event`` counts how often), so that it keeps
+finding new ones.
 """
 
 from __future__ import annotations
@@ -32,8 +48,9 @@ import signal
 import stat
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +61,7 @@ from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
+    precondition,
     rule,
     run_state_machine_as_test,
 )
@@ -64,6 +82,48 @@ PATHS = ("a", "b", "c", "a/x", "a/y", "b/x", "b/y", "c/x", "c/y")
 paths = st.sampled_from(PATHS)
 LONG_OPS = ("mkdir", "create", "stat", "rename to", "rename from")
 EDGES = (0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK - 1, 3 * BLOCK, 3 * BLOCK + 1)
+NONDIRS = ("file", "symlink", "fifo")
+# Symlink targets: names of the universe (resolved from wherever the link is, so the same
+# target names different things in different directories), dangling ones, one 4,000 bytes
+# long. None climbs out with "..": a link can be moved anywhere, and one at the top would
+# lead out of the example's directory.
+TARGETS = (
+    *PATHS,
+    "x",
+    "y",
+    ".",
+    "nowhere",
+    "a/nowhere",
+    "/nowhere/at/all",
+    "/".join(["d" * 199] * 20),
+)
+IDS = (-1, 0, 1000, 65534)  # uids and gids; -1 keeps it
+# Times utimensat sets, in nanoseconds: the epoch, before it, 2038 and after, and any other
+# (ext4 keeps 1901-12-13 to 2446; these stay within).
+times_ns = st.sampled_from(
+    (0, 1, 10**9, -(10**9), 1_234_567_890_123_456_789, 2**31 * 10**9 - 1, 2**32 * 10**9)
+) | st.integers(-(2**31) * 10**9, 2**62)
+# The mount keeps times as float seconds (docs/fuse.md: "to about 0.25 us" for today's; 1 us
+# by 2**62 ns), ext4 every nanosecond.
+TIME_SLOP_NS = 2_000
+# A time set "now" by a call falls between the clock read before it and after it, give or
+# take the coarse clock ext4 stamps with (a jiffy behind).
+CLOCK_SLOP_NS = 50_000_000
+# Files kept open at once (``open_fd``), and how they are opened.
+MAX_OPEN = 3
+OPEN_FLAGS = {
+    "r": os.O_RDONLY,
+    "r+": os.O_RDWR,
+    "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+    "w+": os.O_RDWR | os.O_CREAT | os.O_TRUNC,
+    "creat": os.O_WRONLY | os.O_CREAT,
+    "creat+": os.O_RDWR | os.O_CREAT,
+    "excl": os.O_RDWR | os.O_CREAT | os.O_EXCL,
+    "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+    "a+": os.O_RDWR | os.O_APPEND,
+}
+create_modes = st.sampled_from((0o644, 0o600, 0o4755, 0o2770, 0))
+FD_CALLS = ("write", "pwrite", "ftruncate", "read", "pread", "seek")
 
 
 @dataclass(frozen=True)
@@ -87,36 +147,97 @@ small_payloads = st.builds(
 Outcome = tuple[str, Any]  # ("ok", result) or ("err", errno name)
 
 
-def attempt(fn: Callable[[Path], Any], root: Path) -> Outcome:
+def attempt(fn: Callable[[Any], Any], arg: Any) -> Outcome:
     try:
-        return "ok", fn(root)
+        return "ok", fn(arg)
     except OSError as e:
         return "err", errno.errorcode.get(e.errno or 0, e.errno)
 
 
-def snapshot(root: Path, rel: str = "") -> dict[str, Any]:
-    """Every name below ``root``: "dir", or a file's (size from stat, bytes)."""
-    out: dict[str, Any] = {}
-    for entry in sorted(os.scandir(root / rel), key=lambda e: e.name):
-        name = f"{rel}/{entry.name}" if rel else entry.name
-        st_ = entry.stat(follow_symlinks=False)
-        if stat.S_ISDIR(st_.st_mode):
-            out[name] = "dir"
-            out.update(snapshot(root, name))
-        else:
-            out[name] = (st_.st_size, (root / name).read_bytes())
-    return out
+@dataclass(frozen=True)
+class Entry:
+    """One name as lstat shows it, and what it holds (``snapshot``). ``ino`` and
+    ``mtime_ns`` differ between the sides and are left out of ``==``."""
+
+    kind: str  # "dir", "file", "symlink", "fifo" or "other"
+    mode: int  # the permission bits, setuid, setgid and sticky
+    uid: int
+    gid: int
+    nlink: int
+    size: int | None  # None for a directory (ext4 gives its block size, the mount 0)
+    content: bytes | str | None  # a file's bytes, a symlink's target
+    same_as: str | None  # a non-directory's first name (sorted) of all it has: hard links
+    ino: int = field(compare=False)
+    mtime_ns: int = field(compare=False)
+
+    def brief(self) -> Entry:
+        """This without a file's bytes (their length instead), for assertion messages."""
+        if isinstance(self.content, bytes):
+            return replace(self, content=f"<{len(self.content)} bytes>")
+        return self
 
 
-def kinds(root: Path, rel: str = "") -> dict[str, str]:
-    """Every name below ``root`` (a local directory): "dir" or "file"."""
-    out: dict[str, str] = {}
+def kind_of(mode: int) -> str:
+    for kind, test in (
+        ("dir", stat.S_ISDIR),
+        ("file", stat.S_ISREG),
+        ("symlink", stat.S_ISLNK),
+        ("fifo", stat.S_ISFIFO),
+    ):
+        if test(mode):
+            return kind
+    return "other"
+
+
+def _lstat_tree(root: Path, rel: str = "") -> Iterator[tuple[str, os.stat_result]]:
     for entry in os.scandir(root / rel):
         name = f"{rel}/{entry.name}" if rel else entry.name
-        out[name] = "dir" if entry.is_dir(follow_symlinks=False) else "file"
-        if out[name] == "dir":
-            out.update(kinds(root, name))
+        st_ = os.lstat(root / name)
+        yield name, st_
+        if stat.S_ISDIR(st_.st_mode):
+            yield from _lstat_tree(root, name)
+
+
+def snapshot(root: Path) -> dict[str, Entry]:
+    """Every name below ``root``, and ``root`` itself as "." (never following a symlink,
+    never opening a fifo)."""
+    found = sorted([(".", os.lstat(root)), *_lstat_tree(root)], key=lambda t: t[0])
+    first: dict[int, str] = {}
+    out: dict[str, Entry] = {}
+    for name, st_ in found:
+        kind = kind_of(st_.st_mode)
+        content: bytes | str | None = None
+        if kind == "file":
+            content = (root / name).read_bytes()
+        elif kind == "symlink":
+            content = os.readlink(root / name)
+        same_as = None if kind == "dir" else first.setdefault(st_.st_ino, name)
+        out[name] = Entry(
+            kind,
+            stat.S_IMODE(st_.st_mode),
+            st_.st_uid,
+            st_.st_gid,
+            st_.st_nlink,
+            None if kind == "dir" else st_.st_size,
+            content,
+            same_as,
+            st_.st_ino,
+            st_.st_mtime_ns,
+        )
     return out
+
+
+def kinds(root: Path) -> dict[str, str]:
+    """Every name below ``root`` (a local directory): "dir", "file", "symlink" or "fifo"."""
+    return {name: kind_of(st_.st_mode) for name, st_ in _lstat_tree(root)}
+
+
+def attrs(st_: os.stat_result) -> tuple[str, int, int, int, int, int | None]:
+    """What stat says of a name that both sides must agree on: kind, permission bits,
+    owner, group, link count and, but of a directory, size."""
+    kind = kind_of(st_.st_mode)
+    size = None if kind == "dir" else st_.st_size
+    return kind, stat.S_IMODE(st_.st_mode), st_.st_uid, st_.st_gid, st_.st_nlink, size
 
 
 def parent_of(path: str) -> str:
@@ -127,9 +248,20 @@ def below(path: str, top: str) -> bool:
     return path.startswith(top + "/")
 
 
-def summary(snap: dict[str, Any]) -> dict[str, Any]:
+def summary(snap: dict[str, Entry]) -> dict[str, Entry]:
     """A snapshot without the bytes, for assertion messages."""
-    return {k: v if v == "dir" else v[0] for k, v in snap.items()}
+    return {k: v.brief() for k, v in snap.items()}
+
+
+@dataclass
+class OpenPair:
+    """A file kept open on both sides (``open_fd``): its two descriptors, how it was opened
+    and the name it was opened by (it may have another by now, or none)."""
+
+    mine: int
+    theirs: int
+    how: str
+    path: str
 
 
 @dataclass
@@ -203,22 +335,58 @@ class MountVsLocal(RuleBasedStateMachine):
         with self.sides.watched():
             self.mine.mkdir()
         self.theirs.mkdir()
+        self.open: list[OpenPair] = []
+        # Local inode -> the mtime ``utime`` set on it explicitly (``trees_match``).
+        self.pinned: dict[int, int] = {}
+
+    def teardown(self) -> None:
+        """Close the files left open (on a mount still alive, watched for a hang)."""
+        fds = [fd for o in self.open for fd in (o.mine, o.theirs)]
+        self.open = []
+        alive = self.sides.proc is not None and self.sides.proc.poll() is None
+        with self.sides.watched() if alive else contextlib.nullcontext():
+            _close_quietly(fds)
+
+    def pair(
+        self,
+        op: str,
+        fn: Callable[[Any], Any],
+        args: tuple[Any, Any] | None = None,
+        key: Callable[[Any], Any] | None = None,
+    ) -> tuple[Outcome, Outcome]:
+        """Run ``fn`` on each side's argument (by default its directory): the outcomes must
+        agree (as ``key`` sees a result, if given). Returns both."""
+        mine_arg, theirs_arg = (self.mine, self.theirs) if args is None else args
+        with self.sides.watched():
+            mine = attempt(fn, mine_arg)
+        theirs = attempt(fn, theirs_arg)
+        event(f"{op}: {theirs[1] if theirs[0] == 'err' else 'ok'}")
+        seen = [(k, v if k == "err" or key is None else key(v)) for k, v in (mine, theirs)]
+        assert seen[0] == seen[1], f"{op}: mount {_short(seen[0])} != local {_short(seen[1])}"
+        return mine, theirs
 
     def both(self, op: str, fn: Callable[[Path], Any]) -> Outcome:
         """Run ``fn`` on each side; they must agree. Returns the outcome."""
-        with self.sides.watched():
-            mine = attempt(fn, self.mine)
-        theirs = attempt(fn, self.theirs)
-        event(f"{op}: {theirs[1] if theirs[0] == 'err' else 'ok'}")
-        assert mine == theirs, f"{op}: mount {_short(mine)} != local {_short(theirs)}"
-        return theirs
+        return self.pair(op, fn)[1]
 
-    def pick(self, data: st.DataObject, kind: str | None = None) -> str:
-        """A name of the universe; mostly one that exists (of ``kind``, if any do)."""
-        there = sorted(p for p, k in kinds(self.theirs).items() if kind in (None, k))
+    def pick(self, data: st.DataObject, *wanted: str) -> str:
+        """A name of the universe; mostly one that exists (of a ``wanted`` kind, if any do)."""
+        there = sorted(p for p, k in kinds(self.theirs).items() if not wanted or k in wanted)
         if there and data.draw(st.integers(0, 3), label="existing unless 0") != 0:
             return data.draw(st.sampled_from(there), label="path")
         return data.draw(paths, label="path")
+
+    def free(self) -> list[str]:
+        """The names of the universe that are not there and could be (their parent is)."""
+        k = {**kinds(self.theirs), "": "dir"}
+        return [p for p in PATHS if p not in k and k.get(parent_of(p)) == "dir"]
+
+    def pick_free(self, data: st.DataObject) -> str:
+        """A name to create: mostly one that can be, else any."""
+        free = self.free()
+        if free and data.draw(st.integers(0, 3), label="free unless 0") != 0:
+            return data.draw(st.sampled_from(free), label="new path")
+        return data.draw(paths, label="new path")
 
     def size_of(self, path: str) -> int:
         try:
@@ -226,16 +394,82 @@ class MountVsLocal(RuleBasedStateMachine):
         except OSError:
             return 0
 
+    # -- the mount's known bugs, steered around (a strict xfail test of each at the end) ---
+    def kept_open(self, *, for_writing: bool = False) -> set[int]:
+        """The (local) inodes of the files kept open (``for_writing``: and writable)."""
+        return {os.fstat(o.theirs).st_ino for o in self.open if o.how != "r" or not for_writing}
+
+    def leave_be(self, path: str, write: bool = True) -> bool:
+        """Whether a rule should not open ``path`` (``write``: for writing): it leads to a
+        fifo (through symlinks too), which would block; or to a file kept open for writing.
+        A mount bug: two handles writing one file each write a view of their own, and the
+        last to close replaces the other's writes (``test_two_handles_writing_one_file``)."""
+        try:
+            st_ = os.stat(self.theirs / path)
+        except OSError:
+            return False
+        if stat.S_ISFIFO(st_.st_mode):
+            event("a fifo, not opened")
+            return True
+        if write and st_.st_ino in self.kept_open(for_writing=True):
+            event("a file open for writing, not opened for writing again (a known bug)")
+            return True
+        return False
+
+    def unpin_truncated(self, path: str) -> None:
+        """``path`` is about to be opened with O_TRUNC (and written nothing, if it is
+        written through that descriptor alone): its explicit mtime, if any, is checked no
+        more. A mount bug: such an open leaves the mtime as it was while the file is open,
+        and for a second after close (``test_open_with_o_trunc_moves_the_mtime``)."""
+        st_ = _stat_or_none(self.theirs / path)
+        if st_ is not None and self.pinned.pop(st_.st_ino, None) is not None:
+            event("an explicit mtime, the file opened with O_TRUNC: unpinned (a known bug)")
+
+    def open_for_writing(self, path: str, follow: bool = True) -> bool:
+        """Whether ``path`` (or with ``follow``, what it leads to) is kept open for writing."""
+        st_ = _stat_or_none(self.theirs / path) if follow else _lstat_or_none(self.theirs / path)
+        return st_ is not None and st_.st_ino in self.kept_open(for_writing=True)
+
+    def an_unlinked_file_kept_open(self) -> bool:
+        """Whether a file kept open has no name left (where libfuse hid it, in which
+        directory, is not tracked here)."""
+        return any(os.fstat(o.theirs).st_nlink == 0 for o in self.open)
+
+    def an_open_dir(self, path: str) -> bool:
+        """Whether ``path`` is a directory kept open (``open_fd`` "r"). A mount bug: once it
+        is removed, fstat of it fails with ESTALE
+        (``test_fstat_of_an_open_directory_removed``); the rules leave it be."""
+        st_ = _lstat_or_none(self.theirs / path)
+        if st_ is None or not stat.S_ISDIR(st_.st_mode) or st_.st_ino not in self.kept_open():
+            return False
+        event("a directory kept open: not removed (a known bug)")
+        return True
+
+    def hides_a_link(self, path: str) -> bool:
+        """Whether taking ``path`` away (unlink, rename over it) would leave a file kept open
+        with other names. A mount bug: those show the old link count for up to a second
+        after (libfuse hides the name, and the mount tells the kernel nothing;
+        ``test_unlinking_a_name_of_an_open_file_with_others``)."""
+        st_ = _lstat_or_none(self.theirs / path)
+        if st_ is None or stat.S_ISDIR(st_.st_mode) or st_.st_nlink < 2:
+            return False
+        return st_.st_ino in self.kept_open()
+
     @initialize(
         dirs=st.sets(st.sampled_from(("a", "b", "a/x", "b/y"))),
         files=st.lists(st.tuples(paths, payloads), max_size=4),
+        links=st.lists(st.tuples(paths, st.sampled_from(TARGETS)), max_size=2),
     )
-    def populate(self, dirs: set[str], files: list[tuple[str, Payload]]) -> None:
-        """Start from a small tree, so the rules meet files and directories early."""
+    def populate(
+        self, dirs: set[str], files: list[tuple[str, Payload]], links: list[tuple[str, str]]
+    ) -> None:
+        """Start from a small tree, so the rules meet files, directories and symlinks early."""
         for path in sorted(dirs):
             self.mkdir_at(path)
         for path, payload in files:
             self.write_whole(path, [payload.make()])
+        for path, to in links:
+            self.symlink_at(path, to)
 
     def write_whole(
         self,
@@ -250,6 +484,8 @@ class MountVsLocal(RuleBasedStateMachine):
         the file back through the same descriptor, with an fstat while it is open (the size
         of a file open with O_TRUNC: ``test_size_while_a_longer_file_is_open_with_o_trunc``)."""
         flags = os.O_CREAT | os.O_TRUNC | (os.O_RDWR if read_back else os.O_WRONLY)
+        if not any(datas) and not (patch and patch[1]):
+            self.unpin_truncated(path)
 
         def go(root: Path) -> Any:
             fd = os.open(root / path, flags, 0o644)
@@ -271,9 +507,6 @@ class MountVsLocal(RuleBasedStateMachine):
 
         self.both(op, go)
 
-    def kind(self, path: str) -> str | None:
-        return kinds(self.theirs).get(path)
-
     # -- writes --------------------------------------------------------------------------------
     @rule(
         data=st.data(),
@@ -290,13 +523,18 @@ class MountVsLocal(RuleBasedStateMachine):
     ) -> None:
         """'wb' (a new file, or O_TRUNC over one), sequential writes, maybe a patch at an
         offset per mille of what was written (a header fixed at the end; past it too)."""
+        path = self.pick(data)
+        if self.leave_be(path):
+            return
         datas = [c.make() for c in chunks]
         at = None if patch is None else (sum(map(len, datas)) * patch[0] // 1000, patch[1].make())
-        self.write_whole(self.pick(data), datas, at, read_back)
+        self.write_whole(path, datas, at, read_back)
 
     @rule(data=st.data(), payload=payloads)
     def append(self, data: st.DataObject, payload: Payload) -> None:
-        path = self.pick(data, "file")
+        path = self.pick(data, "file", "symlink")
+        if self.leave_be(path):
+            return
         added = payload.make()
 
         def go(root: Path) -> None:
@@ -313,6 +551,8 @@ class MountVsLocal(RuleBasedStateMachine):
     def write_at(self, data: st.DataObject, writes: list[Payload], read_back: bool) -> None:
         """open 'r+b' an existing file and write inside it, at its end, or past it."""
         path = self.pick(data, "file")
+        if self.leave_be(path):
+            return
         size = self.size_of(path)
         spots = []
         for _ in writes:
@@ -332,7 +572,13 @@ class MountVsLocal(RuleBasedStateMachine):
 
     @rule(data=st.data(), grow=st.booleans())
     def truncate(self, data: st.DataObject, grow: bool) -> None:
-        path = self.pick(data, "file")
+        path = self.pick(data, "file", "symlink")
+        st_ = _stat_or_none(self.theirs / path)
+        if st_ is not None and st_.st_nlink > 1 and st_.st_ino in self.kept_open(for_writing=True):
+            # A mount bug: the handle open on it truncates it, and its other names show the
+            # old size until it is closed (``test_a_write_seen_through_another_name``).
+            event("a truncate of a file open for writing with other names: not made (a known bug)")
+            return
         size = self.size_of(path)
         if grow:
             to = size + data.draw(st.sampled_from((1, BLOCK, 150_000)), label="by")
@@ -353,6 +599,8 @@ class MountVsLocal(RuleBasedStateMachine):
         staging file's MIN_HOLE), perhaps after a write inside it (staged) and before one at
         the new end."""
         path = self.pick(data, "file")
+        if self.leave_be(path):
+            return
         size = self.size_of(path)
         inside = size * data.draw(st.integers(0, 1000), label="per mille") // 1000
         patch = None if before is None else before.make()
@@ -375,7 +623,9 @@ class MountVsLocal(RuleBasedStateMachine):
     # -- reads ---------------------------------------------------------------------------------
     @rule(data=st.data())
     def read_range(self, data: st.DataObject) -> None:
-        path = self.pick(data, "file")
+        path = self.pick(data, "file", "symlink")
+        if self.leave_be(path, write=False):
+            return
         size = self.size_of(path)
         offset = size * data.draw(st.integers(0, 1200), label="offset per mille") // 1000
         n = data.draw(st.sampled_from((-1, 1, BLOCK)) | st.integers(0, 200_000), label="n")
@@ -392,15 +642,19 @@ class MountVsLocal(RuleBasedStateMachine):
         path = self.pick(data, "dir")
         self.both("listdir", lambda root: sorted(os.listdir(root / path)))
 
+    @rule(data=st.data(), follow=st.booleans())
+    def stat_path(self, data: st.DataObject, follow: bool) -> None:
+        """stat (through symlinks) or lstat: ``attrs``."""
+        path = self.pick(data)
+        self.both(
+            "stat" if follow else "lstat",
+            lambda root: attrs(os.stat(root / path, follow_symlinks=follow)),
+        )
+
     @rule(data=st.data())
-    def stat_path(self, data: st.DataObject) -> None:
-        path = self.pick(data, None)
-
-        def go(root: Path) -> tuple[int, int | None]:
-            st_ = os.stat(root / path)
-            return stat.S_IFMT(st_.st_mode), None if stat.S_ISDIR(st_.st_mode) else st_.st_size
-
-        self.both("stat", go)
+    def readlink(self, data: st.DataObject) -> None:
+        path = self.pick(data, "symlink")
+        self.both("readlink", lambda root: os.readlink(root / path))
 
     # -- namespace -----------------------------------------------------------------------------
     @rule(data=st.data())
@@ -413,22 +667,54 @@ class MountVsLocal(RuleBasedStateMachine):
     @rule(data=st.data())
     def rmdir(self, data: st.DataObject) -> None:
         path = self.pick(data, "dir")
+        if self.an_open_dir(path):
+            return
+        if self.an_unlinked_file_kept_open():
+            # A mount bug: a file kept open with its name unlinked (libfuse hides it in its
+            # directory) fails fstat (ESTALE) and ftruncate (EBADF) once that directory is
+            # removed (``test_an_unlinked_open_file_in_a_removed_directory``).
+            event("an unlinked file kept open: no directory removed (a known bug)")
+            return
         self.both("rmdir", lambda root: os.rmdir(root / path))
 
     @rule(data=st.data())
     def unlink(self, data: st.DataObject) -> None:
-        path = self.pick(data, "file")
+        path = self.pick(data, *NONDIRS)
+        if self.hides_a_link(path):
+            event("a name of a file kept open with others: not unlinked (a known bug)")
+            return
         self.both("unlink", lambda root: os.unlink(root / path))
+
+    @rule(data=st.data(), to=st.sampled_from(TARGETS))
+    def symlink(self, data: st.DataObject, to: str) -> None:
+        self.symlink_at(self.pick_free(data), to)
+
+    def symlink_at(self, path: str, to: str) -> None:
+        self.both("symlink", lambda root: os.symlink(to, root / path))
+
+    @rule(data=st.data(), follow=st.booleans())
+    def link(self, data: st.DataObject, follow: bool) -> None:
+        """A hard link to a file, a fifo or a symlink (or, ``follow``ing one, to what it
+        names): ``trees_match`` sees the names as one file, with one link count."""
+        src, dst = self.pick(data, *NONDIRS), self.pick_free(data)
+        self.both("link", lambda root: os.link(root / src, root / dst, follow_symlinks=follow))
+
+    @rule(data=st.data(), mode=st.sampled_from((0o644, 0o600, 0o7777)))
+    def mkfifo(self, data: st.DataObject, mode: int) -> None:
+        path = self.pick_free(data)
+        self.both("mkfifo", lambda root: os.mkfifo(root / path, mode))
 
     @rule(data=st.data())
     def rename(self, data: st.DataObject) -> None:
         """Any two names (missing, into themselves, over full directories...), or a move that
-        should succeed: a file or a directory to a free name, a file over a file, a directory
-        over an empty one."""
+        should succeed: a file (or symlink, or fifo) or a directory to a free name, a file
+        over a file, a directory over an empty one, a name over another of the same file
+        (which does nothing)."""
         k = kinds(self.theirs)
-        free = [p for p in PATHS if p not in k and {**k, "": "dir"}.get(parent_of(p)) == "dir"]
+        free = self.free()
         empty = [d for d, v in k.items() if v == "dir" and not any(below(p, d) for p in k)]
-        files = sorted(p for p, v in k.items() if v == "file")
+        files = sorted(p for p, v in k.items() if v != "dir")
+        inode = {f: os.lstat(self.theirs / f).st_ino for f in files}
         moves = {
             "file to a free name": [(f, p) for f in files for p in free],
             "file over a file": [(f, g) for f in files for g in files if f != g],
@@ -438,13 +724,48 @@ class MountVsLocal(RuleBasedStateMachine):
             "dir over an empty dir": [
                 (d, e) for d, v in k.items() if v == "dir" for e in empty if not below(e, d)
             ],
+            "a name over the same file's": [
+                (f, g) for f in files for g in files if f != g and inode[f] == inode[g]
+            ],
         }
         shape = data.draw(st.sampled_from(["any", *sorted(m for m in moves if moves[m])]))
         if shape == "any":
             src, dst = self.pick(data), self.pick(data)
         else:
             src, dst = data.draw(st.sampled_from(sorted(moves[shape])), label="move")
-        self.both(f"rename ({shape})", lambda root: os.rename(root / src, root / dst))
+        self.rename_at(f"rename ({shape})", src, dst)
+
+    def rename_at(self, op: str, src: str, dst: str) -> None:
+        if self.hides_a_link(dst):
+            # So too a name renamed over another of the same file, which does nothing: with
+            # the file open, libfuse hides that name first, and the mount takes it away
+            # (``test_renaming_a_name_over_another_of_an_open_file``).
+            event("a name of a file kept open with others: not renamed over (a known bug)")
+            return
+        if self.an_open_dir(dst):
+            return
+        moved = _lstat_or_none(self.theirs / src)
+        is_dir = moved is not None and stat.S_ISDIR(moved.st_mode)
+        if is_dir and any(
+            not stat.S_ISDIR(st_.st_mode) and st_.st_nlink > 1
+            for _, st_ in _lstat_tree(self.theirs, src)
+        ):
+            # A mount bug: the names in it of files with others stop being told of changes
+            # made through those (``test_a_link_count_seen_in_a_renamed_directory``).
+            event("a directory holding hard links: not renamed (a known bug)")
+            return
+        if is_dir and self.an_unlinked_file_kept_open():
+            # A mount bug: a file kept open with its name unlinked (libfuse hides it in its
+            # directory) fails fstat and ftruncate (ENOENT) once a directory above that name
+            # is renamed (``test_an_unlinked_open_file_in_a_renamed_directory``).
+            event("an unlinked file kept open: no directory renamed (a known bug)")
+            return
+        if self.both(op, lambda root: os.rename(root / src, root / dst))[0] == "err":
+            return
+        if moved is not None and is_dir:
+            # A mount bug: a directory renamed gets a new mtime, not only a new ctime
+            # (``test_renaming_a_directory_keeps_its_mtime``); ext4 keeps it.
+            self.pinned.pop(moved.st_ino, None)
 
     @rule(data=st.data(), length=st.sampled_from((255, 256)), op=st.sampled_from(LONG_OPS))
     def long_name(self, data: st.DataObject, length: int, op: str) -> None:
@@ -452,47 +773,275 @@ class MountVsLocal(RuleBasedStateMachine):
         parent = data.draw(st.just("") | st.sampled_from(PATHS[:3]), label="parent")
         name = f"{parent}/{'n' * length}" if parent else "n" * length
         if op == "create":
-            self.write_whole(name, [b"long"], op=f"long_name create {length}")
+            if not self.leave_be(name):
+                self.write_whole(name, [b"long"], op=f"long_name create {length}")
             return
         calls: dict[str, Callable[[Path], Any]] = {
             "mkdir": lambda root: os.mkdir(root / name),
             "stat": lambda root: stat.S_IFMT(os.stat(root / name).st_mode),
-            "rename to": lambda root: os.rename(root / "b", root / name),
-            "rename from": lambda root: os.rename(root / name, root / "c"),
         }
-        self.both(f"long_name {op} {length}", calls[op])
+        if op == "rename to":
+            self.rename_at(f"long_name {op} {length}", "b", name)
+        elif op == "rename from":
+            self.rename_at(f"long_name {op} {length}", name, "c")
+        else:
+            self.both(f"long_name {op} {length}", calls[op])
 
+    # -- attributes ----------------------------------------------------------------------------
+    def change(
+        self, op: str, path: str, call: Callable[[Path], None], follow: bool, ctime: bool = True
+    ) -> tuple[os.stat_result, os.stat_result] | None:
+        """``call`` on ``path`` on each side, then stat it (lstat unless ``follow``): the same
+        outcome and ``attrs``, and (``ctime``) the ctime moved to now. Returns the two stats
+        (the mount's, the local one's), or None when the call failed (alike)."""
+
+        def go(root: Path) -> os.stat_result:
+            call(root / path)
+            return os.stat(root / path, follow_symlinks=follow)
+
+        if self.open_for_writing(path, follow):
+            # A mount bug: a file written through a descriptor reads as changed at the
+            # latest of its times, an mtime set in the future included
+            # (``test_a_write_moves_a_future_mtime``).
+            ctime = False
+        before = time.time_ns()
+        mine, theirs = self.pair(op, go, key=attrs)
+        after = time.time_ns()
+        if theirs[0] == "err":
+            return None
+        for side, st_ in (("mount", mine[1]), ("local", theirs[1])):
+            if ctime:
+                _assert_now(f"{op}: the {side} ctime", st_.st_ctime_ns, before, after)
+        return mine[1], theirs[1]
+
+    @rule(data=st.data(), mode=st.integers(0, 0o7777))
+    def chmod(self, data: st.DataObject, mode: int) -> None:
+        """Any permission bits, setuid, setgid and sticky too (through a symlink)."""
+        self.change("chmod", self.pick(data), lambda p: os.chmod(p, mode), follow=True)
+
+    @rule(data=st.data(), uid=st.sampled_from(IDS), gid=st.sampled_from(IDS), follow=st.booleans())
+    def chown(self, data: st.DataObject, uid: int, gid: int, follow: bool) -> None:
+        """chown or lchown; it clears setuid (and setgid with group execute) of a file,
+        even by root. POSIX lets chown(-1, -1) leave the ctime."""
+        self.change(
+            "chown" if follow else "lchown",
+            self.pick(data),
+            lambda p: os.chown(p, uid, gid, follow_symlinks=follow),
+            follow,
+            ctime=(uid, gid) != (-1, -1),
+        )
+
+    @rule(
+        data=st.data(),
+        times=st.none() | st.tuples(times_ns, times_ns),
+        follow=st.booleans(),
+    )
+    def utime(self, data: st.DataObject, times: tuple[int, int] | None, follow: bool) -> None:
+        """Set atime and mtime explicitly (nanoseconds), or to now (a touch), through a
+        symlink or of the symlink itself. An explicit mtime is remembered for
+        ``trees_match``."""
+        path = self.pick(data)
+        open_for_writing = self.open_for_writing(path, follow)
+
+        def call(p: Path) -> None:
+            if times is None:
+                os.utime(p, follow_symlinks=follow)
+            else:
+                os.utime(p, ns=times, follow_symlinks=follow)
+
+        before = time.time_ns()
+        stats = self.change("utime" if follow else "lutime", path, call, follow)
+        after = time.time_ns()
+        if stats is None:
+            return
+        if open_for_writing:
+            # A mount bug: a handle that wrote gives the file the later of its write's time
+            # and this one, now and at close (``test_utime_of_a_file_open_for_writing``).
+            event("utime of a file open for writing: times not checked (a known bug)")
+            return
+        for side, st_ in zip(("mount", "local"), stats, strict=True):
+            got = st_.st_atime_ns, st_.st_mtime_ns
+            if times is None:
+                for what, ns in zip(("atime", "mtime"), got, strict=True):
+                    _assert_now(f"utime now: the {side} {what}", ns, before, after)
+            else:
+                off = max(abs(g - t) for g, t in zip(got, times, strict=True))
+                assert off <= TIME_SLOP_NS, f"utime: the {side} (atime, mtime) {got} != {times}"
+        if times is not None:
+            self.pinned[stats[1].st_ino] = stats[1].st_mtime_ns
+
+    # -- files kept open -----------------------------------------------------------------------
+    @precondition(lambda self: len(self.open) < MAX_OPEN)
+    @rule(
+        data=st.data(),
+        how=st.sampled_from(sorted(OPEN_FLAGS)),
+        mode=create_modes,
+        new=st.booleans(),
+    )
+    def open_fd(self, data: st.DataObject, how: str, mode: int, new: bool) -> None:
+        """Open a file on each side and keep it open across the steps that follow
+        (``fd_io``, ``close_fd``, and renames, unlinks and links of its names)."""
+        path = self.pick_free(data) if new else self.pick(data, "file", "symlink")
+        if self.leave_be(path, write=how != "r"):
+            return
+        if OPEN_FLAGS[how] & os.O_TRUNC:
+            self.unpin_truncated(path)
+        opened: list[int] = []
+
+        def go(root: Path) -> int:
+            fd = os.open(root / path, OPEN_FLAGS[how], mode)
+            opened.append(fd)
+            return fd
+
+        try:
+            mine, theirs = self.pair(f"open {how}", go, key=lambda fd: "an fd")
+        except AssertionError:
+            _close_quietly(opened)
+            raise
+        if theirs[0] == "ok":
+            self.open.append(OpenPair(mine[1], theirs[1], how, path))
+
+    @precondition(lambda self: bool(self.open))
+    @rule(
+        data=st.data(),
+        calls=st.lists(
+            st.tuples(st.sampled_from(FD_CALLS), small_payloads), min_size=1, max_size=3
+        ),
+    )
+    def fd_io(self, data: st.DataObject, calls: list[tuple[str, Payload]]) -> None:
+        """On a file kept open, wherever its names went, a few of: write at the file offset
+        (at the end with O_APPEND), pwrite, ftruncate, read, pread or seek (inside, at the
+        end, past it)."""
+        o = data.draw(st.sampled_from(self.open), label="open file")
+        for call, payload in calls:
+            st_ = os.fstat(o.theirs)
+            if call in ("write", "pwrite", "ftruncate") and st_.st_nlink > 1:
+                # A mount bug: the file's other names show its old size and bytes until it
+                # is closed (or for a second; ``test_a_write_seen_through_another_name``).
+                event("a write to an open file with other names: not made (a known bug)")
+                continue
+            if data.draw(st.booleans(), label="past the end"):
+                at = st_.st_size + data.draw(st.sampled_from((0, 1, BLOCK)), label="by")
+            else:
+                at = st_.st_size * data.draw(st.integers(0, 1000), label="per mille") // 1000
+            n = data.draw(st.sampled_from((1, BLOCK, 200_000)), label="n")
+            fn = _fd_call(call, payload.make(), at, n)
+            self.pair(f"{call} ({o.how})", fn, (o.mine, o.theirs))
+
+    @precondition(lambda self: bool(self.open))
+    @rule(data=st.data())
+    def close_fd(self, data: st.DataObject) -> None:
+        o = data.draw(st.sampled_from(self.open), label="open file")
+        self.open.remove(o)
+        self.pair(f"close ({o.how})", os.close, (o.mine, o.theirs))
+
+    @rule(
+        data=st.data(),
+        how=st.sampled_from(("r+", "w+", "creat", "a")),
+        first=small_payloads,
+        then=small_payloads,
+    )
+    def write_while_moved(
+        self, data: st.DataObject, how: str, first: Payload, then: Payload
+    ) -> None:
+        """In one step: open a file, write, take its name away (renamed, over another file
+        too, unlinked, linked elsewhere and unlinked, another file renamed over it), write
+        more, fstat, read it back, close. The bytes land in the file wherever it went, or go
+        with it (``trees_match``)."""
+        path = self.pick(data, "file")
+        if self.leave_be(path):
+            return
+        # Not another name of the same file: libfuse hides the open file before a rename
+        # over one (``test_renaming_a_name_over_another_of_an_open_file``).
+        itself = _lstat_or_none(self.theirs / path)
+        others = sorted(
+            p
+            for p, v in kinds(self.theirs).items()
+            if v != "dir" and (itself is None or os.lstat(self.theirs / p).st_ino != itself.st_ino)
+        )
+        free = [p for p in self.free() if p != path]
+        # Nor a name of a file kept open taken away (libfuse hides it, and the hidden name
+        # is told of no change made through another: ``hides_a_link``).
+        hides = itself is not None and itself.st_ino in self.kept_open()
+        moves: dict[str, list[tuple[str, str]]] = {
+            "rename to a free name": [(path, p) for p in free],
+            "rename over another": [(path, p) for p in others if not self.hides_a_link(p)],
+            "another renamed over it": [] if hides else [(p, path) for p in others],
+            "unlink": [] if hides else [(path, "")],
+            "link elsewhere, unlink": [] if hides else [(path, p) for p in free],
+        }
+        shapes = sorted(m for m in moves if moves[m])
+        if not shapes:
+            return
+        shape = data.draw(st.sampled_from(shapes), label="move")
+        src, dst = data.draw(st.sampled_from(moves[shape]), label="names")
+        a, b = first.make(), then.make()
+        if how == "w+" and not a and not b:
+            self.unpin_truncated(path)
+
+        def move(root: Path) -> None:
+            if shape == "link elsewhere, unlink":
+                os.link(root / src, root / dst)
+            if shape in ("unlink", "link elsewhere, unlink"):
+                os.unlink(root / src)
+            else:
+                os.rename(root / src, root / dst)
+
+        def go(root: Path) -> Any:
+            fd = os.open(root / path, OPEN_FLAGS[how], 0o644)
+            try:
+                _write_all(fd, a)
+                move(root)
+                _write_all(fd, b)
+                st_ = os.fstat(fd)
+                got = os.pread(fd, st_.st_size, 0) if how in ("r+", "w+") else None
+                return attrs(st_), got
+            finally:
+                os.close(fd)
+
+        op = f"write_while_moved {how} ({shape})"
+        mine, theirs = self.pair(op, go, key=lambda v: (_but_nlink(v[0]), v[1]))
+        if theirs[0] == "ok":
+            hidden = shape in ("unlink", "link elsewhere, unlink", "another renamed over it")
+            _same_nlink(op, mine[1][0], theirs[1][0], hidden)
+
+    # -- failures ------------------------------------------------------------------------------
     @rule(data=st.data())
     def must_fail(self, data: st.DataObject) -> None:
         """A call that fails locally, picked from the tree as it is (so each kind of failure
         comes up in every run, not only when the random names line up)."""
         k = kinds(self.theirs)
+        names = sorted(k)
         files = sorted(p for p, v in k.items() if v == "file")
         dirs = sorted(p for p, v in k.items() if v == "dir")
+        links = sorted(p for p, v in k.items() if v == "symlink")
+        fifos = sorted(p for p, v in k.items() if v == "fifo")
         full = [d for d in dirs if any(below(p, d) for p in k)]
-        missing = [p for p in PATHS if p not in k]
+        missing = [p for p in PATHS if not os.path.lexists(self.theirs / p)]
+        unresolved = [s for s in links if not os.path.exists(self.theirs / s)]
         cases: list[tuple[str, list[Any], Callable[[Path, Any], Any]]] = [
-            ("mkdir existing", files + dirs, lambda r, p: os.mkdir(r / p)),
+            ("mkdir existing", names, lambda r, p: os.mkdir(r / p)),
             ("rmdir non-empty", full, lambda r, p: os.rmdir(r / p)),
-            ("rmdir a file", files, lambda r, p: os.rmdir(r / p)),
+            ("rmdir a file", files + fifos, lambda r, p: os.rmdir(r / p)),
+            ("rmdir a symlink", links, lambda r, p: os.rmdir(r / p)),
             ("unlink a dir", dirs, lambda r, p: os.unlink(r / p)),
             ("open a missing file", missing, lambda r, p: open(r / p, "rb").close()),
             ("r+b a missing file", missing, lambda r, p: open(r / p, "r+b").close()),
             ("read a dir", dirs, lambda r, p: open(r / p, "rb").close()),
             ("write a dir", dirs, lambda r, p: os.close(os.open(r / p, os.O_WRONLY))),
-            ("create under a file", files, lambda r, p: open(r / p / "z", "wb").close()),
+            ("create under a file", files + fifos, lambda r, p: open(r / p / "z", "wb").close()),
             ("mkdir under a file", files, lambda r, p: os.mkdir(r / p / "z")),
-            ("stat under a file", files, lambda r, p: os.stat(r / p / "z")),
+            ("stat under a file", files + fifos, lambda r, p: os.stat(r / p / "z")),
             ("rename into itself", dirs, lambda r, p: os.rename(r / p, r / p / "z")),
             ("rename a missing file", missing, lambda r, p: os.rename(r / p, r / "c")),
             (
                 "rename a file over a dir",
-                [(f, d) for f in files for d in dirs],
+                [(f, d) for f in files + links + fifos for d in dirs],
                 lambda r, fd: os.rename(r / fd[0], r / fd[1]),
             ),
             (
                 "rename a dir over a file",
-                [(d, f) for f in files for d in dirs if not below(f, d)],
+                [(d, f) for f in files + links + fifos for d in dirs if not below(f, d)],
                 lambda r, df: os.rename(r / df[0], r / df[1]),
             ),
             (
@@ -500,6 +1049,27 @@ class MountVsLocal(RuleBasedStateMachine):
                 [(d, e) for d in dirs for e in full if d != e and not below(e, d)],
                 lambda r, de: os.rename(r / de[0], r / de[1]),
             ),
+            ("link a dir", dirs, lambda r, p: os.link(r / p, r / "z")),
+            ("link a missing file", missing, lambda r, p: os.link(r / p, r / "z")),
+            (
+                "link over a name",
+                [(s, d) for s in files + links + fifos for d in names],
+                lambda r, sd: os.link(r / sd[0], r / sd[1], follow_symlinks=False),
+            ),
+            ("symlink over a name", names, lambda r, p: os.symlink("a", r / p)),
+            ("symlink to ''", missing, lambda r, p: os.symlink("", r / p)),
+            ("mkfifo over a name", names, lambda r, p: os.mkfifo(r / p)),
+            ("readlink a non-symlink", files + dirs + fifos, lambda r, p: os.readlink(r / p)),
+            ("readlink a missing name", missing, lambda r, p: os.readlink(r / p)),
+            ("stat a dangling or looping symlink", unresolved, lambda r, p: os.stat(r / p)),
+            (
+                "open a fifo to write, with no reader",
+                fifos,
+                lambda r, p: os.close(os.open(r / p, os.O_WRONLY | os.O_NONBLOCK)),
+            ),
+            ("chmod a missing name", missing, lambda r, p: os.chmod(r / p, 0o600)),
+            ("chown a missing name", missing, lambda r, p: os.chown(r / p, 0, 0)),
+            ("utime a missing name", missing, lambda r, p: os.utime(r / p, ns=(1, 1))),
         ]
         op, args, call = data.draw(st.sampled_from([c for c in cases if c[1]]), label="case")
         arg = data.draw(st.sampled_from(args), label="on")
@@ -509,16 +1079,57 @@ class MountVsLocal(RuleBasedStateMachine):
     # -- invariants ----------------------------------------------------------------------------
     @invariant()
     def trees_match(self) -> None:
+        """Every name the same on both sides (``Entry``), and explicit mtimes kept."""
         with self.sides.watched():
             mine = snapshot(self.mine)
         theirs = snapshot(self.theirs)
         if mine != theirs:
+            a, b = summary(mine), summary(theirs)
             diff = {
-                k: (summary(mine).get(k), summary(theirs).get(k))
-                for k in sorted(mine.keys() | theirs.keys())
+                k: (a.get(k), b.get(k))
+                for k in sorted(a.keys() | b.keys())
                 if mine.get(k) != theirs.get(k)
             }
             raise AssertionError(f"trees differ (mount, local): {diff}")
+        # An mtime utime set stays until the local one moves (a write, a name added or
+        # removed in a directory...); then the mount's must have moved too.
+        moved = set()
+        for name, e in theirs.items():
+            pinned = self.pinned.get(e.ino)
+            if pinned is None:
+                continue
+            off = abs(mine[name].mtime_ns - pinned)
+            if e.mtime_ns == pinned:
+                assert off <= TIME_SLOP_NS, (
+                    f"{name}: the mtime set explicitly, {pinned}, is {mine[name].mtime_ns}"
+                    " on the mount"
+                )
+            elif pinned > time.time_ns():
+                # A mount bug: a file written through a descriptor shows the later of its
+                # mtime and the write's, so a future one stays (until a second after
+                # close; ``test_a_write_moves_a_future_mtime``).
+                event("an mtime set in the future, moved locally: not checked (a known bug)")
+                moved.add(e.ino)
+            else:
+                assert off > TIME_SLOP_NS, (
+                    f"{name}: the local mtime moved from the one set explicitly, {pinned},"
+                    " and the mount's did not"
+                )
+                moved.add(e.ino)
+        for ino in moved:
+            del self.pinned[ino]
+
+    @invariant()
+    def open_files_match(self) -> None:
+        """fstat of each file kept open agrees (``attrs``): an unlinked one has no link."""
+        for o in self.open:
+            op = f"fstat ({o.how})"
+            mine, theirs = self.pair(
+                op, lambda fd: attrs(os.fstat(fd)), (o.mine, o.theirs), key=_but_nlink
+            )
+            # Whether libfuse hid it (its names for open files follow renames, not tracked
+            # here) is not known: one name fewer is let pass for every file kept open.
+            _same_nlink(op, mine[1], theirs[1], hidden=True)
 
 
 def _read_back(f: Any) -> bytes:
@@ -544,11 +1155,81 @@ def _read_all(fd: int) -> bytes:
     return b"".join(parts)
 
 
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+def _close_quietly(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _assert_now(what: str, ns: int, before: int, after: int) -> None:
+    """``ns`` is a time a call set to now, between the clock read ``before`` and ``after``."""
+    assert before - CLOCK_SLOP_NS <= ns <= after + CLOCK_SLOP_NS, (
+        f"{what} {ns} is not within the call, {before}..{after}"
+    )
+
+
+def _fd_call(call: str, data: bytes, at: int, n: int) -> Callable[[int], Any]:
+    """One of ``FD_CALLS`` on a descriptor: ``data`` to write, ``at`` an offset (or the
+    length for ftruncate), ``n`` bytes to read."""
+    calls: dict[str, Callable[[int], Any]] = {
+        "write": lambda fd: _write_all(fd, data),
+        "pwrite": lambda fd: _pwrite_all(fd, data, at),
+        "ftruncate": lambda fd: os.ftruncate(fd, at),
+        "read": lambda fd: os.read(fd, n),
+        "pread": lambda fd: os.pread(fd, n, at),
+        "seek": lambda fd: os.lseek(fd, at, os.SEEK_SET),
+    }
+    return calls[call]
+
+
+def _lstat_or_none(path: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except OSError:
+        return None
+
+
+def _stat_or_none(path: Path) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
+
+
+def _but_nlink(a: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``attrs`` without the link count (``_same_nlink`` compares it)."""
+    return a[:4] + a[5:]
+
+
+def _same_nlink(op: str, mine: tuple[Any, ...], theirs: tuple[Any, ...], hidden: bool) -> None:
+    """The link counts in two ``attrs`` of a file kept open agree, but for a mount bug:
+    a file open under a name unlinked (or renamed over) while it has others reads as
+    having one name fewer than it has (``hidden``;
+    ``test_fstat_of_an_open_file_unlinked_under_one_of_its_names``)."""
+    if hidden and mine[4] == theirs[4] - 1:
+        event("fstat of an open file that lost its name: nlink not checked (a known bug)")
+        return
+    assert mine[4] == theirs[4], f"{op}: nlink on the mount {mine[4]} != local {theirs[4]}"
+
+
+def _brief(value: Any) -> Any:
+    if isinstance(value, bytes) and len(value) > 32:
+        return f"<{len(value)} bytes>"
+    if isinstance(value, tuple):
+        return tuple(_brief(v) for v in value)
+    return value
+
+
 def _short(outcome: Outcome) -> str:
     kind, value = outcome
-    if isinstance(value, bytes) and len(value) > 32:
-        return f"{kind} <{len(value)} bytes>"
-    return f"{kind} {value!r}"
+    return f"{kind} {_brief(value)!r}"
 
 
 def make_sides(tmp_path: Path, encoding: str) -> Sides:
@@ -575,7 +1256,7 @@ def test_mount_matches_local_directory(sides: Sides) -> None:
         machine,
         settings=settings(
             max_examples=40,
-            stateful_step_count=25,
+            stateful_step_count=50,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
         ),
@@ -601,3 +1282,218 @@ def test_size_while_a_longer_file_is_open_with_o_trunc(mounted: Sides) -> None:
     with mounted.watched():
         after = os.stat(f).st_size  # within attr_timeout of the fstat above
     assert (during, after, f.read_bytes()) == (0, 3, b"new")
+
+
+# Mount bugs the machine found, each steered around in it where a comment names its test
+# here. Strict: a fix makes these fail, and then the steering in the machine can go.
+@pytest.mark.xfail(strict=True, reason="mount bug: the writes of the handle closed first are lost")
+def test_two_handles_writing_one_file(mounted: Sides) -> None:
+    f = mounted.mnt / "log"
+    f.write_bytes(b"start\n")
+    with mounted.watched():
+        one = os.open(f, os.O_WRONLY | os.O_APPEND)
+        two = os.open(f, os.O_WRONLY | os.O_APPEND)
+        os.write(one, b"one\n")
+        os.write(two, b"two\n")
+        os.close(one)
+        os.close(two)
+    assert f.read_bytes() == b"start\none\ntwo\n"  # the mount: b"start\n\0\0\0\0two\n"
+
+
+@pytest.mark.xfail(strict=True, reason="mount bug: a handle that wrote overrides futimens")
+def test_utime_of_a_file_open_for_writing(mounted: Sides) -> None:
+    """What ``cp -p`` does: write, futimens, close."""
+    f = mounted.mnt / "copy"
+    with mounted.watched():
+        fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.write(fd, b"x")
+        os.utime(fd, ns=(0, 10**9))
+        during = os.fstat(fd).st_mtime_ns
+        os.close(fd)
+        after = os.stat(f).st_mtime_ns
+    assert (during, after) == (10**9, 10**9)  # the mount: the write's time, twice
+
+
+@pytest.mark.xfail(strict=True, reason="mount bug: a rename moves a directory's mtime")
+def test_renaming_a_directory_keeps_its_mtime(mounted: Sides) -> None:
+    """docs/fuse.md: "a rename moves the renamed entry's ctime"; ext4 keeps its mtime."""
+    d = mounted.mnt / "d"
+    with mounted.watched():
+        d.mkdir()
+        os.utime(d, ns=(0, 10**9))
+        os.rename(d, mounted.mnt / "e")
+        assert os.stat(mounted.mnt / "e").st_mtime_ns == 10**9
+
+
+@pytest.mark.xfail(strict=True, reason="mount bug: fstat counts one name fewer")
+def test_fstat_of_an_open_file_unlinked_under_one_of_its_names(mounted: Sides) -> None:
+    """libfuse hides the file under a .fuse_hidden name; the mount counts its names as if
+    that one were gone too."""
+    a, b = mounted.mnt / "a", mounted.mnt / "b"
+    a.write_bytes(b"x")
+    with mounted.watched():
+        os.link(a, b)
+        fd = os.open(a, os.O_RDONLY)
+        try:
+            os.unlink(a)
+            nlink = os.fstat(fd).st_nlink
+        finally:
+            os.close(fd)
+    assert nlink == 1  # the mount: 0
+
+
+@pytest.mark.xfail(strict=True, reason="mount bug: a name over another of an open file goes")
+def test_renaming_a_name_over_another_of_an_open_file(mounted: Sides) -> None:
+    """rename(2) of a name over another of the same file does nothing; with the file open
+    there, libfuse hides that name first and the mount takes it away."""
+    a, b = mounted.mnt / "a", mounted.mnt / "b"
+    a.write_bytes(b"x")
+    with mounted.watched():
+        os.link(a, b)
+        fd = os.open(a, os.O_RDONLY)
+        try:
+            os.rename(b, a)
+        finally:
+            os.close(fd)
+        names = sorted(os.listdir(mounted.mnt))
+    assert names == ["a", "b"]  # the mount: ["a"]
+
+
+@pytest.mark.xfail(strict=True, reason="mount bug: the other names keep the old link count")
+def test_unlinking_a_name_of_an_open_file_with_others(mounted: Sides) -> None:
+    """libfuse hides a name of an open file instead of unlinking it; the mount does not
+    tell the kernel that the file's other names have one fewer (as unlink does), so they
+    show the old count until attr_timeout (1 s) passes."""
+    a, c = mounted.mnt / "a", mounted.mnt / "c"
+    a.write_bytes(b"x")
+    with mounted.watched():
+        os.link(a, c)
+        assert os.stat(a).st_nlink == 2
+        fd = os.open(c, os.O_RDONLY)
+        try:
+            os.unlink(c)
+            nlink = os.stat(a).st_nlink
+        finally:
+            os.close(fd)
+    assert nlink == 1  # the mount: 2
+
+
+@pytest.mark.xfail(strict=True, reason="mount bug: another name shows the old size and bytes")
+def test_a_write_seen_through_another_name(mounted: Sides) -> None:
+    """A write through a descriptor is seen through the file's other names at once (the
+    mount tells the kernel at close, so they show the old size for attr_timeout)."""
+    a, c = mounted.mnt / "a", mounted.mnt / "c"
+    a.write_bytes(b"old")
+    with mounted.watched():
+        os.link(a, c)
+        fd = os.open(a, os.O_WRONLY | os.O_APPEND)
+        try:
+            assert os.stat(c).st_size == 3
+            os.write(fd, b"new")
+            seen = c.read_bytes()
+        finally:
+            os.close(fd)
+    assert seen == b"oldnew"  # the mount: b"old"
+
+
+@pytest.mark.xfail(strict=True, reason="mount bug: a write keeps an mtime in the future")
+def test_a_write_moves_a_future_mtime(mounted: Sides) -> None:
+    """A write makes the mtime now, even when it was later (``touch -d 2038-01-19``); the
+    mount shows the later of the two while the file is open, and for a second after."""
+    f = mounted.mnt / "f"
+    f.write_bytes(b"abc")
+    future = 2**31 * 10**9  # 2038
+    with mounted.watched():
+        os.utime(f, ns=(0, future))
+        fd = os.open(f, os.O_RDWR)
+        try:
+            os.pwrite(fd, b"x", 1)
+            during = os.fstat(fd).st_mtime_ns
+        finally:
+            os.close(fd)
+        after = os.stat(f).st_mtime_ns
+    assert during < future and after < future  # the mount: 2038, twice
+
+
+@pytest.mark.xfail(strict=True, reason="mount bug: a name in a renamed directory goes stale")
+def test_a_link_count_seen_in_a_renamed_directory(mounted: Sides) -> None:
+    """The mount tracks the names of hard-linked files by path (``LinkNames``) and misses a
+    rename of a directory above one: a link made through another name is not seen there."""
+    d, g = mounted.mnt / "d", mounted.mnt / "g"
+    with mounted.watched():
+        d.mkdir()
+        (d / "f").write_bytes(b"x")
+        os.link(d / "f", g)
+        os.stat(d / "f")
+        os.rename(d, mounted.mnt / "e")
+        os.stat(mounted.mnt / "e" / "f")
+        os.link(g, mounted.mnt / "h")
+        nlink = os.stat(mounted.mnt / "e" / "f").st_nlink
+    assert nlink == 3  # the mount: 2, for attr_timeout (1 s)
+
+
+@pytest.mark.xfail(strict=True, reason="mount bug: fstat of a removed open directory: ESTALE")
+def test_fstat_of_an_open_directory_removed(mounted: Sides) -> None:
+    d = mounted.mnt / "d"
+    with mounted.watched():
+        d.mkdir()
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.rmdir(d)
+            nlink = os.fstat(fd).st_nlink  # the mount: OSError ESTALE
+        finally:
+            os.close(fd)
+    assert nlink == 0
+
+
+@pytest.mark.xfail(strict=True, reason="mount bug: ENOENT once the hidden name's dir is renamed")
+def test_an_unlinked_open_file_in_a_renamed_directory(mounted: Sides) -> None:
+    """The mount keeps libfuse's hidden name of an unlinked open file by its path, which a
+    rename of its directory changes."""
+    d = mounted.mnt / "d"
+    with mounted.watched():
+        d.mkdir()
+        (d / "f").write_bytes(b"0123456789")
+        fd = os.open(d / "f", os.O_RDWR)
+        try:
+            os.unlink(d / "f")
+            os.rename(d, mounted.mnt / "e")
+            os.ftruncate(fd, 4)  # the mount: OSError ENOENT, and so for fstat
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+    assert size == 4
+
+
+@pytest.mark.xfail(strict=True, reason="mount bug: open(O_TRUNC) leaves the mtime")
+def test_open_with_o_trunc_moves_the_mtime(mounted: Sides) -> None:
+    """open(2): O_TRUNC on an existing file marks its mtime and ctime for update; on the
+    mount the old mtime stays while it is open, and for a second (attr_timeout) after."""
+    f = mounted.mnt / "f"
+    f.write_bytes(b"abc")
+    with mounted.watched():
+        os.utime(f, ns=(0, 10**9))
+        fd = os.open(f, os.O_WRONLY | os.O_TRUNC)
+        try:
+            during = os.stat(f).st_mtime_ns
+        finally:
+            os.close(fd)
+        after = os.stat(f).st_mtime_ns
+    assert during != 10**9 and after != 10**9  # the mount: 10**9, twice
+
+
+@pytest.mark.xfail(strict=True, reason="mount bug: ESTALE once the hidden name's dir is removed")
+def test_an_unlinked_open_file_in_a_removed_directory(mounted: Sides) -> None:
+    d = mounted.mnt / "d"
+    with mounted.watched():
+        d.mkdir()
+        (d / "f").write_bytes(b"0123456789")
+        fd = os.open(d / "f", os.O_RDWR)
+        try:
+            os.unlink(d / "f")
+            os.rmdir(d)
+            os.ftruncate(fd, 4)  # the mount: OSError EBADF; fstat, fchmod: ESTALE
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+    assert size == 4
