@@ -41,16 +41,16 @@ import os
 import re
 import stat as stat_mod
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, cast
 
 from mfusepy import FuseOSError, Operations, fuse_get_context
 
 from fuse_mount import replybuf
-from fuse_mount.linknames import LinkNames
+from fuse_mount.linknames import LinkNames, move_paths
 from fuse_mount.readhandle import READAHEAD_SEGMENTS, ReadHandle
 from fuse_mount.writehandle import WriteHandle
-from tectonic_emu import attrs
+from tectonic_emu import attrs, clock
 from tectonic_emu.attrs import Perms, Time
 from tectonic_emu.bridge import Bridge
 from tectonic_emu.bufpool import BufferPool
@@ -97,6 +97,11 @@ class TectonicFS(Operations):  # type: ignore[misc]
         # libfuse's names for files unlinked while open (``HIDDEN``) -> their file ids.
         self._hidden: dict[str, int] = {}
         self.links = LinkNames()  # hard-linked files' names, kept coherent in the kernel
+        # The threads (ids) where libfuse's setattr is about to reply: it ends in a getattr,
+        # in the same thread, once the chmod, chown, utimens or truncate it called succeeded
+        # (``getattr`` says why). Not ``threading.local``: each call from libfuse's threads
+        # into Python gets a thread state of its own, and with it a new local.
+        self._setattr_reply: set[int] = set()
         # Contents read here (the file id holding their blocks -> read handles), and those
         # new contents replaced meanwhile, kept under a nameless id until their last reader
         # closes (``replaced``). ``_swaps`` counts replacements, so that a reader whose block
@@ -181,14 +186,24 @@ class TectonicFS(Operations):  # type: ignore[misc]
             self._retired.discard(old)
         self._call(self.bridge.client.purge(old))
 
-    def _losing_name(self, file_id: int) -> bool:
-        """The file ``file_id`` loses its last name (unlink, or a rename over it): whether
-        to keep it, nameless, for the handles open on it here (it goes at their last close)."""
+    def _is_open(self, file_id: int) -> bool:
+        """Whether a handle here has ``file_id`` open: a name it loses (unlink, or a
+        rename over it) keeps it, nameless if that was its last (``_lost_name``)."""
+        with self._lock:
+            return bool(self._open.get(file_id))
+
+    def _lost_name(self, file_id: int) -> None:
+        """``file_id``, open here, lost a name, kept (``_is_open``): if it has none left it
+        stays for its handles here, going at their last close (or now, if they are gone);
+        its other names show one link fewer."""
+        self.links.changed(file_id)
+        if self._call(self.bridge.client.stat_id(file_id)).nlink:
+            return
         with self._lock:
             if self._open.get(file_id):
                 self._orphans.add(file_id)
-                return True
-        return False
+                return
+        self._call(self.bridge.client.purge(file_id))
 
     def replaced(self, file_id: int, old: Replaced | None) -> None:
         """New contents moved into ``file_id``; ``old``, its contents before, kept under a
@@ -220,7 +235,7 @@ class TectonicFS(Operations):  # type: ignore[misc]
             raise FuseOSError(errno.EBADF) from None
 
     def _stat(self, path: str) -> Any:
-        hidden = self._hidden.get(path)
+        hidden = self._hidden.get(path)  # the store has no such name
         if hidden is not None:
             return self._call(self.bridge.client.stat_id(hidden))
         return self._call(self.bridge.client.stat(path))
@@ -241,10 +256,16 @@ class TectonicFS(Operations):  # type: ignore[misc]
         if path is not None and st.kind != "dir":
             self.links.seen(st.id, path, st.nlink)
         times = {"st_atime": st.atime, "st_mtime": st.mtime, "st_ctime": st.ctime}
+        # libfuse takes one off a hidden name's count in its reply to getattr, as if the
+        # name were a link still (not in its reply to setattr, which calls this last).
+        hidden = path is not None and path in self._hidden and st.nlink > 0
+        if self._setattr_reply and threading.get_ident() in self._setattr_reply:
+            self._setattr_reply.discard(threading.get_ident())
+            hidden = False
         base = {
             "st_uid": st.uid,
             "st_gid": st.gid,
-            "st_nlink": st.nlink,
+            "st_nlink": st.nlink + hidden,
             "st_ino": st.id & INO_MASK,
         }
         if st.kind != "file":  # a directory, symlink, fifo, device node or socket
@@ -256,8 +277,8 @@ class TectonicFS(Operations):  # type: ignore[misc]
         if writing is not None:  # its writer's view: streamed, new version or staged
             size, stored = writing.size, writing.stored
             if writing.changed is not None:  # written or truncated, not yet published
-                changed = max(writing.changed, st.mtime)
-                times |= {"st_mtime": changed, "st_ctime": max(changed, st.ctime)}
+                ctime = max(writing.changed, st.ctime)  # a chmod after the write, say
+                times |= {"st_mtime": writing.changed, "st_ctime": ctime}
         return {
             **base,
             **_ns(times),
@@ -289,13 +310,21 @@ class TectonicFS(Operations):  # type: ignore[misc]
         return 0
 
     def unlink(self, path: str) -> int:
-        if self._hidden.pop(path, None) is not None:
+        with self._lock:
+            hidden = self._hidden.pop(path, None)
+        if hidden is not None:
+            self.links.gone(path)
             return 0  # libfuse lets go of a hidden file: it goes at its last close (_let_go)
         st = self._stat(path)
         if st.kind == "dir":
             raise FuseOSError(errno.EISDIR)
-        self._call(self.bridge.client.delete(path, keep=self._losing_name(st.id)))
-        self.links.changed(self.links.gone(path))  # its other names' link count
+        kept = self._is_open(st.id)
+        self._call(self.bridge.client.delete(path, keep=kept))
+        self.links.gone(path)
+        if kept:
+            self._lost_name(st.id)
+        else:
+            self.links.changed(st.id)  # its other names' link count
         return 0
 
     def rename(self, old: str, new: str) -> int:
@@ -306,43 +335,78 @@ class TectonicFS(Operations):  # type: ignore[misc]
             if is_open and st.kind == "file" and new not in self._hidden:
                 # libfuse hides a file unlinked (or renamed over) while open under such a
                 # name, and unlinks that at its last close. For the store it is unlinked
-                # now, kept nameless; the hidden name lives here only, found by _stat.
-                self._call(self.bridge.client.delete(old, keep=self._losing_name(st.id)))
-                self._hidden[new] = st.id
+                # now (kept while open here); the hidden name lives here only (``_stat``).
+                self._call(self.bridge.client.delete(old, keep=True))
+                with self._lock:
+                    self._hidden[new] = st.id
+                self.links.gone(old)
+                self.links.seen(st.id, new, None)  # told of its link count from now on
+                self._lost_name(st.id)
                 return 0
         try:
             replaced = self._stat(new)
         except NotFoundError:
             replaced = None
-        keep = replaced is not None and replaced.kind != "dir" and self._losing_name(replaced.id)
+        keep = replaced is not None and replaced.kind != "dir" and self._is_open(replaced.id)
         self._call(self.bridge.client.rename(old, new, keep_replaced=keep))
-        self.links.changed(self.links.gone(new))  # a hard-linked file renamed over
-        moved = self.links.gone(old)
+        if replaced is not None and replaced.kind != "dir":  # a file renamed over
+            self.links.gone(new)
+            if keep:
+                self._lost_name(replaced.id)
+            else:
+                self.links.changed(replaced.id)
+        with self._lock:
+            move_paths(self._hidden, old, new)  # hidden names in a directory moved
+        moved = self.links.moved(old, new)
         if moved is not None:
-            self.links.seen(moved, new, 2)
             self.links.changed(moved, but=new)  # its ctime moved
         return 0
 
     # The kernel has checked who may (``default_permissions``) before any of these.
     def chmod(self, path: str, mode: int) -> int:
-        self._call(self.bridge.client.chmod(path, stat_mod.S_IMODE(mode)))
-        self.links.changed(self.links.id_of(path), but=path)
+        mode = stat_mod.S_IMODE(mode)
+        self._change(path, lambda: self.bridge.client.chmod(path, mode), mode=mode)
         return 0
 
     def chown(self, path: str, uid: int, gid: int) -> int:
         # chown(2)'s -1 (leave it) arrives as (uid_t)-1.
         keep = (1 << 32) - 1
         got_uid, got_gid = (-1 if v in (-1, keep) else v for v in (uid, gid))
-        self._call(self.bridge.client.chown(path, got_uid, got_gid))
-        self.links.changed(self.links.id_of(path), but=path)
+        self._change(
+            path, lambda: self.bridge.client.chown(path, got_uid, got_gid), uid=got_uid, gid=got_gid
+        )
         return 0
 
     def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
         atime: Time = "now" if times is None else _time(times[0])
         mtime: Time = "now" if times is None else _time(times[1])
-        self._call(self.bridge.client.utime(path, atime, mtime))
-        self.links.changed(self.links.id_of(path), but=path)
+        if self._writing:
+            # A handle here writing the file: its bytes land first, so that its close does
+            # not move the times set now (``cp -p``: write, futimens, close).
+            file_id = self._stat(path).id
+            with self._lock:
+                writing = self._writing.get(file_id)
+            if writing is not None:
+                writing.flush()
+        self._change(
+            path, lambda: self.bridge.client.utime(path, atime, mtime), atime=atime, mtime=mtime
+        )
         return 0
+
+    def _change(
+        self, path: str, by_path: Callable[[], Coroutine[Any, Any, None]], **how: Any
+    ) -> None:
+        """Set attributes of what ``path`` names (``by_path``); of a file libfuse hid, the
+        store's ``change_id(**how)`` (fchmod or futimens of an unlinked open file)."""
+        self._setattr_reply.discard(threading.get_ident())
+        file_id = self._hidden.get(path)
+        if file_id is None:
+            self._call(by_path())
+            file_id = self.links.id_of(path)
+        else:
+            self._call(self.bridge.client.change_id(file_id, **how))
+        self.links.changed(file_id, but=path)
+        self._setattr_reply.add(threading.get_ident())
 
     # mfusepy's names, as fusepy's: ``target`` is the new name, ``source`` what it is of.
     def symlink(self, target: str, source: str) -> int:
@@ -448,15 +512,46 @@ class TectonicFS(Operations):  # type: ignore[misc]
             writer = self._call(opener.__aenter__())
             new = WriteHandle(self, writer.file_id, path, writer=writer, size=0, base_exists=False)
             return self._add(new)
+        while True:  # one handle writes a file here, whoever opens it (``_share``)
+            fh = self._share(st.id, flags)
+            if fh is not None:
+                break
+            handle = self._new_writer(st, path, flags)
+            with self._lock:
+                if st.id not in self._writing:
+                    fh = self._add_locked(handle)
+                    break
+            if handle.writer is not None:  # another open of the file came first
+                self._call(handle.writer.abort())
+        if flags & os.O_TRUNC:
+            self.links.changed(st.id, but=path)  # other names' size and times
+        return fh
+
+    def _new_writer(self, st: Any, path: str, flags: int) -> WriteHandle:
+        """A handle writing the existing file ``st``: new contents after O_TRUNC, else
+        the file as it is, staged at its first write (copy-on-write)."""
         if flags & os.O_TRUNC:
             handle = WriteHandle(self, st.id, path, writer=None, size=0, base_exists=False)
-            handle.privileged = _privileged(st.mode)
             handle.writer = self._call(handle.new_contents())
-            return self._add(handle)
-        # An existing file, kept: the first write stages it (copy-on-write).
-        handle = WriteHandle(self, st.id, path, writer=None, size=st.size, base_exists=True)
+            handle.changed = clock.wall()  # truncated: its mtime and ctime move
+        else:
+            handle = WriteHandle(self, st.id, path, writer=None, size=st.size, base_exists=True)
         handle.privileged = _privileged(st.mode)
-        return self._add(handle)
+        return handle
+
+    def _share(self, file_id: int, flags: int) -> int | None:
+        """A descriptor of the handle writing ``file_id`` here, if there is one: all the
+        file's writers here write one view of it, published at each close (two handles of
+        their own would each publish theirs, the last one's replacing the other's)."""
+        with self._lock:
+            shared = self._writing.get(file_id)
+            if shared is None:
+                return None
+            shared.opens += 1
+            fh = self._add_locked(shared)
+        if flags & os.O_TRUNC:
+            shared.truncate(0)
+        return fh
 
     def read(self, path: str | None, size: int, offset: int, fh: int) -> bytes:
         return self._handle(fh).read(size, offset)
@@ -475,7 +570,9 @@ class TectonicFS(Operations):  # type: ignore[misc]
             raise FuseOSError(errno.EBADF)
         if handle.privileged and fuse_get_context()[0] != 0:
             self._drop_privileges(handle)
-        return handle.write(data, offset)
+        wrote = handle.write(data, offset)
+        self.links.changed(handle.file_id, but=path)  # other names' size and times
+        return wrote
 
     def _drop_privileges(self, handle: WriteHandle) -> None:
         """A write by a user (not root) clears setuid, and setgid where group-executable,
@@ -485,15 +582,22 @@ class TectonicFS(Operations):  # type: ignore[misc]
         if mode & stat_mod.S_IXGRP:
             mode &= ~stat_mod.S_ISGID
         if mode != st.mode:
-            self._call(self.bridge.client.chmod_id(handle.file_id, mode))
+            self._call(self.bridge.client.change_id(handle.file_id, mode=mode))
         handle.privileged = False
 
     def truncate(self, path: str | None, length: int, fh: int | None = None) -> int:
-        if fh is not None and isinstance(self._handles.get(fh), WriteHandle):
-            handle = self._handles[fh]
-            assert isinstance(handle, WriteHandle)
+        self._setattr_reply.discard(threading.get_ident())
+        file_id = self._truncate(path, length, fh)
+        self.links.changed(file_id, but=path)  # other names' size and times
+        self._setattr_reply.add(threading.get_ident())
+        return 0
+
+    def _truncate(self, path: str | None, length: int, fh: int | None) -> int:
+        """(``truncate``) Returns the file's id."""
+        handle = self._handles.get(fh) if fh is not None else None
+        if isinstance(handle, WriteHandle):
             handle.truncate(length)
-            return 0
+            return handle.file_id
         st = self._stat_open(path, fh)
         if st.kind == "dir":
             raise FuseOSError(errno.EISDIR)
@@ -501,7 +605,7 @@ class TectonicFS(Operations):  # type: ignore[misc]
             writing = self._writing.get(st.id)
         if writing is not None:
             writing.truncate(length)
-            return 0
+            return int(st.id)
         # No handle: new contents of the first ``length`` bytes (zeros past the end).
         handle = WriteHandle(self, st.id, st.path, writer=None, size=st.size, base_exists=True)
         try:
@@ -512,8 +616,7 @@ class TectonicFS(Operations):  # type: ignore[misc]
                 self._call(handle.writer.abort())
             if handle.staging is not None:
                 handle.staging.close()
-        self.links.changed(st.id, but=path)
-        return 0
+        return int(st.id)
 
     def fallocate(self, path: str | None, mode: int, offset: int, size: int, fh: int) -> int:
         """Mode 0 grows the file to ``offset + size`` if shorter, as a hole (nothing is
@@ -529,7 +632,7 @@ class TectonicFS(Operations):  # type: ignore[misc]
             handle.size if isinstance(handle, WriteHandle) else self._stat_open(path, fh).size
         )
         if offset + size > size_now:
-            self.truncate(path, offset + size, fh)
+            self.links.changed(self._truncate(path, offset + size, fh), but=path)
         return 0
 
     def flush(self, path: str | None, fh: int) -> int:
@@ -547,11 +650,16 @@ class TectonicFS(Operations):  # type: ignore[misc]
             handle = self._handles.pop(fh, None)
             if handle is None:
                 return 0
-            if isinstance(handle, WriteHandle) and self._writing.get(handle.file_id) is handle:
-                del self._writing[handle.file_id]  # its view goes with it: stored from now
+            last = True
+            if isinstance(handle, WriteHandle):
+                handle.opens -= 1
+                last = not handle.opens
+                if last and self._writing.get(handle.file_id) is handle:
+                    del self._writing[handle.file_id]  # its view goes with it: stored now
         try:
             if isinstance(handle, WriteHandle):
-                handle.release()  # its bytes published, a new file sealed
+                if last:
+                    handle.release()  # its bytes published, a new file sealed
             else:
                 handle.close()
         finally:

@@ -32,9 +32,10 @@ class LinkNames:
         self._ids: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def seen(self, file_id: int, path: str, nlink: int) -> None:
-        """getattr saw ``path`` name ``file_id``, which has ``nlink`` names."""
-        if nlink < 2 and file_id not in self._names:
+    def seen(self, file_id: int, path: str, nlink: int | None) -> None:
+        """getattr saw ``path`` name ``file_id``, which has ``nlink`` names (or it is
+        libfuse's hidden name for it: ``nlink`` None, kept whatever its count)."""
+        if nlink is not None and nlink < 2 and file_id not in self._names:
             return
         with self._lock:
             old = self._ids.get(path)
@@ -58,6 +59,19 @@ class LinkNames:
                     del self._names[file_id]
             return file_id
 
+    def moved(self, old: str, new: str) -> int | None:
+        """``old`` was renamed to ``new``: the names seen at or under it follow it. Returns
+        the file ``old`` named, if it is one seen here."""
+        with self._lock:
+            for file_id, names in self._names.items():
+                for path in [p for p in names if under(p, old)]:
+                    to = new + path[len(old) :]
+                    names.discard(path)
+                    names.add(to)
+                    del self._ids[path]
+                    self._ids[to] = file_id
+            return self._ids.get(new)
+
     def changed(self, file_id: int | None, *, but: str | None = None) -> None:
         """The file changed through ``but`` (whose attributes the kernel has from the
         reply): drop what the kernel caches of its other names. Runs in a FUSE request's
@@ -73,4 +87,16 @@ class LinkNames:
             _libfuse.fuse_invalidate_path(fuse, os.fsencode(path))  # -ENOENT: not cached
 
 
-__all__ = ["LinkNames"]
+def under(path: str, top: str) -> bool:
+    """Whether ``path`` is ``top`` or inside it."""
+    return path == top or path.startswith(top + "/")
+
+
+def move_paths(paths: dict[str, int], old: str, new: str) -> None:
+    """Re-key ``paths`` (path -> file id) at or under ``old`` as a rename of ``old`` to
+    ``new`` moved them."""
+    for path in [p for p in paths if under(p, old)]:
+        paths[new + path[len(old) :]] = paths.pop(path)
+
+
+__all__ = ["LinkNames", "move_paths", "under"]

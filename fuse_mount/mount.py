@@ -161,6 +161,13 @@ def _fuse_class(*, direct_io: bool = False, on_init: Callable[[], None] | None =
             finally:
                 view.release()
 
+        def truncate_fuse_3(self, path: bytes | None, length: int, fip: Any) -> int:
+            # mfusepy's drops the handle libfuse passes for ftruncate (and open's O_TRUNC):
+            # a file unlinked while open, its directory removed too, has no path left.
+            fh = (fip.contents if self.raw_fi else fip.contents.fh) if fip else None
+            decoded = None if path is None else path.decode(self.encoding, self.errors)
+            return int(self.operations.truncate(decoded, length, fh))
+
     return TectonicFUSE
 
 

@@ -59,6 +59,9 @@ class WriteHandle:
         self.changed: float | None = None
         self.visible = size  # bytes a new reader sees (streaming: flushed so far)
         self.privileged = False  # setuid or setgid when opened: a user's write clears them
+        # Descriptors open on it: every writer of a file here shares one handle (one view
+        # of its bytes, published at each close), released with the last.
+        self.opens = 1
         self.lock = threading.Lock()
 
     # -- streaming ---------------------------------------------------------------------------

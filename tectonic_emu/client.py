@@ -359,7 +359,7 @@ class Client(Namespace):
     async def seal(self, file_id: int, token: str, path: str) -> None:
         async with self.meta.transaction() as m:
             f = await self._check_token(m, file_id, token, path)
-            await m.files.put(replace(f, sealed=True, token=None, mtime=clock.wall()))
+            await m.files.put(replace(f, sealed=True, token=None))  # no byte changed
 
     # -- reads -------------------------------------------------------------------------------
     async def _file_blocks(

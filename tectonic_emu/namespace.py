@@ -235,14 +235,30 @@ class Namespace:
         async with self.meta.transaction() as m:
             await attrs.change(m, await self._entry(m, path), clock.wall(), mode=mode)
 
-    async def chmod_id(self, file_id: int, mode: int) -> None:
-        """``chmod`` of a file by id (the mount's open files: a write by a user clears
-        setuid as Linux does, wherever the file is named now). Raises NotFoundError."""
-        mode = attrs.check_mode("chmod_id", mode)
+    async def change_id(
+        self,
+        file_id: int,
+        *,
+        mode: int | None = None,
+        uid: int = -1,
+        gid: int = -1,
+        atime: attrs.Time = "omit",
+        mtime: attrs.Time = "omit",
+    ) -> None:
+        """``chmod``, ``chown`` and ``utime`` of a file by id, all in one (the mount's open
+        files, wherever they are named now or nameless: a write by a user clears setuid
+        as Linux does; fchmod, futimens). Raises NotFoundError, InvalidArgumentError."""
+        w = "change_id"
+        new_mode = None if mode is None else attrs.check_mode(w, mode)
+        new_uid, new_gid = attrs.check_id(w, "uid", uid), attrs.check_id(w, "gid", gid)
+        new_at, new_mt = attrs.check_time(w, "atime", atime), attrs.check_time(w, "mtime", mtime)
         async with self.meta.transaction() as m:
             if await m.files.get(file_id) is None:
                 raise NotFoundError(f"no file {file_id:016x}")
-            await attrs.change(m, Entry("", "file", file_id), clock.wall(), mode=mode)
+            e, now = Entry("", "file", file_id), clock.wall()
+            await attrs.change(
+                m, e, now, mode=new_mode, uid=new_uid, gid=new_gid, atime=new_at, mtime=new_mt
+            )
 
     async def chown(self, path: str, uid: int = -1, gid: int = -1) -> None:
         """Set the owner and group of a file or directory (-1: leave it, as chown(2)); its
@@ -395,8 +411,7 @@ class Namespace:
             return await m.drop_file(file_id)
         if f is not None:
             # Its token stays: a writer of it goes on writing (an unlinked file still open).
-            now = clock.wall()
-            await m.files.put(replace(f, parent=None, name=None, mtime=now, ctime=now))
+            await m.files.put(replace(f, parent=None, name=None, ctime=clock.wall()))
         return []
 
     # -- rename and delete -------------------------------------------------------------------
@@ -443,7 +458,7 @@ class Namespace:
             # The moved entry's ctime moves too (its name, and a directory's "..", changed).
             if se.kind == "dir":
                 d = await self._dir(m, se.id)
-                rec = replace(d, parent=d_parent, name=dp[-1], mtime=now, ctime=now)
+                rec = replace(d, parent=d_parent, name=dp[-1], ctime=now)
                 await m.names.put_dir(rec)
             else:
                 f = await m.files.get(se.id)

@@ -258,3 +258,35 @@ def test_a_directorys_times_move_when_names_in_it_come_and_go(root: Path) -> Non
         assert f.ctime > f.mtime  # renamed: its ctime moved, its mtime did not
 
     run_with(root, go)
+
+
+def test_only_bytes_move_a_files_mtime(root: Path) -> None:
+    """A directory renamed keeps its mtime (ext4 does); sealing a file changes no byte, nor
+    does unlinking one kept open (``keep``): their mtimes stay, their ctimes move.
+    ``change_id`` sets what chmod, chown and utime set, by file id."""
+
+    async def go(c: Cluster) -> None:
+        cl = c.client()
+        await cl.mkdir("/d")
+        await cl.utime("/d", 5.0, 7.0)
+        await cl.rename("/d", "/e")
+        e = await cl.stat("/e")
+        assert e.mtime == 7.0 and e.ctime > 7.0
+        async with cl.open_writer("/e/f") as w:
+            await w.append(b"abc")
+            await w.flush()
+            await cl.utime("/e/f", 5.0, 7.0)  # what cp -p sets before its close
+        f = await cl.stat("/e/f")
+        assert (f.mtime, f.sealed) == (7.0, True)
+        await cl.delete("/e/f", keep=True)
+        kept = await cl.stat_id(f.id)
+        assert (kept.mtime, kept.nlink) == (7.0, 0) and kept.ctime >= f.ctime
+        await cl.change_id(f.id, mode=0o600, uid=7, gid=8, atime=1.0, mtime="omit")
+        kept = await cl.stat_id(f.id)
+        assert (kept.mode, kept.uid, kept.gid, kept.atime, kept.mtime) == (0o600, 7, 8, 1.0, 7.0)
+        with pytest.raises(NotFoundError):
+            await cl.change_id(12345, mode=0o600)
+        with pytest.raises(InvalidArgumentError):
+            await cl.change_id(f.id, mode=0o10000)
+
+    run_with(root, go)
