@@ -23,7 +23,7 @@ from bench.cli_common import (
     plot_option,
     run_bench,
 )
-from bench.cli_storage import fuse, hedge, metadata_cmd, net, posix, store
+from bench.cli_storage import fuse, hedge, metadata_cmd, net, posix, random_cmd, store
 
 
 @click.group()
@@ -48,6 +48,7 @@ SCHEMA_MODULES = (
     "net",
     "sim",
     "posix",
+    "random_reads",
 )
 
 
@@ -102,7 +103,8 @@ def schema_cmd(name: str | None, write_dir: Path | None) -> None:
 @click.option(
     "--peers",
     default=None,
-    help="Peers for bench checkpoint [default: every installed one; none with --quick].",
+    help="Peers for bench checkpoint (and JuiceFS for bench random) [default: every installed "
+    "one; none with --quick].",
 )
 @dir_option("Where the benches put their clusters and files.")
 def all_cmd(
@@ -154,6 +156,7 @@ for command in (
     hedge,
     net,
     fuse,
+    random_cmd,
     posix,
     ckpt,
     checkpoint_cmd,

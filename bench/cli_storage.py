@@ -312,4 +312,65 @@ def metadata_cmd(
     emit(result, as_json, plot_dir, mod)
 
 
-__all__ = ["fuse", "hedge", "metadata_cmd", "net", "posix", "store"]
+@click.command("random")
+@click.option("--size", default="256MiB", show_default=True, help="Bytes of the file read.")
+@click.option("--requests", default=1000, show_default=True, help="Reads per path, size, round.")
+@click.option(
+    "--sizes", default="4KiB,128KiB", show_default=True, help="Comma-separated request sizes."
+)
+@click.option("--rounds", default=3, show_default=True, help="Measured rounds after a warm-up.")
+@click.option("--encoding", default="rs-6-3", show_default=True, help="Encoding of the file.")
+@click.option("--mount/--no-mount", default=True, show_default=True, help="Read through FUSE.")
+@click.option(
+    "--juicefs/--no-juicefs",
+    default=None,
+    help="Read through JuiceFS [default: where juicefs is installed].",
+)
+@click.option(
+    "--quick", is_flag=True, help="Tiny sizes (16 MiB, 20 reads, 1 round): checks it runs."
+)
+@dir_option("Where the cluster, the mount points and the local file go.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@plot_option
+def random_cmd(
+    size: str,
+    requests: int,
+    sizes: str,
+    rounds: int,
+    encoding: str,
+    mount: bool,
+    juicefs: bool | None,
+    quick: bool,
+    directory: Path,
+    as_json: bool,
+    plot_dir: Path | None,
+) -> None:
+    """Small random reads, a data loader's pattern: ops/s and read amplification through
+    the native client, the mount, local pread (O_DIRECT, cold, page cache) and JuiceFS.
+
+    \b
+    Example:
+      tectonic-emu bench random --size 256MiB --rounds 3
+      tectonic-emu bench random --quick --no-juicefs --json
+    """
+    from bench import random_reads as mod
+
+    request_sizes = tuple(parse_size(s) for s in csv_list(sizes))
+    if quick:
+        size, requests, rounds = "16MiB", 20, 1
+    result = run_bench(
+        "random",
+        mod.run_random_bench,
+        directory=directory,
+        size=parse_size(size),
+        requests=requests,
+        request_sizes=request_sizes,
+        rounds=rounds,
+        encoding=Encoding.parse(encoding).name,
+        mount=mount,
+        juicefs=juicefs,
+    )
+    emit(result, as_json, plot_dir, mod)
+
+
+__all__ = ["fuse", "hedge", "metadata_cmd", "net", "posix", "random_cmd", "store"]

@@ -75,6 +75,18 @@ BENCHES: tuple[BenchRun, ...] = (
         "disk, 1 MiB I/O.",
     ),
     BenchRun(
+        "random_reads",
+        "random_reads",
+        "run_random_bench",
+        "tectonic-emu bench random --size 256MiB --requests 1000 --rounds 3",
+        {"size": parse_size("256MiB"), "requests": 1000, "rounds": 3},
+        {"size": parse_size("16MiB"), "requests": 20, "rounds": 1},
+        "4 KiB and 128 KiB random reads (a data loader's pattern) through the native client, the "
+        "mount, local pread (O_DIRECT, cold, page cache) and JuiceFS, in interleaved rounds: "
+        "ops/s and read amplification (bytes the reading processes read / bytes asked).",
+        ("targets_table",),
+    ),
+    BenchRun(
         "checkpoint",
         "checkpoint",
         "run_checkpoint_bench",
@@ -231,8 +243,8 @@ async def run_all(
     step: Callable[..., None] = lambda *_: None,
 ) -> list[Section]:
     """Run the benches named in ``only`` (in ``BENCHES`` order), writing each one's JSON and
-    plots into ``assets``. ``peers``: for the checkpoint bench (default: every installed
-    one; none with ``quick``)."""
+    plots into ``assets``. ``peers``: for the checkpoint bench, and JuiceFS for the random
+    reads bench (default: every installed one; none with ``quick``)."""
     await asyncio.to_thread(assets.mkdir, parents=True, exist_ok=True)
     sections: list[Section] = []
     chosen = [b for b in BENCHES if b.name in only]
@@ -243,6 +255,9 @@ async def run_all(
             kwargs["peers"] = list(
                 peers if peers is not None else ([] if quick else installed_peers())
             )
+        if b.name == "random_reads":  # JuiceFS as --peers says, else where installed
+            auto = False if quick else None
+            kwargs["juicefs"] = "juicefs" in peers if peers is not None else auto
 
         def sub(text: str, fraction: float | None = None, i: int = i, b: BenchRun = b) -> None:
             done = (i + (fraction or 0.0)) / len(chosen)
