@@ -2,8 +2,8 @@
 
 One file of ``size`` random bytes (256 MiB by default) is written once to each place below.
 Then requests of each size (4 KiB and 128 KiB by default) read it at offsets drawn uniformly
-from the multiples of the request size (the same offsets for every path in a round), one
-request at a time, through:
+from the multiples of the request size, all different where the file has enough (the same
+offsets for every path in a round), one request at a time, through:
 
 - **native client**: ``Client.read_into(path, offset, buf)`` against a fresh embedded cluster
   (rs-6-3 by default), its nodes in this process;
@@ -180,9 +180,13 @@ def check_arguments(size: int, requests: int, request_sizes: Sequence[int], roun
 
 def offsets(size: int, request: int, count: int, seed: int) -> list[int]:
     """``count`` offsets drawn uniformly from the multiples of ``request`` that leave a
-    whole request inside ``size`` bytes."""
+    whole request inside ``size`` bytes; all different while the file has that many, so
+    that no request is served by a cache that an earlier one in the round filled."""
     rng = random.Random(seed)
-    return [rng.randrange(size // request) * request for _ in range(count)]
+    slots = size // request
+    if count <= slots:
+        return [k * request for k in rng.sample(range(slots), count)]
+    return [rng.randrange(slots) * request for _ in range(count)]
 
 
 def fuse_missing() -> str | None:
@@ -324,7 +328,7 @@ def _juicefs_missing(wanted: bool | None) -> str | None:
     from bench import peers
 
     if wanted is False:
-        return "left out (--no-juicefs)"
+        return "left out (--no-juicefs; in bench all, --quick or --peers without it)"
     reason = peers.missing("juicefs")
     if reason is not None and wanted:
         raise peers.PeerError(f"juicefs: {reason}")
@@ -430,7 +434,7 @@ def table(res: RandomBench) -> list[Table]:
     ratios of the same rounds."""
     t = Table(
         title=f"bench random: {size_text(res.size)} file ({res.encoding}), "
-        f"{res.requests:,} reads x {res.rounds} rounds"
+        f"{res.requests:,} reads x {res.rounds} round{'' if res.rounds == 1 else 's'}"
     )
     for col in ("path", "request", "ops/s min/med/max", "read/asked", "disk/asked"):
         t.add_column(col, justify="right")

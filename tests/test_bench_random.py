@@ -81,10 +81,12 @@ def test_tables_fit_80_columns_and_targets_are_listed(tmp_path: Path) -> None:
 
 
 def test_offsets_are_aligned_inside_the_file_and_repeatable() -> None:
-    got = offsets(1 << 20, 4096, 500, seed=7)
-    assert got == offsets(1 << 20, 4096, 500, seed=7)
-    assert all(o % 4096 == 0 and 0 <= o <= (1 << 20) - 4096 for o in got)
-    assert len(set(got)) > 100  # spread over the file
+    got = offsets(16 << 20, 4096, 500, seed=7)
+    assert got == offsets(16 << 20, 4096, 500, seed=7)
+    assert all(o % 4096 == 0 and 0 <= o <= (16 << 20) - 4096 for o in got)
+    assert len(set(got)) == 500  # distinct while the file has room
+    more = offsets(8 * 4096, 4096, 20, seed=1)  # more requests than places: repeats
+    assert len(more) == 20 and set(more) <= {k * 4096 for k in range(8)}
 
 
 @pytest.mark.parametrize(
