@@ -38,7 +38,14 @@ from tectonic_emu.chunkstore import (
     decode_chunk,
     encode_chunk,
 )
-from tectonic_emu.chunkstore._format import FLAG_ZSTD, MAGIC, id_crc32c, pack_header
+from tectonic_emu.chunkstore._format import (
+    FLAG_ZSTD,
+    MAGIC,
+    PIECE_SIZE,
+    id_crc32c,
+    pack_header,
+    payload_offset,
+)
 from tectonic_emu.chunkstore.remote import RemoteNode, fixed_address
 from tectonic_emu.coding.synthetic import Synthetic
 from tectonic_emu.errors import (
@@ -195,15 +202,75 @@ def test_bad_crc_and_flags(node: StorageNode) -> None:
     run(go())
 
 
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    size=st.sampled_from([0, 1, PIECE_SIZE - 1, PIECE_SIZE, 3 * PIECE_SIZE + 7, 200_003]),
+    data=st.data(),
+)
+def test_a_range_reads_what_the_whole_holds(node: StorageNode, size: int, data: Any) -> None:
+    """``read_chunk_range`` gives exactly the bytes of the range, at any offset and length
+    (piece boundaries, the short last piece, empty), and refuses one past the payload."""
+    payload = os.urandom(size)
+    cid = f"r{size}-{data.draw(st.integers(0, 10**9))}"
+    ranges = data.draw(
+        st.lists(
+            st.integers(0, size).flatmap(lambda a: st.tuples(st.just(a), st.integers(a, size))),
+            min_size=1,
+            max_size=4,
+        )
+    )
+
+    async def go() -> None:
+        await write(node, 0, cid, payload)
+        for a, b in ranges:
+            got, info = await node.read_chunk_range(0, cid, a, b - a)
+            assert bytes(got) == payload[a:b] and info.stored_len == size
+        for a, n in [(-1, 1), (size, 1), (0, size + 1), (0, -1)]:
+            with pytest.raises(InvalidArgumentError):
+                await node.read_chunk_range(0, cid, a, n)
+        await node.delete_chunk(0, cid)
+
+    run(go())
+
+
+def test_a_range_checks_only_its_pieces(local: LocalNode) -> None:
+    """A flipped byte fails the ranges that cover its piece and no other; a whole read
+    fails. The node reads only the pieces it needs (the rest may be anything)."""
+    data = os.urandom(10 * PIECE_SIZE + 100)
+    run(write(local, 0, "c", data))
+    _flip(local.chunk_path(0, "c"), PAYLOAD_OFFSET + 4 * PIECE_SIZE + 17)  # in piece 4
+    for a, b in [
+        (0, 4 * PIECE_SIZE),
+        (5 * PIECE_SIZE, len(data)),
+        (4 * PIECE_SIZE - 3, 4 * PIECE_SIZE),
+    ]:
+        got, _ = run(local.read_chunk_range(0, "c", a, b - a))
+        assert bytes(got) == data[a:b]
+    for a, b in [(4 * PIECE_SIZE, 4 * PIECE_SIZE + 1), (3 * PIECE_SIZE, 6 * PIECE_SIZE)]:
+        with pytest.raises(ChunkCorruptError, match="piece at payload offset 32768"):
+            run(local.read_chunk_range(0, "c", a, b - a))
+    with pytest.raises(ChunkCorruptError):
+        run(local.read_chunk(0, "c"))
+    # a bad checksum in the table fails its piece alone, too
+    _flip(local.chunk_path(0, "c"), PAYLOAD_OFFSET + 4 * PIECE_SIZE + 17)  # the byte back
+    _flip(local.chunk_path(0, "c"), HEADER_SIZE + 4 * 7)  # piece 7's checksum
+    run(local.read_chunk_range(0, "c", 0, 7 * PIECE_SIZE))
+    with pytest.raises(ChunkCorruptError, match="piece at payload offset 57344"):
+        run(local.read_chunk_range(0, "c", 7 * PIECE_SIZE, 5))
+
+
 def test_wrong_checksum_from_writer_reads_as_corrupt(node: StorageNode) -> None:
-    """In-process nodes store what they are given and catch it on read; a served node checks
-    the payload against its checksum on arrival and refuses it (a bad frame writes nothing)."""
+    """A node on disks (and a served one, on arrival) checks the payload against its
+    checksum before it computes the piece checksums from it, and refuses it, writing
+    nothing; the memory and model nodes store what they are given and catch it on read."""
 
     async def go() -> None:
         try:
             await node.write_chunk(0, "abc", b"payload", crc32c=crc(b"payload") ^ 1)
         except ChunkCorruptError:
-            assert isinstance(node, RemoteNode)
+            assert not isinstance(node, (MemoryNode, ModelNode))
             assert await node.list_chunks(0) == []
             return
         with pytest.raises(ChunkCorruptError):
@@ -402,15 +469,47 @@ def test_file_format_is_as_documented(local: LocalNode) -> None:
     assert path.startswith(str(local.root / "d1")) and path.endswith("/fmt")
     raw = Path(path).read_bytes()
     assert raw == encode_chunk("fmt", data, crc(data), FLAG_ZSTD)
-    magic, version, flags, length, pcrc, icrc, reserved, hcrc = struct.unpack(
+    magic, version, flags, length, pcrc, icrc, piece, hcrc = struct.unpack(
         "<4sHHQIIII", raw[:HEADER_SIZE]
     )
-    assert (magic, version, flags, length) == (MAGIC, 2, FLAG_ZSTD, len(data))
-    assert (pcrc, icrc, reserved) == (crc(data), id_crc32c("fmt"), 0)
+    assert (magic, version, flags, length) == (MAGIC, 3, FLAG_ZSTD, len(data))
+    assert (pcrc, icrc, piece) == (crc(data), id_crc32c("fmt"), PIECE_SIZE)
     assert hcrc == crc(raw[:28])
     assert decode_chunk(raw, "fmt")[1] == data
-    assert raw[HEADER_SIZE:PAYLOAD_OFFSET] == bytes(PAYLOAD_OFFSET - HEADER_SIZE)
+    # one piece: its checksum, then zeros to the payload's page
+    assert raw[HEADER_SIZE : HEADER_SIZE + 4] == struct.pack("<I", crc(data))
+    assert raw[HEADER_SIZE + 4 : PAYLOAD_OFFSET] == bytes(PAYLOAD_OFFSET - HEADER_SIZE - 4)
     assert raw[PAYLOAD_OFFSET:] == data
+
+
+def test_piece_checksums_are_as_documented(local: LocalNode) -> None:
+    """One CRC32C per 8 KiB piece after the header, the last piece short; past 1,015
+    pieces (7.9 MiB) the table takes a second page, and the payload starts there."""
+    for size, offset in [(3 * PIECE_SIZE + 5, PAYLOAD_OFFSET), ((8 << 20) + 1, 2 * PAYLOAD_OFFSET)]:
+        data = os.urandom(size)
+        run(write(local, 0, f"p{size}", data))
+        raw = Path(local.chunk_path(0, f"p{size}")).read_bytes()
+        n = -(-size // PIECE_SIZE)
+        table = struct.unpack_from(f"<{n}I", raw, HEADER_SIZE)
+        pieces = [data[i : i + PIECE_SIZE] for i in range(0, size, PIECE_SIZE)]
+        assert list(table) == [crc(p) for p in pieces]
+        assert raw[HEADER_SIZE + 4 * n : offset] == bytes(offset - HEADER_SIZE - 4 * n)
+        assert raw[offset:] == data and len(raw) == offset + size
+
+
+def test_version_2_files_still_read(local: LocalNode) -> None:
+    """A chunk written before piece checksums (version 2: zeros to the payload's page)
+    reads whole and in ranges (checked whole)."""
+    data = os.urandom(3 * PIECE_SIZE)
+    path = Path(local.chunk_path(0, "v2"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = pack_header("v2", len(data), crc(data), 0, version=2)
+    path.write_bytes(head.ljust(PAYLOAD_OFFSET, b"\0") + data)
+    assert bytes(run(local.read_chunk(0, "v2"))[0]) == data
+    assert bytes(run(local.read_chunk_range(0, "v2", 9000, 100))[0]) == data[9000:9100]
+    _flip(str(path), PAYLOAD_OFFSET + 20000)  # outside the range: the whole is checked
+    with pytest.raises(ChunkCorruptError):
+        run(local.read_chunk_range(0, "v2", 9000, 100))
 
 
 def test_version_1_files_still_read(local: LocalNode) -> None:
@@ -445,7 +544,8 @@ def test_payloads_with_whole_pages_go_through_o_direct_from_any_memory(
     else:
         payload = memoryview(bytearray(b"x" + data))[1:]  # one byte past a malloc boundary
     run(local.write_chunk(0, f"d{size}", payload, crc32c=crc(data)))
-    assert os.path.getsize(local.chunk_path(0, f"d{size}")) == PAYLOAD_OFFSET + size
+    at = payload_offset(size, PIECE_SIZE)
+    assert os.path.getsize(local.chunk_path(0, f"d{size}")) == at + size
     assert bytes(run(local.read_chunk(0, f"d{size}"))[0]) == data
     assert 0 not in local._no_direct  # the disk took O_DIRECT
 

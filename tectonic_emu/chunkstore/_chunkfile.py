@@ -13,9 +13,10 @@ import threading
 from pathlib import Path
 
 from tectonic_emu.bufpool import BufferPool, address_of
-from tectonic_emu.chunkstore._format import HEADER_SIZE, PAYLOAD_OFFSET
+from tectonic_emu.chunkstore._format import head_of
 from tectonic_emu.chunkstore.base import is_chunk_id
 from tectonic_emu.coding._native import pinned
+from tectonic_emu.coding.checksum import crc32c
 from tectonic_emu.errors import (
     AlreadyExistsError,
     ChunkCorruptError,
@@ -35,7 +36,6 @@ _DIRECT_FLAGS = (
     os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_DIRECT if hasattr(os, "O_DIRECT") else 0
 )
 _PAGE = 4096  # O_DIRECT alignment of offsets, lengths and memory
-_HEADER_PAD = bytes(PAYLOAD_OFFSET - HEADER_SIZE)  # zeros between the header and the payload
 # Page-aligned copies of payloads that are not, for O_DIRECT (shared by every node and thread).
 _BOUNCE = BufferPool(_WRITE_SLICE, keep=16)
 
@@ -47,11 +47,14 @@ class _WriteAborted(Exception):
 class _WriteJob:
     """One chunk write as the worker thread sees it."""
 
-    def __init__(self, chunk_id: str, path: str, header: bytes, payload: memoryview) -> None:
+    def __init__(
+        self, chunk_id: str, path: str, payload: memoryview, crc32c: int, flags: int
+    ) -> None:
         self.chunk_id = chunk_id
         self.path = path
-        self.header = header
         self.payload = payload
+        self.crc32c, self.flags = crc32c, flags
+        self.head = b""  # header and piece table, up to the payload (the worker makes it)
         self.abort = threading.Event()
         # True while a file this job created exists; only the worker sets it.
         self.created = False
@@ -59,6 +62,15 @@ class _WriteJob:
         # one of the two sides decides whether the job runs.
         self.taken = False
         self._taking = threading.Lock()
+
+    def prepare(self) -> None:
+        """On the worker thread, before any file exists: check the payload against the
+        writer's checksum (so the piece checksums computed next certify the writer's bytes,
+        end to end) and make the head (about 1.5 ms for 8 MiB here). Raises
+        ChunkCorruptError for a payload that does not match."""
+        if crc32c(self.payload) != self.crc32c:
+            raise ChunkCorruptError("payload does not match its checksum", self.chunk_id)
+        self.head = head_of(self.chunk_id, self.payload, self.crc32c, self.flags)
 
     def take(self) -> bool:
         """The worker's: take the job, unless it was aborted first."""
@@ -79,26 +91,27 @@ def _write_all(fd: int, job: _WriteJob, direct: int | None) -> None:
     ``direct`` (``O_DIRECT``) the payload's whole pages, in slices. A slice ends where a
     cancelled write may stop."""
     payload = job.payload
+    at = len(job.head)  # the payload's offset (``prepare`` made the head)
     whole = payload.nbytes - payload.nbytes % _PAGE if direct is not None else 0
-    head = [memoryview(job.header), memoryview(_HEADER_PAD)]
+    head = [memoryview(job.head)]
     if whole == payload.nbytes:
         _pwritev_all(fd, head, 0)
     else:  # the header and the first (or, with ``direct``, the last partial) payload slice
         first = payload[whole : whole + _WRITE_SLICE]
         _pwritev_all(fd, [*head, first] if whole == 0 else head, 0)
         if whole:
-            _pwritev_all(fd, [first], PAYLOAD_OFFSET + whole)
+            _pwritev_all(fd, [first], at + whole)
         for start in range(whole + _WRITE_SLICE, payload.nbytes, _WRITE_SLICE):
             if job.abort.is_set():
                 raise _WriteAborted
-            _pwritev_all(fd, [payload[start : start + _WRITE_SLICE]], PAYLOAD_OFFSET + start)
+            _pwritev_all(fd, [payload[start : start + _WRITE_SLICE]], at + start)
     if whole:
         assert direct is not None
-        _write_direct(direct, job, payload[:whole])
+        _write_direct(direct, job, payload[:whole], at)
 
 
-def _write_direct(fd: int, job: _WriteJob, pages: memoryview) -> None:
-    """``pages`` (a multiple of _PAGE bytes) at PAYLOAD_OFFSET through the ``O_DIRECT`` ``fd``:
+def _write_direct(fd: int, job: _WriteJob, pages: memoryview, at: int) -> None:
+    """``pages`` (a multiple of _PAGE bytes) at ``at`` through the ``O_DIRECT`` ``fd``:
     straight from the caller's memory when it is page-aligned, else through a bounce buffer
     (the copy releases the GIL)."""
     with pinned([pages]) as [(address, n)]:
@@ -113,7 +126,7 @@ def _write_direct(fd: int, job: _WriteJob, pages: memoryview) -> None:
                 else:
                     ctypes.memmove(address_of(bounce), address + start, size)
                     piece = memoryview(bounce)[:size]
-                _pwritev_all(fd, [piece], PAYLOAD_OFFSET + start)
+                _pwritev_all(fd, [piece], at + start)
         finally:
             if bounce is not None:
                 _BOUNCE.give(bounce)
@@ -191,14 +204,14 @@ def _chunk_files(disk_dir: Path) -> list[tuple[str, str]]:
     return found
 
 
-def _write_torn_file(chunk_id: str, path: str, header: bytes, partial: memoryview) -> None:
+def _write_torn_file(chunk_id: str, path: str, head: bytes, partial: memoryview) -> None:
     os.makedirs(os.path.dirname(path), mode=_DIR_MODE, exist_ok=True)
     try:
         fd = os.open(path, _CREATE_FLAGS, _FILE_MODE)
     except FileExistsError:
         raise AlreadyExistsError("chunk already exists", chunk_id) from None
     try:
-        _pwritev_all(fd, [memoryview(header), memoryview(_HEADER_PAD), partial], 0)
+        _pwritev_all(fd, [memoryview(head), partial], 0)
     finally:
         os.close(fd)
 

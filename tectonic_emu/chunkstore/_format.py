@@ -1,24 +1,30 @@
-"""The chunk file format: a 32-byte header, then the payload at a 4 KiB boundary.
+"""The chunk file format: a 32-byte header and a table of piece checksums, then the payload
+at a 4 KiB boundary.
 
 All fields little-endian (``docs/chunk-format.md`` has the full description)::
 
     offset size field
          0    4 magic            b"TECK"
-         4    2 version          2 (1: the payload follows the header at offset 32)
+         4    2 version          3 (2: no piece table; 1: the payload at offset 32)
          6    2 flags            bit 0: payload is zstd-compressed (stored, never interpreted)
          8    8 payload_len      bytes of payload
         16    4 payload_crc32c   CRC32C of the payload, as given by the writer
         20    4 id_crc32c        CRC32C of the chunk id (ASCII): catches a file under the wrong name
-        24    4 reserved         zero
+        24    4 piece_size       bytes per checksummed piece (version 3; 0 before)
         28    4 header_crc32c    CRC32C of bytes 0..27
-        32    - zero to offset 4096 (version 2)
-      4096    - payload (version 2)
+        32   4n piece_crc32c     CRC32C of each piece of the payload, n = ceil(len / piece_size)
+         .    - zero to the payload offset: 32 + 4n rounded up to 4096 (4096 up to 7.9 MiB)
+         .    - payload
 
 The payload starts on a page so that nodes can write it with ``O_DIRECT`` (``_local.py`` says
-why). A file is a valid chunk only if its header checks, its size is exactly the payload
-offset plus ``payload_len`` and its payload matches ``payload_crc32c``; anything else (a torn
-write, a flipped bit, a file renamed to another chunk id) reads as ``ChunkCorruptError``.
-Version 1 files (payload at offset 32) are still read.
+why). The piece checksums let a node read and check only the pieces a ranged read covers
+(``StorageNode.read_chunk_range``): 8 KiB pieces, so a 64 KiB read at any offset reads at most
+80 KiB. The node computes them as it writes; a whole read still checks ``payload_crc32c``, the
+writer's own. A file is a valid chunk only if its header checks, its size is exactly the
+payload offset plus ``payload_len`` and its payload matches ``payload_crc32c`` (and each piece
+its own); anything else (a torn write, a flipped bit, a file renamed to another chunk id)
+reads as ``ChunkCorruptError``. Version 1 and 2 files are still read (a range of them: the
+whole payload, checked).
 """
 
 from __future__ import annotations
@@ -29,16 +35,20 @@ from dataclasses import dataclass
 import google_crc32c
 
 from tectonic_emu.chunkstore.base import BytesLike
+from tectonic_emu.coding import work
+from tectonic_emu.coding._native import crc32c_extend, pinned
+from tectonic_emu.coding.checksum import crc32c_many
 from tectonic_emu.errors import ChunkCorruptError, InvalidArgumentError
 
 MAGIC = b"TECK"
-VERSION = 2  # written; 1 is still read
+VERSION = 3  # written; 1 and 2 are still read
 HEADER_SIZE = 32  # bytes of header fields
-PAYLOAD_OFFSET = 4096  # where a version 2 payload starts: a page, for O_DIRECT
-_PAYLOAD_OFFSETS = {1: HEADER_SIZE, 2: PAYLOAD_OFFSET}
+PAGE = 4096
+PAYLOAD_OFFSET = PAGE  # where a version 2 payload starts, and a version 3 one up to 7.9 MiB
+PIECE_SIZE = 8 << 10  # bytes per piece checksum written (version 3)
 FLAG_ZSTD = 0x1
 
-_HEADER = struct.Struct("<4sHHQII4x")  # everything the header CRC covers: bytes 0..27
+_HEADER = struct.Struct("<4sHHQIII")  # everything the header CRC covers: bytes 0..27
 _HEADER_CRC = struct.Struct("<I")
 assert _HEADER.size + _HEADER_CRC.size == HEADER_SIZE
 
@@ -49,10 +59,21 @@ class ChunkHeader:
     payload_len: int
     payload_crc32c: int
     payload_offset: int = PAYLOAD_OFFSET  # where the payload starts in the file
+    piece_size: int = 0  # bytes per piece checksum (0: none, versions 1 and 2)
 
     @property
     def file_size(self) -> int:
         return self.payload_offset + self.payload_len
+
+    def pieces(self, start: int, end: int) -> range:
+        """The pieces that hold payload bytes [start, end) (version 3)."""
+        return range(start // self.piece_size, -(-end // self.piece_size))
+
+
+def payload_offset(payload_len: int, piece_size: int) -> int:
+    """Where a version 3 payload starts: past the header and its piece table, on a page."""
+    pieces = -(-payload_len // piece_size)
+    return -(-(HEADER_SIZE + 4 * pieces) // PAGE) * PAGE
 
 
 def id_crc32c(chunk_id: str) -> int:
@@ -62,14 +83,56 @@ def id_crc32c(chunk_id: str) -> int:
 def pack_header(
     chunk_id: str, payload_len: int, payload_crc32c: int, flags: int, *, version: int = VERSION
 ) -> bytes:
-    """The 32 header bytes of a chunk (``version`` 1 only to test that old files read).
-    Raises InvalidArgumentError for out-of-range fields."""
+    """The 32 header bytes of a chunk (``version`` 1 and 2 only to test that old files
+    read; version 3 files need their piece table too: ``head_of``). Raises
+    InvalidArgumentError for out-of-range fields."""
     if not 0 <= payload_crc32c < 1 << 32:
         raise InvalidArgumentError(f"crc32c out of range: {payload_crc32c}", chunk_id)
     if not 0 <= flags < 1 << 16:
         raise InvalidArgumentError(f"flags out of range: {flags}", chunk_id)
-    body = _HEADER.pack(MAGIC, version, flags, payload_len, payload_crc32c, id_crc32c(chunk_id))
+    piece = PIECE_SIZE if version >= 3 else 0
+    body = _HEADER.pack(
+        MAGIC, version, flags, payload_len, payload_crc32c, id_crc32c(chunk_id), piece
+    )
     return body + _HEADER_CRC.pack(google_crc32c.value(body))
+
+
+def piece_table(payload: memoryview, piece_size: int = PIECE_SIZE) -> bytes:
+    """The CRC32C of each ``piece_size`` piece of ``payload``, packed (4 bytes each)."""
+    native = crc32c_extend()
+    n = payload.nbytes
+    if native is None:
+        spans = [(at, min(piece_size, n - at)) for at in range(0, n, piece_size)]
+        crcs = crc32c_many(payload, spans)
+    else:  # the call per piece is the cost: as few Python steps around it as can be
+        fn = native[1]
+        with pinned([payload]) as [(address, _)]:
+            crcs = [fn(0, address + at, min(piece_size, n - at)) for at in range(0, n, piece_size)]
+        work.count("crc32c-pieces", n)
+    return struct.pack(f"<{len(crcs)}I", *crcs)
+
+
+def head_of(chunk_id: str, payload: memoryview, payload_crc32c: int, flags: int) -> bytes:
+    """Everything before a version 3 payload: its header, the piece table computed from
+    ``payload`` (about 1 ms for 8 MiB here: run it off the event loop), zeros to the payload
+    offset."""
+    head = pack_header(chunk_id, payload.nbytes, payload_crc32c, flags) + piece_table(payload)
+    return head.ljust(payload_offset(payload.nbytes, PIECE_SIZE), b"\0")
+
+
+def check_pieces(
+    data: memoryview, first: int, table: bytes | memoryview, header: ChunkHeader, chunk_id: str
+) -> None:
+    """Raise ChunkCorruptError unless ``data``, whole pieces from piece ``first`` on (the
+    last may end with the payload), matches ``table``, the packed checksums of pieces
+    ``first`` on."""
+    size, n = header.piece_size, data.nbytes
+    got = crc32c_many(data, [(at, min(size, n - at)) for at in range(0, n, size)])
+    want = struct.unpack_from(f"<{len(got)}I", table)
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        if a != b:
+            offset = (first + i) * size
+            raise ChunkCorruptError(f"chunk piece at payload offset {offset} is corrupt", chunk_id)
 
 
 def unpack_header(raw: bytes, chunk_id: str, file_size: int | None = None) -> ChunkHeader:
@@ -84,12 +147,18 @@ def unpack_header(raw: bytes, chunk_id: str, file_size: int | None = None) -> Ch
     (header_crc,) = _HEADER_CRC.unpack_from(raw, _HEADER.size)
     if google_crc32c.value(body) != header_crc:
         raise ChunkCorruptError("chunk header checksum mismatch", chunk_id)
-    magic, version, flags, payload_len, payload_crc, id_crc = _HEADER.unpack(body)
-    if magic != MAGIC or version not in _PAYLOAD_OFFSETS:
+    magic, version, flags, payload_len, payload_crc, id_crc, piece = _HEADER.unpack(body)
+    if magic != MAGIC or version not in (1, 2, 3):
         raise ChunkCorruptError(f"not a chunk file (magic {magic!r}, v{version})", chunk_id)
     if id_crc != id_crc32c(chunk_id):
         raise ChunkCorruptError("chunk file belongs to another chunk id", chunk_id)
-    header = ChunkHeader(flags, payload_len, payload_crc, _PAYLOAD_OFFSETS[version])
+    if (version < 3) != (piece == 0) or (piece and piece % PAGE):
+        raise ChunkCorruptError(f"chunk header: pieces of {piece} bytes, v{version}", chunk_id)
+    if version == 3:
+        offset = payload_offset(payload_len, piece)
+    else:
+        offset = HEADER_SIZE if version == 1 else PAYLOAD_OFFSET
+    header = ChunkHeader(flags, payload_len, payload_crc, offset, piece)
     if file_size is not None and file_size != header.file_size:
         raise ChunkCorruptError(
             f"chunk file is {file_size} bytes, header says {header.file_size}", chunk_id
@@ -119,8 +188,7 @@ def as_byte_view(payload: BytesLike) -> memoryview:
 def encode_chunk(chunk_id: str, payload: bytes, payload_crc32c: int, flags: int = 0) -> bytes:
     """A whole chunk file as bytes (for tools and tests; the node writes header and payload
     without joining them)."""
-    header = pack_header(chunk_id, len(payload), payload_crc32c, flags)
-    return header.ljust(PAYLOAD_OFFSET, b"\0") + payload
+    return head_of(chunk_id, memoryview(payload), payload_crc32c, flags) + payload
 
 
 def decode_chunk(data: bytes, chunk_id: str) -> tuple[ChunkHeader, bytes]:
@@ -128,6 +196,8 @@ def decode_chunk(data: bytes, chunk_id: str) -> tuple[ChunkHeader, bytes]:
     header = unpack_header(data[:HEADER_SIZE], chunk_id, len(data))
     payload = data[header.payload_offset :]
     check_payload(payload, header, chunk_id)
+    if header.piece_size:
+        check_pieces(memoryview(payload), 0, data[HEADER_SIZE:], header, chunk_id)
     return header, payload
 
 
@@ -135,11 +205,17 @@ __all__ = [
     "FLAG_ZSTD",
     "HEADER_SIZE",
     "MAGIC",
+    "PAGE",
     "PAYLOAD_OFFSET",
+    "PIECE_SIZE",
     "VERSION",
     "ChunkHeader",
     "as_byte_view",
+    "check_pieces",
     "check_payload",
+    "head_of",
+    "payload_offset",
+    "piece_table",
     "decode_chunk",
     "encode_chunk",
     "id_crc32c",

@@ -56,8 +56,11 @@ from tectonic_emu.chunkstore._chunkfile import (
 from tectonic_emu.chunkstore._format import (
     HEADER_SIZE,
     PAYLOAD_OFFSET,
+    ChunkHeader,
     as_byte_view,
     check_payload,
+    check_pieces,
+    head_of,
     pack_header,
     unpack_header,
 )
@@ -67,6 +70,7 @@ from tectonic_emu.chunkstore.base import (
     Payload,
     StorageNode,
     check_chunk_id,
+    check_range,
     stored_bytes,
 )
 from tectonic_emu.coding.checksum import crc32c as crc32c_of
@@ -175,15 +179,18 @@ class LocalNode(StorageNode):
         """Store a new chunk; durable on return when ``sync``. ``payload`` must not change
         until this returns (a ``Synthetic`` one is refused: this node stores bytes).
 
-        Raises AlreadyExistsError (chunk id present, even as a torn file), InvalidArgumentError,
-        NodeUnavailableError, or the OSError of the file system (ENOSPC, EIO...). After an error
+        Raises ChunkCorruptError (a payload that does not match ``crc32c``: nothing is
+        written), AlreadyExistsError (chunk id present, even as a torn file),
+        InvalidArgumentError, NodeUnavailableError, or the OSError of the file system
+        (ENOSPC, EIO...). After an error
         or cancellation no file of this write remains; cancellation waits for the worker thread
         to stop (at most one fdatasync) so that this holds when CancelledError propagates.
         """
         await self._enter()
         view = as_byte_view(stored_bytes(payload, self.node_id))
         path = self.chunk_path(disk, chunk_id)
-        job = _WriteJob(chunk_id, path, pack_header(chunk_id, view.nbytes, crc32c, flags), view)
+        pack_header(chunk_id, view.nbytes, crc32c, flags)  # bad fields: raise here, not later
+        job = _WriteJob(chunk_id, path, view, crc32c, flags)
         loop = asyncio.get_running_loop()
         # Through the loop (not executor.submit), so a virtual-time loop sees the job out
         # on a thread and holds its clock till it is back (clock.py).
@@ -202,6 +209,7 @@ class LocalNode(StorageNode):
     def _write_file(self, disk: int, job: _WriteJob) -> None:
         if not job.take():
             raise _WriteAborted
+        job.prepare()
         fan_dir = os.path.dirname(job.path)
         try:
             try:
@@ -275,10 +283,7 @@ class LocalNode(StorageNode):
         finally:
             self.close_read(fd)
         check_payload(payload, header, chunk_id)
-        info = ChunkInfo(
-            chunk_id, disk, header.payload_len, header.payload_crc32c, header.flags, st.st_mtime
-        )
-        return payload, info
+        return payload, _info(chunk_id, disk, header, st)
 
     async def read_chunk_into(self, disk: int, chunk_id: str, dest: memoryview) -> ChunkInfo:
         """Read the payload straight into ``dest`` (one ``preadv``, no buffer of our own) and
@@ -304,19 +309,47 @@ class LocalNode(StorageNode):
                     f"chunk is {header.payload_len} bytes where {dest.nbytes} were expected",
                     chunk_id,
                 )
-            got = 0
-            while got < dest.nbytes:
-                n = os.preadv(fd, [dest[got:]], header.payload_offset + got)
-                if n <= 0:
-                    raise ChunkCorruptError("chunk file shorter than its header says", chunk_id)
-                got += n
+            _preadv_exact(fd, dest, header.payload_offset, chunk_id)
         finally:
             self.close_read(fd)
         if crc32c_of(dest) != header.payload_crc32c:
             raise ChunkCorruptError("chunk payload checksum mismatch", chunk_id)
-        return ChunkInfo(
-            chunk_id, disk, header.payload_len, header.payload_crc32c, header.flags, st.st_mtime
-        )
+        return _info(chunk_id, disk, header, st)
+
+    async def read_chunk_range(
+        self, disk: int, chunk_id: str, offset: int, length: int
+    ) -> tuple[memoryview, ChunkInfo]:
+        """Read and check only the pieces that hold the range (a version 3 chunk; an older
+        one is read whole, checked); the pages stay cached, as a small read's should. The
+        range is a read-only view the caller owns."""
+        await self._enter()
+        path = self.chunk_path(disk, chunk_id)
+        return await self._run(self._read_range, disk, chunk_id, path, offset, length)
+
+    def _read_range(
+        self, disk: int, chunk_id: str, path: str, offset: int, length: int
+    ) -> tuple[memoryview, ChunkInfo]:
+        fd = _open_chunk(path, chunk_id)
+        try:
+            st = os.fstat(fd)
+            header = unpack_header(os.pread(fd, HEADER_SIZE, 0), chunk_id, st.st_size)
+            end = offset + length
+            check_range(offset, length, header.payload_len, chunk_id)
+            if not header.piece_size:  # no piece checksums: the whole payload, checked
+                payload = _pread_exact(fd, header.payload_len, header.payload_offset, chunk_id)
+                check_payload(payload, header, chunk_id)
+                got, start = memoryview(payload), 0
+            else:
+                pieces = header.pieces(offset, end)
+                table = _pread_exact(fd, 4 * len(pieces), HEADER_SIZE + 4 * pieces.start, chunk_id)
+                start = pieces.start * header.piece_size
+                stop = min(pieces.stop * header.piece_size, header.payload_len)
+                got = memoryview(bytearray(max(stop - start, 0)))
+                _preadv_exact(fd, got, header.payload_offset + start, chunk_id)
+                check_pieces(got, pieces.start, table, header, chunk_id)
+        finally:
+            os.close(fd)
+        return got[offset - start : end - start].toreadonly(), _info(chunk_id, disk, header, st)
 
     def close_read(self, fd: int) -> None:
         """Close a chunk file read through the page cache, first dropping its pages (with
@@ -353,10 +386,7 @@ class LocalNode(StorageNode):
         except BaseException:
             os.close(fd)
             raise
-        info = ChunkInfo(
-            chunk_id, disk, header.payload_len, header.payload_crc32c, header.flags, st.st_mtime
-        )
-        return fd, info, header.payload_offset
+        return fd, _info(chunk_id, disk, header, st), header.payload_offset
 
     async def delete_chunk(self, disk: int, chunk_id: str) -> None:
         """Unlink the chunk file; no error if absent. Not fsynced: a delete lost in a crash
@@ -377,9 +407,7 @@ class LocalNode(StorageNode):
             header = unpack_header(os.pread(fd, HEADER_SIZE, 0), chunk_id, st.st_size)
         finally:
             os.close(fd)
-        return ChunkInfo(
-            chunk_id, disk, header.payload_len, header.payload_crc32c, header.flags, st.st_mtime
-        )
+        return _info(chunk_id, disk, header, st)
 
     async def list_chunks(self, disk: int) -> list[ChunkInfo]:
         """Every chunk file on the disk, as its header describes it (files whose names are not
@@ -436,8 +464,8 @@ class LocalNode(StorageNode):
         await self._enter()
         view = as_byte_view(stored_bytes(payload, self.node_id))
         path = self.chunk_path(disk, chunk_id)
-        header = pack_header(chunk_id, view.nbytes, crc32c, flags)
-        await self._run(_write_torn_file, chunk_id, path, header, view[:keep])
+        head = head_of(chunk_id, view, crc32c, flags)
+        await self._run(_write_torn_file, chunk_id, path, head, view[:keep])
 
     async def close(self) -> None:
         """Stop answering; shut down the executor if the node made it. Idempotent."""
@@ -445,6 +473,22 @@ class LocalNode(StorageNode):
         if self._own_executor is not None:
             executor, self._own_executor = self._own_executor, None
             await asyncio.to_thread(executor.shutdown)
+
+
+def _preadv_exact(fd: int, dest: memoryview, offset: int, chunk_id: str) -> None:
+    """Fill ``dest`` from ``fd`` at ``offset`` (resuming short reads)."""
+    got = 0
+    while got < dest.nbytes:
+        n = os.preadv(fd, [dest[got:]], offset + got)
+        if n <= 0:
+            raise ChunkCorruptError("chunk file shorter than its header says", chunk_id)
+        got += n
+
+
+def _info(chunk_id: str, disk: int, header: ChunkHeader, st: os.stat_result) -> ChunkInfo:
+    return ChunkInfo(
+        chunk_id, disk, header.payload_len, header.payload_crc32c, header.flags, st.st_mtime
+    )
 
 
 async def _settle(fut: asyncio.Future[Any]) -> None:

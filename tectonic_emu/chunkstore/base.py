@@ -21,6 +21,16 @@ MAX_NODE_DELAY = 3600.0  # seconds: the most a slowed node (served or embedded) 
 _CHUNK_ID = re.compile(r"[0-9a-z][0-9a-z.\-]{0,63}")
 
 
+def check_range(offset: int, length: int, payload_len: int, chunk_id: str) -> None:
+    """Raise InvalidArgumentError unless ``[offset, offset + length)`` lies in a payload of
+    ``payload_len`` bytes."""
+    if offset < 0 or length < 0 or offset + length > payload_len:
+        raise InvalidArgumentError(
+            f"range of {length} bytes at {offset} is outside the {payload_len}-byte chunk",
+            chunk_id,
+        )
+
+
 def check_chunk_id(chunk_id: str) -> str:
     if not is_chunk_id(chunk_id):
         raise InvalidArgumentError("not a valid chunk id", chunk_id)
@@ -89,8 +99,10 @@ class StorageNode(abc.ABC):
     ) -> None:
         """Store ``payload`` as a new chunk. Durable when it returns, unless the node was set
         to page-cache mode (``sync=False``). ``crc32c`` is the caller's checksum of ``payload``;
-        the node stores it beside the bytes and checks it on every read. Nodes that store
-        bytes refuse a ``Synthetic`` payload (InvalidArgumentError, ``stored_bytes``)."""
+        the node stores it beside the bytes and checks it on every read (``LocalNode`` and
+        served nodes also refuse a payload that does not match it: ChunkCorruptError).
+        Nodes that store bytes refuse a ``Synthetic`` payload (InvalidArgumentError,
+        ``stored_bytes``)."""
 
     @abc.abstractmethod
     async def read_chunk(self, disk: int, chunk_id: str) -> tuple[ChunkData, ChunkInfo]:
@@ -110,6 +122,18 @@ class StorageNode(abc.ABC):
             )
         dest[:] = data
         return info
+
+    async def read_chunk_range(
+        self, disk: int, chunk_id: str, offset: int, length: int
+    ) -> tuple[ChunkData, ChunkInfo]:
+        """Stored payload bytes ``[offset, offset + length)``, checked, and the chunk's
+        header information: a node whose chunks carry piece checksums (``_format.py``) reads
+        and checks only the pieces the range covers; this default reads the whole chunk,
+        checked, and returns the range of it. Raises InvalidArgumentError for a range past
+        the payload, and as ``read_chunk``."""
+        data, info = await self.read_chunk(disk, chunk_id)
+        check_range(offset, length, len(data), chunk_id)
+        return data[offset : offset + length], info
 
     @abc.abstractmethod
     async def delete_chunk(self, disk: int, chunk_id: str) -> None:
@@ -152,6 +176,7 @@ __all__ = [
     "Payload",
     "StorageNode",
     "check_chunk_id",
+    "check_range",
     "is_chunk_id",
     "stored_bytes",
 ]

@@ -49,8 +49,8 @@ class FaultyNode(StorageNode):
         self.available = True
         self.latency = latency
         self.fail_writes = 0  # the next N write_chunk calls raise NodeUnavailableError
-        self.fail_reads = 0  # the next N read_chunk calls raise NodeUnavailableError
-        self.corrupt_reads = False  # while True, read_chunk raises ChunkCorruptError
+        self.fail_reads = 0  # the next N reads (whole or ranged) raise NodeUnavailableError
+        self.corrupt_reads = False  # while True, reads raise ChunkCorruptError
         self.crash_writes = 0  # the next N writes store half the payload, then raise
         self.calls: Counter[str] = Counter()
 
@@ -80,12 +80,23 @@ class FaultyNode(StorageNode):
 
     async def read_chunk(self, disk: int, chunk_id: str) -> tuple[ChunkData, ChunkInfo]:
         await self._enter("read_chunk")
+        self._read_faults(chunk_id)
+        return await self.inner.read_chunk(disk, chunk_id)
+
+    async def read_chunk_range(
+        self, disk: int, chunk_id: str, offset: int, length: int
+    ) -> tuple[ChunkData, ChunkInfo]:
+        await self._enter("read_chunk_range")
+        self._read_faults(chunk_id)
+        return await self.inner.read_chunk_range(disk, chunk_id, offset, length)
+
+    def _read_faults(self, chunk_id: str) -> None:
+        """Raise the read fault set, if any (``fail_reads`` counts down)."""
         if self.fail_reads > 0:
             self.fail_reads -= 1
             raise NodeUnavailableError(f"node {self.node_id}: injected read failure", chunk_id)
         if self.corrupt_reads:
             raise ChunkCorruptError(f"node {self.node_id}: injected corruption", chunk_id)
-        return await self.inner.read_chunk(disk, chunk_id)
 
     async def reserve(self, nbytes: int) -> None:
         await self._enter("reserve")

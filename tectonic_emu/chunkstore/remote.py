@@ -549,6 +549,27 @@ class RemoteNode(StorageNode):
         await self._check_payload(h, info, dest)
         return info
 
+    async def read_chunk_range(
+        self, disk: int, chunk_id: str, offset: int, length: int
+    ) -> tuple[memoryview, ChunkInfo]:
+        """The node reads and checks only the pieces the range covers; this checks what came
+        over the wire."""
+        self._check(disk, chunk_id)
+        if offset < 0 or length < 0:
+            raise InvalidArgumentError(f"range of {length} bytes at {offset}", chunk_id)
+        meta = wire.DISK_RANGE.pack(disk, offset, length) + chunk_id.encode("ascii")
+        h, reply, payload = await self.call(Op.READ_RANGE, meta)
+        info = wire.unpack_info(chunk_id, reply)
+        if payload.nbytes < _INLINE_CRC_BYTES:
+            got = crc32c(payload)
+        else:
+            got = await asyncio.to_thread(crc32c, payload)
+        if got != h.payload_crc32c or payload.nbytes != length:
+            raise ChunkCorruptError(
+                "a chunk range fails its checksum in transit", f"node {self.node_id}: {chunk_id}"
+            )
+        return payload.toreadonly(), info
+
     async def _check_payload(self, h: Header, info: ChunkInfo, payload: memoryview) -> None:
         if payload.nbytes < _INLINE_CRC_BYTES:
             got = crc32c(payload)

@@ -61,11 +61,15 @@ class Op(enum.IntEnum):
     USAGE = 7  # reply payload: USAGE_ENTRY records
     RESERVE = 8  # meta: RESERVE (bytes about to be written); ENOSPC when they would not fit
     SET_DELAY = 9  # meta: DELAY (seconds added before every reply but PING's; fault injection)
+    # meta: DISK_RANGE + chunk id; reply meta: CHUNK_INFO; reply payload: the range's stored
+    # bytes, checked on the node against its piece checksums (payload_crc32c: for the wire)
+    READ_RANGE = 10
 
 
 # Meta and payload layouts, by name as docs/wire-protocol.md uses them.
 DISK = struct.Struct("<H")
 DISK_FLAGS = struct.Struct("<HH")
+DISK_RANGE = struct.Struct("<HQQ")  # disk, offset, length
 CHUNK_INFO = struct.Struct("<HHIQd")  # disk, flags, crc32c, stored_len, mtime
 LIST_ENTRY_ID_LEN = struct.Struct("<B")  # after CHUNK_INFO, then the chunk id
 USAGE_ENTRY = struct.Struct("<HQQQ")  # disk, chunks, bytes_used, bytes_free

@@ -34,8 +34,19 @@ from contextvars import ContextVar
 #: use (a writer's recycled block buffers), which costs no new pages; ``new-pages``, the
 #: first touch of a block buffer a writer's recycler has just allocated: the kernel faults
 #: its pages in and zeroes them as the first copy reaches each (huge pages where it gives
-#: them).
-KINDS = ("crc32c", "rs-encode", "rs-decode", "blake2b", "wire", "copy", "copy-warm", "new-pages")
+#: them). ``crc32c-pieces``: a storage node's checksum of each 8 KiB piece of a chunk it
+#: writes (``chunkstore/_format.py``), a native call each, slower per byte than ``crc32c``.
+KINDS = (
+    "crc32c",
+    "crc32c-pieces",
+    "rs-encode",
+    "rs-decode",
+    "blake2b",
+    "wire",
+    "copy",
+    "copy-warm",
+    "new-pages",
+)
 
 #: The events whose Python on the event loop is counted, one at a time (``python``): a
 #: block a writer writes (``BlockPipeline``), a rank's state staged for a checkpoint

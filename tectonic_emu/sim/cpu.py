@@ -199,6 +199,7 @@ class HostCpu(work.Tally):
 # VM, docs/simulate.md), for the same libraries.
 ASSUMED_SERVER_CORE: Mapping[str, float] = {
     "crc32c": 20.0,
+    "crc32c-pieces": 14.0,
     "rs-encode": 12.0,
     "rs-decode": 6.0,
     "blake2b": 1.0,
@@ -300,6 +301,7 @@ def _measurements(data: bytes) -> dict[str, Callable[[], object]]:
     """One pass of each kind of work over ``data``, in calls of ``_MEASURE_CALL`` bytes as
     the data path makes them."""
     from tectonic_emu.bufpool import PAGE, copy_into, uninitialised
+    from tectonic_emu.chunkstore._format import piece_table
     from tectonic_emu.chunkstore.auth import FrameMac
     from tectonic_emu.coding import Encoding, codec_for, crc32c
 
@@ -346,6 +348,7 @@ def _measurements(data: bytes) -> dict[str, Callable[[], object]]:
 
     return {
         "crc32c": each(crc32c),
+        "crc32c-pieces": each(piece_table),
         "rs-encode": each(rs.encode),
         "rs-decode": decode,
         "blake2b": each(lambda p: hashlib.blake2b(p, digest_size=16).digest()),

@@ -25,8 +25,16 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar, overload
 
+from tectonic_emu.chunkstore._format import PIECE_SIZE
 from tectonic_emu.chunkstore._memory import MemoryNode
-from tectonic_emu.chunkstore.base import ChunkData, ChunkInfo, DiskUsage, Payload, StorageNode
+from tectonic_emu.chunkstore.base import (
+    ChunkData,
+    ChunkInfo,
+    DiskUsage,
+    Payload,
+    StorageNode,
+    check_range,
+)
 from tectonic_emu.coding import work
 from tectonic_emu.coding.synthetic import nbytes
 from tectonic_emu.errors import InvalidArgumentError, NodeUnavailableError
@@ -139,7 +147,10 @@ class ModelNode(StorageNode):
         async def answer() -> None:
             # No copy: a node writes a chunk's pages with O_DIRECT from the memory it came
             # in (``LocalNode``; the writer's blocks and parity are page-aligned), where
-            # this model charged a copy into the page cache until 2026-12-06.
+            # this model charged a copy into the page cache until 2026-12-06. First the
+            # node checks the payload and computes its piece checksums (chunkstore/_format.py).
+            await self.server.spend("crc32c", n)
+            await self.server.spend("crc32c-pieces", n)
             await self.server.disk(disk).write(n)
             await store.write_chunk(disk, chunk_id, payload, crc32c=crc32c, flags=flags)
 
@@ -159,6 +170,25 @@ class ModelNode(StorageNode):
             return await store.read_chunk(disk, chunk_id)
 
         return await self._call(answer, back=lambda got: got[1].stored_len)
+
+    async def read_chunk_range(
+        self, disk: int, chunk_id: str, offset: int, length: int
+    ) -> tuple[ChunkData, ChunkInfo]:
+        """As ``LocalNode``'s: the device reads the pieces the range covers, the node checks
+        them and copies them out (``READ_RANGE``)."""
+        store = self.server.store
+
+        async def answer() -> tuple[ChunkData, ChunkInfo]:
+            info = await store.stat_chunk(disk, chunk_id)
+            check_range(offset, length, info.stored_len, chunk_id)
+            first, last = offset // PIECE_SIZE, -(-(offset + length) // PIECE_SIZE)
+            covered = max(0, min(last * PIECE_SIZE, info.stored_len) - first * PIECE_SIZE)
+            await self.server.disk(disk).read(covered)
+            await self.server.spend("crc32c-pieces", covered)
+            await self.server.spend("copy", covered)
+            return await store.read_chunk_range(disk, chunk_id, offset, length)
+
+        return await self._call(answer, back=lambda _: length)
 
     async def delete_chunk(self, disk: int, chunk_id: str) -> None:
         await self._call(lambda: self.server.store.delete_chunk(disk, chunk_id))
