@@ -5,6 +5,13 @@ CRC32C to be the one the Block layer recorded, and fall back to other replicas o
 chunks when a chunk is missing, corrupt or on a dead node. A chunk read slower than the
 hedge delay (``ReadHedging``) is raced against another replica, or for Reed-Solomon against a
 decode from parity.
+
+A small range (at most ``RANGED_SHARE`` of the chunks it touches) reads only those chunks'
+bytes it needs (``StorageNode.read_chunk_range``: the node reads and checks just the 8 KiB
+pieces that hold them), where a read used to fetch whole chunks: 8 MiB for 4 KiB asked. A
+replica that fails is raced against the next; a Reed-Solomon data chunk that fails is
+decoded from the same bytes of D others (``ReedSolomonCodec.reconstruct_range``), not from
+the block.
 """
 
 from __future__ import annotations
@@ -12,17 +19,22 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 
 from tectonic_emu import clock
 from tectonic_emu.chunkstore.base import StorageNode
 from tectonic_emu.coding import Encoding, codec_for, decompress
-from tectonic_emu.coding.synthetic import Payload, put_into, sliced
+from tectonic_emu.coding.reed_solomon import ReedSolomonCodec
+from tectonic_emu.coding.synthetic import Payload, Synthetic, put_into, sliced
 from tectonic_emu.errors import ChunkCorruptError, DataUnavailableError, reason
 from tectonic_emu.hedging import DEFAULT_HEDGE_AFTER, STUCK_FACTOR, ReadHedging
 from tectonic_emu.metadata.records import BlockRecord, ChunkPlacement
 from tectonic_emu.offload import offload
+
+# A range reads only its bytes of the chunks it touches when it is at most this share of
+# them; a larger one fetches them whole (one read each, sendfile on a served node).
+RANGED_SHARE = 0.5
 
 
 class BlockReader:
@@ -71,6 +83,19 @@ class BlockReader:
             raise ChunkCorruptError(f"chunk {c.chunk_id} fails its checksum", f"node {c.node}")
         return dest
 
+    async def fetch_range(self, c: ChunkPlacement, start: int, stop: int) -> Payload:
+        """Bytes ``[start, stop)`` of one uncompressed chunk, read and checked by its node
+        piece by piece; the chunk must be the one the Block layer recorded (its length and
+        checksum, as the node's header gives them)."""
+        t0 = clock.monotonic()
+        data, info = await self.nodes[c.node].read_chunk_range(
+            c.disk, c.chunk_id, start, stop - start
+        )
+        self.hedging.record(c.node, stop - start, clock.monotonic() - t0)
+        if info.stored_len != c.stored_len or info.crc32c != c.crc32c:
+            raise ChunkCorruptError(f"chunk {c.chunk_id} is not the one written", f"node {c.node}")
+        return data
+
     # -- blocks and ranges -------------------------------------------------------------------
     async def read_range(
         self, rec: BlockRecord, lo: int, hi: int, *, into: memoryview | None = None
@@ -86,6 +111,13 @@ class BlockReader:
         chunks.
         """
         enc = Encoding.parse(rec.encoding)
+        if hi > lo and not any(c.flags for c in rec.chunks):
+            if enc.kind == "replication" and hi - lo <= RANGED_SHARE * rec.length:
+                return await self._read_replica_range(rec, lo, hi, into)
+            if enc.kind == "rs":
+                pieces = await self._read_rs_pieces(rec, enc, lo, hi, into)
+                if pieces is not None:
+                    return pieces
         if enc.kind == "rs" and hi > lo:
             sizes = codec_for(enc).chunk_sizes(rec.length)[: enc.data]
             starts = list(itertools.accumulate([0, *sizes[:-1]]))
@@ -119,6 +151,127 @@ class BlockReader:
                 return _deliver(data, lo, hi, into)
         data = await self.read_block(rec)
         return _deliver(data, lo, hi, into)
+
+    async def _read_replica_range(
+        self, rec: BlockRecord, lo: int, hi: int, into: memoryview | None
+    ) -> list[tuple[int, Payload]]:
+        """A small range of a replicated block: its bytes of one replica, raced against the
+        next when late, the next tried when it fails; the whole block from what is left
+        when none returns them."""
+        self.hedging.count_read()
+        live = [c for c in self._read_order(rec.chunks, 1) if self.nodes[c.node].available]
+        failed: dict[int, BaseException] = {}
+        if live:
+            good, failed = await self._race(
+                live[:1], live[1:], enough=1, fetch=lambda c: self.fetch_range(c, lo, hi)
+            )
+            for c in live[1:]:  # one failed and nothing was hedged: the next, in turn
+                if good or c.index in failed:
+                    continue
+                try:
+                    good = {c.index: await self.fetch_range(c, lo, hi)}
+                except (OSError, EOFError) as e:
+                    failed[c.index] = e
+            if good:
+                return _deliver(next(iter(good.values())), 0, hi - lo, into, at=lo)
+        data = await self.read_block(rec, failed=failed)
+        return _deliver(data, lo, hi, into)
+
+    async def _read_rs_pieces(
+        self, rec: BlockRecord, enc: Encoding, lo: int, hi: int, into: memoryview | None
+    ) -> list[tuple[int, Payload]] | None:
+        """A small range of a Reed-Solomon block from its bytes of the data chunks it
+        touches; a chunk that fails is decoded from the same bytes of D others. None when
+        the range is not small, or a chunk it needs is on a node that is down (the block
+        path decodes it), or the pieces are synthetic and one failed."""
+        codec = codec_for(enc)
+        sizes = codec.chunk_sizes(rec.length)[: enc.data]
+        starts = list(itertools.accumulate([0, *sizes[:-1]]))
+        wanted = [
+            i for i in range(enc.data) if sizes[i] and starts[i] < hi and starts[i] + sizes[i] > lo
+        ]
+        if hi - lo > RANGED_SHARE * sum(sizes[i] for i in wanted):
+            return None
+        by_index = {c.index: c for c in rec.chunks}
+        if not all(i in by_index and self.nodes[by_index[i].node].available for i in wanted):
+            return None
+        spans = {
+            i: (max(lo, starts[i]) - starts[i], min(hi, starts[i] + sizes[i]) - starts[i])
+            for i in wanted
+        }
+        self.hedging.count_read()
+        # All of them, none cancelled when another fails (not raced: a late one is waited
+        # for; a hedge would be a decode from D others).
+        results = await asyncio.gather(
+            *(self.fetch_range(by_index[i], *spans[i]) for i in wanted), return_exceptions=True
+        )
+        have: dict[int, Payload] = {}
+        failed: dict[int, BaseException] = {}
+        for i, r in zip(wanted, results, strict=True):
+            if isinstance(r, (OSError, EOFError)):
+                failed[i] = r
+            elif isinstance(r, BaseException):
+                raise r
+            else:
+                have[i] = r
+        lost = [i for i in wanted if i not in have]
+        if lost:
+            rebuilt = await self._decode_spans(rec, enc, spans, lost, failed)
+            if rebuilt is None:
+                return None
+            have.update(rebuilt)
+        pieces: list[tuple[int, Payload]] = []
+        for i in wanted:
+            at = starts[i] + spans[i][0]
+            pieces += _deliver(have[i], 0, spans[i][1] - spans[i][0], into, at=at, base=lo)
+        return pieces
+
+    async def _decode_spans(
+        self,
+        rec: BlockRecord,
+        enc: Encoding,
+        spans: dict[int, tuple[int, int]],
+        lost: list[int],
+        failed: dict[int, BaseException],
+    ) -> dict[int, Payload] | None:
+        """The ``spans`` of the ``lost`` data chunks, decoded from the same columns of D
+        other chunks (fetched anew, data chunks first), or None when too few return them or
+        they are synthetic (the block path then decodes the block)."""
+        a = min(spans[i][0] for i in lost)
+        b = max(spans[i][1] for i in lost)
+        codec = codec_for(enc)
+        assert isinstance(codec, ReedSolomonCodec)
+        sizes = codec.chunk_sizes(rec.length)
+        order = [
+            c
+            for c in self._read_order(rec.chunks, enc.data)
+            if c.index not in lost and c.index not in failed and self.nodes[c.node].available
+        ]
+        fragments: dict[int, Payload] = {}
+        for c in order:
+            if len(fragments) >= enc.data:
+                break
+            start, stop = min(a, sizes[c.index]), min(b, sizes[c.index])
+            if start == stop:  # a short last data chunk: its columns here are zeros
+                fragments[c.index] = b""
+                continue
+            try:
+                fragments[c.index] = await self.fetch_range(c, start, stop)
+            except (OSError, EOFError) as e:
+                failed[c.index] = e
+        if len(fragments) < enc.data or any(isinstance(f, Synthetic) for f in fragments.values()):
+            return None
+        rebuilt = await offload(
+            self._cpu,
+            (b - a) * enc.data,
+            codec.reconstruct_range,
+            fragments,
+            lost,
+            a,
+            b,
+            rec.length,
+        )
+        return {i: sliced(rebuilt[i], spans[i][0] - a, spans[i][1] - a) for i in lost}
 
     async def _read_rs_range(
         self,
@@ -217,6 +370,7 @@ class BlockReader:
         *,
         enough: int,
         direct: dict[int, memoryview] | None = None,
+        fetch: Callable[[ChunkPlacement], Awaitable[Payload]] | None = None,
     ) -> tuple[dict[int, Payload], dict[int, BaseException]]:
         """Fetch ``primary``; if they are not all in after the hedge delay (and the hedge
         share allows), also fetch as many ``spare`` chunks as primaries are late. Stops when
@@ -225,13 +379,13 @@ class BlockReader:
         index that failed).
 
         ``direct``: primaries received straight into these buffers (their result is the
-        buffer itself); spares never are, so two reads never write one buffer."""
+        buffer itself); spares never are, so two reads never write one buffer. ``fetch``:
+        how each chunk is read (a range of it), in place of ``fetch_chunk``."""
         direct = direct or {}
+        get = fetch or self.fetch_chunk
         tasks = {
             asyncio.ensure_future(
-                self.fetch_chunk_into(c, direct[c.index])
-                if c.index in direct
-                else self.fetch_chunk(c)
+                self.fetch_chunk_into(c, direct[c.index]) if c.index in direct else get(c)
             ): c
             for c in primary
         }
@@ -268,7 +422,7 @@ class BlockReader:
                             self.hedging.mark_slow(c.node)
                     late = len(wanted - good.keys())
                     for c in spare[:late]:
-                        tasks[asyncio.ensure_future(self.fetch_chunk(c))] = c
+                        tasks[asyncio.ensure_future(get(c))] = c
                     spare = spare[late:]
                     continue
                 for task in [t for t in tasks if t in done]:  # fetch order, every run alike
@@ -350,10 +504,23 @@ def _decompressed(c: ChunkPlacement, stored: Payload) -> Payload:
     return decompress(stored, c.flags, c.raw_len)
 
 
-def _deliver(data: Payload, lo: int, hi: int, into: memoryview | None) -> list[tuple[int, Payload]]:
+def _deliver(
+    data: Payload,
+    lo: int,
+    hi: int,
+    into: memoryview | None,
+    *,
+    at: int | None = None,
+    base: int | None = None,
+) -> list[tuple[int, Payload]]:
+    """Bytes [lo, hi) of ``data``, which sit at ``at`` in the block (default: ``lo``): as a
+    piece, or copied into ``into``, which holds the block from ``base`` (default: ``at``)."""
+    at = lo if at is None else at
+    base = at if base is None else base
+    piece = sliced(data, lo, hi)
     if into is None:
-        return [(lo, sliced(data, lo, hi))]
-    put_into(into, sliced(data, lo, hi))
+        return [(at, piece)]
+    put_into(into[at - base : at - base + hi - lo], piece)
     return []
 
 

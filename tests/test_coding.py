@@ -138,6 +138,37 @@ def test_every_tolerated_erasure_pattern_decodes(name: str) -> None:
     check_patterns(name, all_patterns(enc.width, enc.tolerance), block)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from(["rs-3-3", "rs-6-3", "rs-10-4"]),
+    length=st.integers(1, 20_000),
+    data=st.data(),
+)
+def test_a_range_of_lost_chunks_decodes_from_the_same_range_of_others(
+    name: str, length: int, data: Any
+) -> None:
+    """``reconstruct_range``: bytes [a, b) of lost chunks (the last data chunk short, or
+    empty) from bytes [a, b) of D others, each clipped to its chunk."""
+    codec = codec_for(name)
+    assert isinstance(codec, ReedSolomonCodec)
+    enc = codec.encoding
+    block = rand(length, seed=length)
+    chunks = [bytes(c) for c in codec.encode(block)]
+    s = codec.chunk_len(length)
+    a = data.draw(st.integers(0, s))
+    b = data.draw(st.integers(a, s))
+    lost = data.draw(
+        st.lists(st.integers(0, enc.width - 1), unique=True, min_size=1, max_size=enc.parity)
+    )
+    others = [i for i in range(enc.width) if i not in lost]
+    keep = data.draw(st.permutations(others))[: enc.data]
+    fragments = {i: chunks[i][a:b] for i in keep}
+    rebuilt = codec.reconstruct_range(fragments, lost, a, b, length)
+    assert {i: bytes(v) for i, v in rebuilt.items()} == {i: chunks[i][a:b] for i in lost}
+    with pytest.raises(DataUnavailableError):
+        codec.reconstruct_range(dict(list(fragments.items())[:-1]), lost, a, b, length)
+
+
 @pytest.mark.parametrize("name", KNOWN_ENCODINGS)
 def test_one_loss_too_many_is_unavailable(name: str) -> None:
     codec = codec_for(name)

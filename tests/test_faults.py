@@ -168,8 +168,14 @@ def test_damaged_chunk_is_caught_reported_and_repaired(
         if encoding == "r1":
             with pytest.raises(DataUnavailableError):
                 await client.read_file("/f")
+            # A small read needs its pieces alone: the flipped byte is the chunk's last.
             with pytest.raises(DataUnavailableError):
-                await client.read("/f", bs + 10, 10)
+                await client.read("/f", 2 * bs - 10, 10)
+            if how == "flip":
+                assert await client.read("/f", bs + 10, 10) == data[bs + 10 : bs + 20]
+            else:
+                with pytest.raises(DataUnavailableError):
+                    await client.read("/f", bs + 10, 10)
         else:
             for _ in range(3):  # replicas are read in random order: try a few
                 assert await client.read_file("/f") == data
@@ -255,14 +261,23 @@ def test_rs_6_3_repairs_three_damaged_chunks_per_block_but_not_four(tmp_path: Pa
                 damage(chunk_path(block, index), how)
         for b in range(3):
             assert await client.read("/f", b * bs, bs) == data[b * bs : (b + 1) * bs]
-        # Block 3 lost four chunks: what needs a lost data chunk raises, never wrong bytes...
+        # Block 3 lost four chunks. What needs bytes of a column with only five good chunks
+        # raises, never wrong bytes: the last byte of chunk 1 (flipped there, as chunk 7's,
+        # chunk 3 gone, chunk 4 torn), and the whole file...
         chunk = bs // 6
-        for offset, size in ((3 * bs + chunk, 1), (0, -1), (3 * bs + 3 * chunk - 1, 2)):
+        for offset, size in ((3 * bs + 2 * chunk - 1, 1), (0, -1)):
             with pytest.raises(DataUnavailableError):
                 await client.read("/f", offset, size)
-        # ...while a range inside its intact data chunk 0 is still served (data chunks are
-        # read directly, without decoding the block).
-        for offset, size in ((3 * bs, 1), (3 * bs - 1, 2), (3 * bs + 5, chunk - 5)):
+        # ...while a small range whose columns have six good pieces is served: from data
+        # chunks read directly (0; 1 where it is intact), or decoded from the same bytes of
+        # six others (lost chunk 3's first bytes); and a large one inside intact chunk 0.
+        for offset, size in (
+            (3 * bs, 1),
+            (3 * bs - 1, 2),
+            (3 * bs + 5, chunk - 5),
+            (3 * bs + chunk, 1),
+            (3 * bs + 3 * chunk - 1, 2),
+        ):
             assert await client.read("/f", offset, size) == data[offset : offset + size]
 
         report = await scrub(c)
@@ -585,7 +600,8 @@ def test_writer_process_killed_mid_block(tmp_path: Path) -> None:
                 break
             flushed = int(line)
         before = chunk_files(root)
-        for _ in range(2000):  # until the other eight chunks of a block are written
+        deadline = time.monotonic() + 60  # (a bound on the wait, not a timing assertion)
+        while time.monotonic() < deadline:  # until the other eight chunks of a block are written
             if chunk_files(root) >= before + 8:
                 break
             time.sleep(0.005)

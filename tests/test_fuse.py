@@ -24,6 +24,7 @@ import pytest
 
 from fuse_mount.mount import FSTYPE, is_mounted, mounts_at, start_mount, unmount
 from tectonic_emu import Cluster
+from tectonic_emu.chunkstore import PAYLOAD_OFFSET
 from tectonic_emu.errors import (
     AlreadyExistsError,
     ClusterNotFoundError,
@@ -297,9 +298,9 @@ def test_mmap_through_each_mode(dm: Path) -> None:
 
 
 def test_an_unreadable_block_reads_as_eio_never_wrong_bytes(dm: Path) -> None:
-    """Four of a block's nine rs-6-3 chunks corrupt (one more than it can lose): reading it
-    fails with EIO, the other blocks still read, and once the chunks are good again the same
-    descriptor reads the block (a failed segment is not cached)."""
+    """Four of a block's nine rs-6-3 chunks corrupt in every 8 KiB piece (one more than it
+    can lose): reading it fails with EIO, the other blocks still read, and once the chunks
+    are good again the same descriptor reads the block (a failed segment is not cached)."""
     block = 6 * (64 << 10)
     data = os.urandom(3 * block)
     (dm / "e").write_bytes(data)
@@ -308,7 +309,8 @@ def test_an_unreadable_block_reads_as_eio_never_wrong_bytes(dm: Path) -> None:
     for path in layout[1]["chunk_paths"][:4]:
         originals[path] = Path(path).read_bytes()
         broken = bytearray(originals[path])
-        broken[len(broken) // 2] ^= 0xFF
+        for at in range(PAYLOAD_OFFSET, len(broken), 4096):  # every piece's bytes
+            broken[at] ^= 0xFF
         Path(path).write_bytes(broken)
     fd = os.open(dm / "e", os.O_RDONLY)
     try:

@@ -156,6 +156,55 @@ class ReedSolomonCodec(Codec):
             )
         return dict[int, Payload](rebuilt)
 
+    def reconstruct_range(
+        self,
+        fragments: Mapping[int, Payload],
+        missing: Sequence[int],
+        start: int,
+        stop: int,
+        block_len: int,
+    ) -> dict[int, memoryview]:
+        """Bytes ``[start, stop)`` of each ``missing`` chunk (clipped to its size), from the
+        same bytes of at least D other chunks (``fragments``: each chunk's ``[start,
+        min(stop, its size))``). The code works column by column, so a small read that lost
+        a chunk decodes the bytes it asked for, not the block. Raises InvalidArgumentError
+        for fragments of the wrong length or synthetic ones (decode the block instead),
+        DataUnavailableError for fewer than D."""
+        missing = self._check_missing(missing)
+        sizes = self.chunk_sizes(block_len)
+        if not 0 <= start <= stop <= self.chunk_len(block_len):
+            raise InvalidArgumentError(f"chunk range [{start}, {stop}) of a {block_len}-byte block")
+        want = {i: max(0, min(stop, sizes[i]) - start) for i in range(len(sizes))}
+        good: dict[int, memoryview] = {}
+        for index, fragment in fragments.items():
+            self._check_index(index)
+            if index in missing:
+                continue
+            if isinstance(fragment, Synthetic):
+                raise InvalidArgumentError("a synthetic chunk range is not decoded")
+            view = byte_view(fragment)
+            if len(view) != want[index]:
+                raise InvalidArgumentError(
+                    f"chunk {index}'s range has {len(view)} bytes, expected {want[index]}"
+                )
+            good[index] = view
+        if len(good) < self._data:
+            raise DataUnavailableError(
+                f"{self.encoding.name}: {len(good)} chunk ranges, {self._data} needed"
+            )
+        work.count("rs-decode", (stop - start) * self._data)
+        rebuilt = {i: memoryview(bytearray(want[i])) for i in missing}
+        targets = tuple(i for i in missing if want[i] > 0)
+        if targets:
+            sources = tuple(sorted(good)[: self._data])
+            self._run(
+                self._tables(sources, targets),
+                [good[i] for i in sources],
+                [rebuilt[i] for i in targets],
+                stop - start,
+            )
+        return rebuilt
+
     # -- synthetic blocks (coding/synthetic.py) ----------------------------------------------
     def _encode_synthetic(self, block: Synthetic) -> list[Payload]:
         """Data chunks are slices of the block, as for bytes; parity chunk ``p`` is a
