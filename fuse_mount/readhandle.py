@@ -16,6 +16,11 @@ from tectonic_emu.reader import FileReader
 
 # How much of a file a read handle fetches ahead of the reader, in segments (chunks).
 READAHEAD_SEGMENTS = 8
+# Reads that neither continue the last one nor fall in a segment already fetched, in a row,
+# after which a handle reads each straight from the store: only its bytes (the store reads
+# just the 8 KiB pieces that hold them), no segment, no readahead. A read that continues the
+# one before brings segments back.
+RANDOM_AFTER = 2
 
 
 class View(Protocol):
@@ -73,6 +78,8 @@ class ReadHandle:
         self._lock = threading.Lock()
         self._reloading = threading.Lock()
         self._segments: dict[int, _Segment] = {}
+        self._next = 0  # where the last read ended: a read from there is sequential
+        self._jumps = 0  # reads in a row that were not (``RANDOM_AFTER``)
 
     def _catch_up(self, end: int) -> None:
         """Look the block map up again if the file changed under it: new contents moved
@@ -139,6 +146,9 @@ class ReadHandle:
             return 0
         end = min(self.size, offset + size)
         first, last = offset // self.segment, (end - 1) // self.segment
+        if self._random(offset, end, first, last):
+            view = memoryview((ctypes.c_char * (end - offset)).from_address(dest)).cast("B")
+            return int(self.fs.bridge.call(self.reader.read_into(offset, view)))
         with self._lock:
             segs = [self._want(i) for i in range(first, last + 1)]
             for seg in segs:
@@ -171,6 +181,23 @@ class ReadHandle:
                     seg.pins -= 1
                     self._give_back(seg)
         return copied
+
+    def _random(self, offset: int, end: int, first: int, last: int) -> bool:
+        """Whether to read ``[offset, end)`` (segments ``first`` to ``last``) straight from
+        the store: the reads jump about (``RANDOM_AFTER``) and these segments are not here.
+        Segments are dropped (their readahead cancelled) on the way in."""
+        with self._lock:
+            sequential = offset == self._next or all(
+                i in self._segments for i in range(first, last + 1)
+            )
+            self._next = end
+            self._jumps = 0 if sequential else self._jumps + 1
+            if sequential or self._jumps < RANDOM_AFTER:
+                return False
+            for seg in self._segments.values():
+                self._drop(seg)
+            self._segments.clear()
+            return True
 
     @staticmethod
     def _result(seg: _Segment) -> int:
@@ -211,4 +238,4 @@ class ReadHandle:
             self._segments.clear()
 
 
-__all__ = ["READAHEAD_SEGMENTS", "Host", "ReadHandle", "View"]
+__all__ = ["RANDOM_AFTER", "READAHEAD_SEGMENTS", "Host", "ReadHandle", "View"]

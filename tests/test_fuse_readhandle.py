@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
+import random
 import threading
 from pathlib import Path
 
@@ -16,7 +17,7 @@ pytest.importorskip("mfusepy")
 import fuse_mount.readhandle as readhandle_module
 import tectonic_emu.bufpool as bufpool_module
 from fuse_mount.fs import TectonicFS
-from fuse_mount.readhandle import READAHEAD_SEGMENTS
+from fuse_mount.readhandle import RANDOM_AFTER, READAHEAD_SEGMENTS
 from tectonic_emu import Cluster
 from tectonic_emu.bridge import Bridge
 
@@ -107,5 +108,41 @@ def test_segment_buffers_go_back_to_the_pool_and_are_reused(
             assert len({id(b) for b in free}) == len(free) == len(mapped), attempt
             counts.append(len(mapped))
         assert counts[0] == counts[1] < 2 * (READAHEAD_SEGMENTS + 2)
+    finally:
+        bridge.close()
+
+
+def test_random_reads_go_straight_to_the_store_and_sequential_ones_come_back(
+    tmp_path: Path,
+) -> None:
+    """Reads that jump about (``RANDOM_AFTER`` in a row) stop fetching segments and reading
+    ahead: each asks the store for its bytes alone (and the segments already fetched go
+    back). A read that continues the last one brings segments back. Every read is right."""
+    Cluster.create(tmp_path / "c", nodes=4, encoding="r3", block_size=SEG)
+    data = os.urandom(SEG * 40 + 77)
+
+    async def put() -> None:
+        async with Cluster.open(tmp_path / "c") as cluster:
+            await cluster.client().write_file("/f", data)
+
+    asyncio.run(put())
+    bridge = Bridge(tmp_path / "c")
+    try:
+        fs = TectonicFS(bridge)
+        fh = fs.open("/f", os.O_RDONLY)
+        handle = fs._handles[fh]
+        assert _read(handle, 4096, 0) == data[:4096]  # a first read: segments, readahead
+        assert handle._segments
+        rng = random.Random(5)
+        offsets = [rng.randrange(20 * SEG, len(data)) for _ in range(20)]
+        for k, off in enumerate(offsets):
+            assert _read(handle, 4096, off) == data[off : off + 4096]
+            if k + 1 >= RANDOM_AFTER:
+                assert not handle._segments, k  # straight from the store
+        off = offsets[-1] + 4096  # continues the last read: segments again
+        assert _read(handle, 4096, off) == data[off : off + 4096]
+        assert handle._segments
+        fs.release("/f", fh)
+        assert len(fs.pool._free) == len({id(b) for b in fs.pool._free})
     finally:
         bridge.close()
