@@ -202,9 +202,14 @@ class BlockReader:
         self.hedging.count_read()
         # All of them, none cancelled when another fails (not raced: a late one is waited
         # for; a hedge would be a decode from D others).
-        results = await asyncio.gather(
-            *(self.fetch_range(by_index[i], *spans[i]) for i in wanted), return_exceptions=True
-        )
+        fetches = [self.fetch_range(by_index[i], *spans[i]) for i in wanted]
+        if len(fetches) == 1:  # (no task to make)
+            try:
+                results: list[Payload | BaseException] = [await fetches[0]]
+            except (OSError, EOFError) as e:
+                results = [e]
+        else:
+            results = await asyncio.gather(*fetches, return_exceptions=True)
         have: dict[int, Payload] = {}
         failed: dict[int, BaseException] = {}
         for i, r in zip(wanted, results, strict=True):

@@ -46,6 +46,7 @@ from tectonic_emu.chunkstore._format import (
     pack_header,
     payload_offset,
 )
+from tectonic_emu.chunkstore._opencache import OpenChunks
 from tectonic_emu.chunkstore.remote import RemoteNode, fixed_address
 from tectonic_emu.coding.synthetic import Synthetic
 from tectonic_emu.errors import (
@@ -908,3 +909,32 @@ def test_read_chunk_into(node: StorageNode) -> None:
         assert bytes((await node.read_chunk(1, "into"))[0]) == data
 
     run(go())
+
+
+def test_small_ranges_read_from_files_kept_open(local: LocalNode, monkeypatch: Any) -> None:
+    """A small range is read from the chunk's file kept open (``_opencache.py``), at most
+    ``LIMIT`` of them: a chunk deleted since reads as missing, one truncated as corrupt, a
+    byte flipped fails its piece; the node's close closes them all."""
+    monkeypatch.setattr(OpenChunks, "LIMIT", 4)
+    fds = lambda: len(os.listdir("/proc/self/fd"))  # noqa: E731
+    before = fds()
+    data = os.urandom(5 * PIECE_SIZE)
+    for k in range(6):
+        run(write(local, 0, f"k{k}", data))
+        assert bytes(run(local.read_chunk_range(0, f"k{k}", 100, 10))[0]) == data[100:110]
+    assert fds() == before + 4  # the last four read
+    run(local.delete_chunk(0, "k5"))
+    with pytest.raises(ChunkNotFoundError):
+        run(local.read_chunk_range(0, "k5", 100, 10))
+    os.unlink(local.chunk_path(0, "k4"))  # behind the node's back
+    with pytest.raises(ChunkNotFoundError):
+        run(local.read_chunk_range(0, "k4", 100, 10))
+    os.truncate(local.chunk_path(0, "k3"), PAYLOAD_OFFSET + PIECE_SIZE)
+    with pytest.raises(ChunkCorruptError):
+        run(local.read_chunk_range(0, "k3", 3 * PIECE_SIZE, 10))
+    _flip(local.chunk_path(0, "k2"), PAYLOAD_OFFSET + 2 * PIECE_SIZE)
+    with pytest.raises(ChunkCorruptError):
+        run(local.read_chunk_range(0, "k2", 2 * PIECE_SIZE, 10))
+    assert bytes(run(local.read_chunk_range(0, "k2", 100, 10))[0]) == data[100:110]
+    run(local.close())
+    assert fds() == before
