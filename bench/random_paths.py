@@ -5,7 +5,8 @@ into one reused page-aligned buffer, and gives a ``Sample``: the seconds the req
 and the growth of ``rchar`` and ``read_bytes`` in ``/proc/<pid>/io`` of the processes that
 read the data's files while they ran (``IoCounters``). File-level paths (local files, the
 mount, JuiceFS) use ``os.preadv`` on a descriptor opened ``O_RDONLY`` (``pread`` into the
-buffer: no allocation per request); the native client uses ``Client.read_into`` by path.
+buffer: no allocation per request); the native client reads through a ``FileReader`` opened
+once (``Client.reader``), as a data loader holds its shards open.
 """
 
 from __future__ import annotations
@@ -160,14 +161,16 @@ def warm(path: Path) -> None:
 async def read_native(
     client: Any, path: str, offsets: Sequence[int], buf: memoryview, pids: Pids
 ) -> Sample:
-    """``client.read_into(path, offset, buf)`` at each offset, in turn (each request looks
-    the path up and reads the blocks it covers, as a data loader's ``__getitem__`` would)."""
+    """``reader.read_into(offset, buf)`` at each offset, in turn, of a ``FileReader`` opened
+    once (its block map looked up once, as the mount's descriptor has it); the open is
+    timed too."""
     want = len(buf)
     who = pids()
     before = io_counters(who)
     t0 = time.perf_counter()
+    reader = await client.reader(path)
     for off in offsets:
-        if await client.read_into(path, off, buf) != want:
+        if await reader.read_into(off, buf) != want:
             raise ReadBackError(f"native client: short read at {off}")
     seconds = time.perf_counter() - t0
     after = io_counters(who)

@@ -5,8 +5,9 @@ Then requests of each size (4 KiB and 128 KiB by default) read it at offsets dra
 from the multiples of the request size, all different where the file has enough (the same
 offsets for every path in a round), one request at a time, through:
 
-- **native client**: ``Client.read_into(path, offset, buf)`` against a fresh embedded cluster
-  (rs-6-3 by default), its nodes in this process;
+- **native client**: ``FileReader.read_into(offset, buf)`` of the file opened once
+  (``Client.reader``, as the mount's descriptor), against a fresh embedded cluster (rs-6-3
+  by default), its nodes in this process;
 - **mount**: ``os.preadv`` on a descriptor of the file in a ``tectonic-emu mount`` of the same
   cluster (a child process); skipped, with the reason, where FUSE is not available;
 - **local O_DIRECT**, **local cold**, **local page cache**: ``os.preadv`` on a plain file in the
