@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 from tectonic_emu.bufpool import BufferPool, address_of
-from tectonic_emu.chunkstore._format import head_of
+from tectonic_emu.chunkstore._format import HEADER_SIZE, ChunkHeader, head_of, unpack_header
 from tectonic_emu.chunkstore.base import is_chunk_id
 from tectonic_emu.coding._native import pinned
 from tectonic_emu.coding.checksum import crc32c
@@ -189,6 +189,18 @@ def _open_chunk(path: str, chunk_id: str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _open_checked(path: str, chunk_id: str) -> tuple[int, os.stat_result, ChunkHeader]:
+    """A read descriptor of a chunk file (``_open_chunk``), its stat, and its header,
+    checked against the file size; the descriptor is closed if the header fails."""
+    fd = _open_chunk(path, chunk_id)
+    try:
+        st = os.fstat(fd)
+        return fd, st, unpack_header(os.pread(fd, HEADER_SIZE, 0), chunk_id, st.st_size)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _chunk_files(disk_dir: Path) -> list[tuple[str, str]]:

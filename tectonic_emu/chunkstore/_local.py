@@ -44,6 +44,7 @@ from tectonic_emu.chunkstore._chunkfile import (
     _PAGE,
     _chunk_files,
     _fsync_dir,
+    _open_checked,
     _open_chunk,
     _pread_exact,
     _unlink_best_effort,
@@ -404,13 +405,7 @@ class LocalNode(StorageNode):
         return await self._run(self._open_checked, disk, chunk_id, self.chunk_path(disk, chunk_id))
 
     def _open_checked(self, disk: int, chunk_id: str, path: str) -> tuple[int, ChunkInfo, int]:
-        fd = _open_chunk(path, chunk_id)
-        try:
-            st = os.fstat(fd)
-            header = unpack_header(os.pread(fd, HEADER_SIZE, 0), chunk_id, st.st_size)
-        except BaseException:
-            os.close(fd)
-            raise
+        fd, st, header = _open_checked(path, chunk_id)
         return fd, _info(chunk_id, disk, header, st), header.payload_offset
 
     async def delete_chunk(self, disk: int, chunk_id: str) -> None:

@@ -19,8 +19,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tectonic_emu.chunkstore._chunkfile import _open_chunk
-from tectonic_emu.chunkstore._format import HEADER_SIZE, ChunkHeader, unpack_header
+from tectonic_emu.chunkstore._chunkfile import _open_checked
+from tectonic_emu.chunkstore._format import ChunkHeader
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,13 +49,7 @@ class OpenChunks:
                 self._files.move_to_end(key)
                 return entry
             self.drop(disk, chunk_id)
-        fd = _open_chunk(path_of(), chunk_id)
-        try:
-            st = os.fstat(fd)
-            header = unpack_header(os.pread(fd, HEADER_SIZE, 0), chunk_id, st.st_size)
-        except BaseException:
-            os.close(fd)
-            raise
+        fd, st, header = _open_checked(path_of(), chunk_id)
         entry = self._files[key] = OpenChunk(fd, header, st.st_mtime)
         while len(self._files) > self.LIMIT:
             _, old = self._files.popitem(last=False)

@@ -145,15 +145,7 @@ class ReedSolomonCodec(Codec):
         for i in missing:
             rebuilt[i] = whole[pos : pos + sizes[i]]
             pos += sizes[i]
-        targets = tuple(i for i in missing if sizes[i] > 0)
-        if targets:
-            sources = tuple(sorted(good)[: self._data])
-            self._run(
-                self._tables(sources, targets),
-                [good[i] for i in sources],
-                [rebuilt[i] for i in targets],
-                self.chunk_len(block_len),
-            )
+        self._rebuild(good, rebuilt, self.chunk_len(block_len))
         return dict[int, Payload](rebuilt)
 
     def reconstruct_range(
@@ -194,16 +186,21 @@ class ReedSolomonCodec(Codec):
             )
         work.count("rs-decode", (stop - start) * self._data)
         rebuilt = {i: memoryview(bytearray(want[i])) for i in missing}
-        targets = tuple(i for i in missing if want[i] > 0)
+        self._rebuild(good, rebuilt, stop - start)
+        return rebuilt
+
+    def _rebuild(self, good: Mapping[int, memoryview], out: dict[int, memoryview], s: int) -> None:
+        """Fill each non-empty buffer of ``out`` (by chunk index) from D of the ``good``
+        chunks (or their same columns), all seen as ``s`` bytes (``_run``)."""
+        targets = tuple(i for i in out if out[i].nbytes > 0)
         if targets:
             sources = tuple(sorted(good)[: self._data])
             self._run(
                 self._tables(sources, targets),
                 [good[i] for i in sources],
-                [rebuilt[i] for i in targets],
-                stop - start,
+                [out[i] for i in targets],
+                s,
             )
-        return rebuilt
 
     # -- synthetic blocks (coding/synthetic.py) ----------------------------------------------
     def _encode_synthetic(self, block: Synthetic) -> list[Payload]:
