@@ -191,16 +191,31 @@ def _open_chunk(path: str, chunk_id: str) -> int:
     return fd
 
 
-def _open_checked(path: str, chunk_id: str) -> tuple[int, os.stat_result, ChunkHeader]:
+def _open_checked(
+    path: str, chunk_id: str, *, whole: bool
+) -> tuple[int, os.stat_result, ChunkHeader]:
     """A read descriptor of a chunk file (``_open_chunk``), its stat, and its header,
-    checked against the file size; the descriptor is closed if the header fails."""
+    checked against the file size (``_read_head``, ``whole`` as there); the descriptor is
+    closed if the header fails."""
     fd = _open_chunk(path, chunk_id)
     try:
         st = os.fstat(fd)
-        return fd, st, unpack_header(os.pread(fd, HEADER_SIZE, 0), chunk_id, st.st_size)
+        return fd, st, _read_head(fd, chunk_id, st.st_size, whole=whole)
     except BaseException:
         os.close(fd)
         raise
+
+
+def _read_head(fd: int, chunk_id: str, size: int, *, whole: bool) -> ChunkHeader:
+    """The header of the chunk file open as ``fd`` (``size`` bytes), checked. ``whole``:
+    the payload is read next, start to end, so the pages between the header and the
+    payload (the piece table) are read too: the kernel then sees one sequential read and
+    keeps its readahead growing. A page skipped there made it start over, and whole reads
+    of 8 MiB chunks (payload at 8192) ran at 0.63x of those with the payload at 4096."""
+    header = unpack_header(os.pread(fd, HEADER_SIZE, 0), chunk_id, size)
+    if whole and header.payload_offset > _PAGE:
+        os.pread(fd, header.payload_offset - _PAGE, _PAGE)
+    return header
 
 
 def _chunk_files(disk_dir: Path) -> list[tuple[str, str]]:

@@ -47,6 +47,7 @@ from tectonic_emu.chunkstore._chunkfile import (
     _open_checked,
     _open_chunk,
     _pread_exact,
+    _read_head,
     _unlink_best_effort,
     _unlink_quiet,
     _write_all,
@@ -284,7 +285,7 @@ class LocalNode(StorageNode):
         fd = _open_chunk(path, chunk_id)
         try:
             st = os.fstat(fd)
-            header = unpack_header(os.pread(fd, HEADER_SIZE, 0), chunk_id, st.st_size)
+            header = _read_head(fd, chunk_id, st.st_size, whole=True)
             payload = _pread_exact(fd, header.payload_len, header.payload_offset, chunk_id)
         finally:
             self.close_read(fd)
@@ -309,7 +310,7 @@ class LocalNode(StorageNode):
         fd = _open_chunk(path, chunk_id)
         try:
             st = os.fstat(fd)
-            header = unpack_header(os.pread(fd, HEADER_SIZE, 0), chunk_id, st.st_size)
+            header = _read_head(fd, chunk_id, st.st_size, whole=True)
             if header.payload_len != dest.nbytes:
                 raise ChunkCorruptError(
                     f"chunk is {header.payload_len} bytes where {dest.nbytes} were expected",
@@ -405,7 +406,7 @@ class LocalNode(StorageNode):
         return await self._run(self._open_checked, disk, chunk_id, self.chunk_path(disk, chunk_id))
 
     def _open_checked(self, disk: int, chunk_id: str, path: str) -> tuple[int, ChunkInfo, int]:
-        fd, st, header = _open_checked(path, chunk_id)
+        fd, st, header = _open_checked(path, chunk_id, whole=True)  # sent with sendfile
         return fd, _info(chunk_id, disk, header, st), header.payload_offset
 
     async def delete_chunk(self, disk: int, chunk_id: str) -> None:

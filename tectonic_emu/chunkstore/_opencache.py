@@ -49,7 +49,7 @@ class OpenChunks:
                 self._files.move_to_end(key)
                 return entry
             self.drop(disk, chunk_id)
-        fd, st, header = _open_checked(path_of(), chunk_id)
+        fd, st, header = _open_checked(path_of(), chunk_id, whole=False)
         entry = self._files[key] = OpenChunk(fd, header, st.st_mtime)
         while len(self._files) > self.LIMIT:
             _, old = self._files.popitem(last=False)
