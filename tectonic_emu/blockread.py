@@ -24,7 +24,7 @@ from concurrent.futures import Executor
 
 from tectonic_emu import clock
 from tectonic_emu.chunkstore.base import StorageNode
-from tectonic_emu.coding import Encoding, codec_for, decompress
+from tectonic_emu.coding import Encoding, codec_for, crc32c, decompress
 from tectonic_emu.coding.reed_solomon import ReedSolomonCodec
 from tectonic_emu.coding.synthetic import Payload, Synthetic, put_into, sliced
 from tectonic_emu.errors import ChunkCorruptError, DataUnavailableError, reason
@@ -72,6 +72,19 @@ class BlockReader:
         if not c.flags:
             return stored
         return await offload(self._cpu, c.raw_len, _decompressed, c, stored)
+
+    async def scrub_chunk(self, c: ChunkPlacement) -> Payload:
+        """``fetch_chunk`` for scrub and repair: each piece checked against the node's piece
+        checksums as the whole is against the Block layer's. A bad entry in a chunk's piece
+        table fails the small reads of its piece (they fall back), so scrub must see it and
+        repair rewrite the chunk."""
+        data, info = await self.nodes[c.node].read_chunk_range(c.disk, c.chunk_id, 0, c.stored_len)
+        whole = await offload(self._cpu, c.stored_len, crc32c, data)
+        if len(data) != c.stored_len or info.crc32c != c.crc32c or whole != c.crc32c:
+            raise ChunkCorruptError(f"chunk {c.chunk_id} fails its checksum", f"node {c.node}")
+        if not c.flags:
+            return data
+        return await offload(self._cpu, c.raw_len, _decompressed, c, data)
 
     async def fetch_chunk_into(self, c: ChunkPlacement, dest: memoryview) -> memoryview:
         """``fetch_chunk`` for an uncompressed chunk, received straight into ``dest`` (exactly

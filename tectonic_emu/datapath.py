@@ -241,6 +241,10 @@ class DataPath:
         """One chunk's raw (decompressed) bytes, checked end to end against the Block layer."""
         return await self._reader.fetch_chunk(c)
 
+    async def scrub_chunk(self, c: ChunkPlacement) -> Payload:
+        """``fetch_chunk`` with every piece checked too (scrub and repair)."""
+        return await self._reader.scrub_chunk(c)
+
     async def fetch_chunk_into(self, c: ChunkPlacement, dest: memoryview) -> memoryview:
         """``fetch_chunk`` for an uncompressed chunk, received straight into ``dest`` (exactly
         its length); returns ``dest``."""

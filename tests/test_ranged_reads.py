@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from tectonic_emu import Cluster
 from tectonic_emu.chunkstore import FaultyNode
-from tectonic_emu.chunkstore._format import PAYLOAD_OFFSET
+from tectonic_emu.chunkstore._format import HEADER_SIZE, PAYLOAD_OFFSET, PIECE_SIZE
+from tectonic_emu.services.repair import repair
+from tectonic_emu.services.scrub import scrub
 
 from .conftest import make_cluster, run_with
 
@@ -130,5 +132,32 @@ def test_a_flipped_byte_fails_only_the_reads_of_its_piece(tmp_path: Path) -> Non
             await reader.read_into(38_000, buf)
         with pytest.raises(OSError):
             await client.read_file("/f")
+
+    run_with(root, go)
+
+
+def test_scrub_finds_a_bad_piece_checksum_and_repair_rewrites_the_chunk(tmp_path: Path) -> None:
+    """A flipped bit in a chunk's piece table (its bytes intact) fails small reads of that
+    piece on that node; scrub checks every piece as well as the whole, reports the chunk
+    corrupt, and repair rewrites it."""
+    root = make_cluster(tmp_path / "c", nodes=4, encoding="r3", block_size=BLOCK)
+
+    async def go(c: Cluster) -> None:
+        client = c.client()
+        await client.write_file("/f", DATA[:BLOCK])
+        (block,) = await client.layout("/f")
+        victim = block.chunks[0]
+        path = c.nodes[victim.node].chunk_path(victim.disk, victim.chunk_id)
+        assert path is not None
+        flip(path, HEADER_SIZE + 4 * 3)  # piece 3's checksum
+        report = await scrub(c)
+        assert [p.chunk_id for p in report.corrupt] == [victim.chunk_id]
+        fixed = await repair(c, gc_grace=0)
+        assert (fixed.blocks_repaired, fixed.chunks_rebuilt) == (1, 1)
+        assert (await scrub(c)).clean
+        reader = await client.reader("/f")
+        buf = bytearray(100)
+        assert await reader.read_into(3 * PIECE_SIZE + 5, buf) == 100
+        assert bytes(buf) == DATA[3 * PIECE_SIZE + 5 : 3 * PIECE_SIZE + 105]
 
     run_with(root, go)

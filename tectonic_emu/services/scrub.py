@@ -63,7 +63,7 @@ async def check_block(
 
     async def one(c: ChunkPlacement) -> tuple[ChunkPlacement, Any]:
         try:
-            return c, await cluster.datapath.fetch_chunk(c)
+            return c, await cluster.datapath.scrub_chunk(c)
         except (OSError, EOFError) as e:
             return c, e
 
