@@ -124,13 +124,10 @@ class BlockReader:
         chunks.
         """
         enc = Encoding.parse(rec.encoding)
-        if hi > lo and not any(c.flags for c in rec.chunks):
-            if enc.kind == "replication" and hi - lo <= RANGED_SHARE * rec.length:
-                return await self._read_replica_range(rec, lo, hi, into)
-            if enc.kind == "rs":
-                pieces = await self._read_rs_pieces(rec, enc, lo, hi, into)
-                if pieces is not None:
-                    return pieces
+        compressed = any(c.flags for c in rec.chunks)
+        small = 0 < hi - lo <= RANGED_SHARE * rec.length
+        if enc.kind == "replication" and small and not compressed:
+            return await self._read_replica_range(rec, lo, hi, into)
         if enc.kind == "rs" and hi > lo:
             sizes = codec_for(enc).chunk_sizes(rec.length)[: enc.data]
             starts = list(itertools.accumulate([0, *sizes[:-1]]))
@@ -141,13 +138,19 @@ class BlockReader:
                 if sizes[i] and starts[i] < hi and starts[i] + sizes[i] > lo
             ]
             if all(i in by_index and self.nodes[by_index[i].node].available for i in wanted):
+                if not compressed and hi - lo <= RANGED_SHARE * sum(sizes[i] for i in wanted):
+                    pieces = await self._read_rs_pieces(
+                        rec, enc, lo, hi, into, sizes, starts, wanted
+                    )
+                    if pieces is not None:
+                        return pieces
                 return await self._read_rs_range(rec, enc, lo, hi, into, sizes, starts, wanted)
         if (
             enc.kind == "replication"
             and into is not None
             and (lo, hi) == (0, rec.length)
             and rec.chunks
-            and not any(c.flags for c in rec.chunks)
+            and not compressed
         ):
             self.hedging.count_read()
             live = [c for c in self._read_order(rec.chunks, 1) if self.nodes[c.node].available]
@@ -191,23 +194,21 @@ class BlockReader:
         return _deliver(data, lo, hi, into)
 
     async def _read_rs_pieces(
-        self, rec: BlockRecord, enc: Encoding, lo: int, hi: int, into: memoryview | None
+        self,
+        rec: BlockRecord,
+        enc: Encoding,
+        lo: int,
+        hi: int,
+        into: memoryview | None,
+        sizes: list[int],
+        starts: list[int],
+        wanted: list[int],
     ) -> list[tuple[int, Payload]] | None:
-        """A small range of a Reed-Solomon block from its bytes of the data chunks it
-        touches; a chunk that fails is decoded from the same bytes of D others. None when
-        the range is not small, or a chunk it needs is on a node that is down (the block
-        path decodes it), or the pieces are synthetic and one failed."""
-        codec = codec_for(enc)
-        sizes = codec.chunk_sizes(rec.length)[: enc.data]
-        starts = list(itertools.accumulate([0, *sizes[:-1]]))
-        wanted = [
-            i for i in range(enc.data) if sizes[i] and starts[i] < hi and starts[i] + sizes[i] > lo
-        ]
-        if hi - lo > RANGED_SHARE * sum(sizes[i] for i in wanted):
-            return None
+        """A small range of a Reed-Solomon block (``read_range``'s ``wanted`` data chunks,
+        of ``sizes`` at ``starts``, all on live nodes) from its bytes of them; a chunk that fails is
+        decoded from the same bytes of D others. None when too few return them, or the
+        pieces are synthetic and one failed (the block path then decodes it)."""
         by_index = {c.index: c for c in rec.chunks}
-        if not all(i in by_index and self.nodes[by_index[i].node].available for i in wanted):
-            return None
         spans = {
             i: (max(lo, starts[i]) - starts[i], min(hi, starts[i] + sizes[i]) - starts[i])
             for i in wanted

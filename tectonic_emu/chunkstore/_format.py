@@ -35,9 +35,7 @@ from dataclasses import dataclass
 import google_crc32c
 
 from tectonic_emu.chunkstore.base import BytesLike
-from tectonic_emu.coding import work
-from tectonic_emu.coding._native import crc32c_extend, pinned
-from tectonic_emu.coding.checksum import crc32c_many
+from tectonic_emu.coding.checksum import crc32c_pieces
 from tectonic_emu.errors import ChunkCorruptError, InvalidArgumentError
 
 MAGIC = b"TECK"
@@ -99,16 +97,7 @@ def pack_header(
 
 def piece_table(payload: memoryview, piece_size: int = PIECE_SIZE) -> bytes:
     """The CRC32C of each ``piece_size`` piece of ``payload``, packed (4 bytes each)."""
-    native = crc32c_extend()
-    n = payload.nbytes
-    if native is None:
-        spans = [(at, min(piece_size, n - at)) for at in range(0, n, piece_size)]
-        crcs = crc32c_many(payload, spans)
-    else:  # the call per piece is the cost: as few Python steps around it as can be
-        fn = native[1]
-        with pinned([payload]) as [(address, _)]:
-            crcs = [fn(0, address + at, min(piece_size, n - at)) for at in range(0, n, piece_size)]
-        work.count("crc32c-pieces", n)
+    crcs = crc32c_pieces(payload, piece_size)
     return struct.pack(f"<{len(crcs)}I", *crcs)
 
 
@@ -126,8 +115,8 @@ def check_pieces(
     """Raise ChunkCorruptError unless ``data``, whole pieces from piece ``first`` on (the
     last may end with the payload), matches ``table``, the packed checksums of pieces
     ``first`` on."""
-    size, n = header.piece_size, data.nbytes
-    got = crc32c_many(data, [(at, min(size, n - at)) for at in range(0, n, size)])
+    size = header.piece_size
+    got = crc32c_pieces(data, size)
     want = struct.unpack_from(f"<{len(got)}I", table)
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         if a != b:

@@ -1,6 +1,6 @@
 """Block encodings (replication, Reed-Solomon), chunk checksums and chunk compression."""
 
-from tectonic_emu.coding.checksum import crc32c, crc32c_each, crc32c_many
+from tectonic_emu.coding.checksum import crc32c, crc32c_each, crc32c_many, crc32c_pieces
 from tectonic_emu.coding.codec import Codec, codec_for
 from tectonic_emu.coding.compression import (
     FLAG_ZSTD,
@@ -22,6 +22,7 @@ __all__ = [
     "crc32c",
     "crc32c_each",
     "crc32c_many",
+    "crc32c_pieces",
     "decompress",
     "maybe_compress",
 ]

@@ -7,6 +7,7 @@ from typing import Any
 
 import google_crc32c
 
+from tectonic_emu.buffers import BytesLike
 from tectonic_emu.coding import work
 from tectonic_emu.coding._native import crc32c_extend, pinned
 from tectonic_emu.coding.synthetic import Payload, Synthetic
@@ -91,10 +92,28 @@ def crc32c_each(pieces: Sequence[Payload]) -> list[int]:
         raise InvalidArgumentError(f"cannot checksum a non-contiguous buffer: {exc}") from exc
 
 
+def crc32c_pieces(data: BytesLike, size: int) -> list[int]:
+    """CRC32C of each ``size``-byte piece of ``data`` in turn (the last may be short): a
+    chunk's piece table (``chunkstore/_format.py``). As ``crc32c_many``, but with as few
+    Python steps around each native call as can be, which is the cost: 1,024 of them per
+    8 MiB. Counted as work ``crc32c-pieces``."""
+    if size < 1:
+        raise InvalidArgumentError(f"pieces of {size} bytes")
+    view = memoryview(data).cast("B")
+    n = view.nbytes
+    native = crc32c_extend()
+    if native is None:
+        return [crc32c(view[at : at + size]) for at in range(0, n, size)]
+    fn = native[1]  # GIL held: the pieces are small
+    work.count("crc32c-pieces", n)
+    with pinned([view]) as [(address, _)]:
+        return [fn(0, address + at, min(size, n - at)) for at in range(0, n, size)]
+
+
 def _checksum_spans(native: Any, spans: Sequence[tuple[int, int]]) -> list[int]:
     """CRC32C of each ``(address, length)`` of pinned memory, releasing the GIL for the big."""
     gil_free, gil_held = native
     return [(gil_free if n >= _RELEASE_GIL_FROM else gil_held)(0, a, n) for a, n in spans]
 
 
-__all__ = ["crc32c", "crc32c_each", "crc32c_many"]
+__all__ = ["crc32c", "crc32c_each", "crc32c_many", "crc32c_pieces"]
