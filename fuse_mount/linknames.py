@@ -76,7 +76,7 @@ class LinkNames:
         """The file changed through ``but`` (whose attributes the kernel has from the
         reply): drop what the kernel caches of its other names. Runs in a FUSE request's
         thread (``fuse_get_context`` names the mount)."""
-        if file_id is None:
+        if file_id is None or file_id not in self._names:  # (every write asks: no lock)
             return
         with self._lock:
             paths = [p for p in self._names.get(file_id, ()) if p != but]

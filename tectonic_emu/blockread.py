@@ -205,9 +205,9 @@ class BlockReader:
         wanted: list[int],
     ) -> list[tuple[int, Payload]] | None:
         """A small range of a Reed-Solomon block (``read_range``'s ``wanted`` data chunks,
-        of ``sizes`` at ``starts``, all on live nodes) from its bytes of them; a chunk that fails is
-        decoded from the same bytes of D others. None when too few return them, or the
-        pieces are synthetic and one failed (the block path then decodes it)."""
+        of ``sizes`` at ``starts``, all on live nodes) from its bytes of them; a chunk that
+        fails is decoded from the same bytes of D others. None when too few return them, or
+        the pieces are synthetic and one failed (the block path then decodes it)."""
         by_index = {c.index: c for c in rec.chunks}
         spans = {
             i: (max(lo, starts[i]) - starts[i], min(hi, starts[i] + sizes[i]) - starts[i])

@@ -104,3 +104,12 @@ _tables = iter(range(1, 1 << 30))
 def fresh_table() -> str:
     """A table name no other test of this session uses (one database, many stores)."""
     return f"t{next(_tables)}"
+
+
+def flip(path: str, offset: int) -> None:
+    """Flip one bit of the byte at ``offset`` in a file."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        (b,) = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b ^ 0x40]))

@@ -48,7 +48,7 @@ from tectonic_emu.errors import InvalidArgumentError
 from tectonic_emu.services import collect_garbage, repair, scrub
 from tectonic_emu.services.scrub import ScrubReport
 
-from .conftest import SMALL_BLOCK, make_cluster, run_with
+from .conftest import SMALL_BLOCK, flip, make_cluster, run_with
 
 BLOCK = 16 << 10  # the clusters' block size: the size of every chunk
 
@@ -68,15 +68,6 @@ Damage = Literal["flip", "delete", "truncate"]
 def make(root: Path, *, nodes: int = 9) -> Path:
     Cluster.create(root, nodes=nodes, encoding="rs-6-3", block_size=BLOCK, sync=False)
     return root
-
-
-def flip(path: str, offset: int) -> None:
-    """Flip one bit of the byte at ``offset`` in a file."""
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        (b,) = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b ^ 0x40]))
 
 
 def damage(path: str, how: Damage, *, at: int = 1) -> None:

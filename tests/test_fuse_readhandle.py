@@ -24,6 +24,17 @@ from tectonic_emu.bridge import Bridge
 SEG = 64 << 10
 
 
+def _cluster_with(root: Path, data: bytes) -> None:
+    """An r3 cluster of ``SEG``-byte blocks at ``root`` holding ``data`` as ``/f``."""
+    Cluster.create(root, nodes=4, encoding="r3", block_size=SEG)
+
+    async def put() -> None:
+        async with Cluster.open(root) as cluster:
+            await cluster.client().write_file("/f", data)
+
+    asyncio.run(put())
+
+
 def _read(handle: object, size: int, offset: int) -> bytes:
     out = bytearray(size)
     address = ctypes.addressof(ctypes.c_char.from_buffer(out))
@@ -34,14 +45,8 @@ def _read(handle: object, size: int, offset: int) -> bytes:
 def test_a_segment_being_copied_out_is_not_recycled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    Cluster.create(tmp_path / "c", nodes=4, encoding="r3", block_size=SEG)
     data = os.urandom(SEG * (READAHEAD_SEGMENTS + 8))
-
-    async def put() -> None:
-        async with Cluster.open(tmp_path / "c") as cluster:
-            await cluster.client().write_file("/f", data)
-
-    asyncio.run(put())
+    _cluster_with(tmp_path / "c", data)
     bridge = Bridge(tmp_path / "c")
     try:
         fs = TectonicFS(bridge)
@@ -78,14 +83,8 @@ def test_segment_buffers_go_back_to_the_pool_and_are_reused(
 ) -> None:
     """Reading a file twice maps its segment buffers once: every buffer a closed handle
     held comes back to the mount's pool, each once, and the second read takes them again."""
-    Cluster.create(tmp_path / "c", nodes=4, encoding="r3", block_size=SEG)
     data = os.urandom(SEG * (READAHEAD_SEGMENTS + 8) + 123)
-
-    async def put() -> None:
-        async with Cluster.open(tmp_path / "c") as cluster:
-            await cluster.client().write_file("/f", data)
-
-    asyncio.run(put())
+    _cluster_with(tmp_path / "c", data)
     mapped: list[object] = []
     real_mmap = bufpool_module.mmap.mmap
 
@@ -118,14 +117,8 @@ def test_random_reads_go_straight_to_the_store_and_sequential_ones_come_back(
     """Reads that jump about (``RANDOM_AFTER`` in a row) stop fetching segments and reading
     ahead: each asks the store for its bytes alone (and the segments already fetched go
     back). A read that continues the last one brings segments back. Every read is right."""
-    Cluster.create(tmp_path / "c", nodes=4, encoding="r3", block_size=SEG)
     data = os.urandom(SEG * 40 + 77)
-
-    async def put() -> None:
-        async with Cluster.open(tmp_path / "c") as cluster:
-            await cluster.client().write_file("/f", data)
-
-    asyncio.run(put())
+    _cluster_with(tmp_path / "c", data)
     bridge = Bridge(tmp_path / "c")
     try:
         fs = TectonicFS(bridge)

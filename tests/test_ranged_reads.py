@@ -17,19 +17,11 @@ from tectonic_emu.chunkstore._format import HEADER_SIZE, PAYLOAD_OFFSET, PIECE_S
 from tectonic_emu.services.repair import repair
 from tectonic_emu.services.scrub import scrub
 
-from .conftest import make_cluster, run_with
+from .conftest import flip, make_cluster, run_with
 
 BLOCK = 512 << 10  # chunks of 512 KiB (an rs-6-3 block is 6 of them): 128 KiB is a small share
 WHOLE = 12 * BLOCK  # two rs-6-3 blocks, twelve r3 ones; then a short one
 DATA = os.urandom(WHOLE + 12_345)
-
-
-def flip(path: str, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 1]))
 
 
 def faulty(c: Cluster) -> list[FaultyNode]:
