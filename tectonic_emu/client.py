@@ -130,7 +130,8 @@ class Client(Namespace):
             raise IsADirectoryError_("is a directory", "/")
         token = entropy.token_hex(8)
         now = clock.wall()
-        async with self.meta.transaction() as m:
+        # Not durable: a nameless file, made durable by the publish (as in _open_writer).
+        async with self.meta.transaction(durable=False) as m:
             parent, inherited = await self._walk(m, parts[:-1], path=path, want_encoding=True)
             e = await m.names.lookup(parent, parts[-1])
             if e is not None and e.kind == "dir":
@@ -189,7 +190,7 @@ class Client(Namespace):
         int_arg("new_contents", "file_id", file_id)
         token = entropy.token_hex(8)
         now = clock.wall()
-        async with self.meta.transaction() as m:
+        async with self.meta.transaction(durable=False) as m:  # as new_version
             f = await m.files.get(file_id)
             if f is None:
                 raise NotFoundError(f"no file {file_id:016x}", path)
@@ -261,7 +262,11 @@ class Client(Namespace):
             raise IsADirectoryError_("is a directory", "/")
         token = entropy.token_hex(8)
         now = clock.wall()
-        async with self.meta.transaction() as m:
+        # Not durable: the writer's first durable point (a flush, the seal) makes this
+        # durable with it, commits being durable in order, so a create costs one flush, not
+        # two. A crash before that point loses an empty file (or a fence) that nothing was
+        # promised of (docs/design.md, "What is durable when").
+        async with self.meta.transaction(durable=False) as m:
             parent, inherited = await self._walk(m, parts[:-1], path=path, want_encoding=True)
             e = await m.names.lookup(parent, parts[-1])
             if e is None:
@@ -367,7 +372,7 @@ class Client(Namespace):
     ) -> tuple[FileRecord, list[BlockEntry], list[BlockRecord | None]]:
         """The file at ``path``, and its blocks holding bytes [start, start + size) (with
         their records, None for a hole)."""
-        async with self.meta.transaction() as m:
+        async with self.meta.view() as m:
             return await blocks_in(m, await self._file_id(m, path), start, size)
 
     async def _file_id(self, m: MetaTxn, path: str) -> int:
@@ -385,7 +390,7 @@ class Client(Namespace):
         int_arg("read_id_into", "file_id", file_id)
         int_arg("read_id_into", "offset", offset, at_least=0)
         out = buffer_arg("read_id_into", "buf", buf).cast("B")
-        async with self.meta.transaction() as m:
+        async with self.meta.view() as m:
             f, blocks, recs = await blocks_in(m, file_id, offset, len(out))
         end = min(f.size, offset + len(out))
         if end <= offset:
@@ -400,13 +405,13 @@ class Client(Namespace):
     async def reader(self, path: str) -> FileReader:
         """A ``FileReader`` of the file now at ``path``: its bytes as of now, read with the
         block map looked up once (for many reads of one file)."""
-        async with self.meta.transaction() as m:
+        async with self.meta.view() as m:
             return await self._reader(m, await self._file_id(m, path), path)
 
     async def reader_id(self, file_id: int) -> FileReader:
         """``reader`` by file id (a nameless or unsealed version too)."""
         int_arg("reader_id", "file_id", file_id)
-        async with self.meta.transaction() as m:
+        async with self.meta.view() as m:
             return await self._reader(m, file_id)
 
     async def _reader(self, m: MetaTxn, file_id: int, path: str | None = None) -> FileReader:

@@ -99,9 +99,13 @@ class Namespace:
                     enc = rec.encoding
         return dir_id, enc
 
-    async def _lookup(self, m: MetaTxn, path: str) -> tuple[int, Entry]:
-        """(parent dir id, entry) of an existing path other than the root."""
-        parts = split_path(path)
+    async def _lookup(
+        self, m: MetaTxn, path: str, parts: list[str] | None = None
+    ) -> tuple[int, Entry]:
+        """(parent dir id, entry) of an existing path other than the root (``parts``: its
+        ``split_path``, if the caller has it)."""
+        if parts is None:
+            parts = split_path(path)
         if not parts:
             raise InvalidPathError("the root has no parent", "/")
         parent, _ = await self._walk(m, parts[:-1], path=path)
@@ -186,9 +190,9 @@ class Namespace:
 
     async def scandir(self, path: str = "/", *, prefix: str = "") -> list[Entry]:
         parts = split_path(path)
-        async with self.meta.transaction() as m:
+        async with self.meta.view() as m:
             if parts:
-                _, e = await self._lookup(m, path)
+                _, e = await self._lookup(m, path, parts)
                 if e.kind != "dir":
                     raise NotADirectoryError_("not a directory", join_path(parts))
                 dir_id = e.id
@@ -199,8 +203,8 @@ class Namespace:
     # -- stat --------------------------------------------------------------------------------
     async def stat(self, path: str) -> Stat:
         parts = split_path(path)
-        async with self.meta.transaction() as m:
-            e = await self._entry(m, path)
+        async with self.meta.view() as m:
+            e = await self._entry(m, path, parts)
             if e.kind == "dir":
                 d = await self._dir(m, e.id)
                 return Stat(
@@ -215,17 +219,19 @@ class Namespace:
         """``stat`` of a file by id (the FUSE mount's open files, wherever they are named
         now, or nameless); its ``path`` is its name, or "" and its nlink 0 when it has
         none."""
-        async with self.meta.transaction() as m:
+        async with self.meta.view() as m:
             f = await m.files.get(file_id)
             if f is None:
                 raise NotFoundError(f"no file {file_id:016x}")
             return _file_stat(f.name or "", f)
 
-    async def _entry(self, m: MetaTxn, path: str) -> Entry:
+    async def _entry(self, m: MetaTxn, path: str, parts: list[str] | None = None) -> Entry:
         """The entry of an existing path; the root's is a directory's of no name."""
-        if not split_path(path):
+        if parts is None:
+            parts = split_path(path)
+        if not parts:
             return Entry("", "dir", ROOT_DIR_ID)
-        return (await self._lookup(m, path))[1]
+        return (await self._lookup(m, path, parts))[1]
 
     # -- POSIX attributes (tectonic_emu/attrs.py) ----------------------------------------------
     async def chmod(self, path: str, mode: int) -> None:
@@ -294,7 +300,7 @@ class Namespace:
     async def getxattr(self, path: str, name: str) -> bytes:
         """The value of a ``user.*`` attribute. Raises NotFoundError, NoAttributeError."""
         name = xattrs.check_name("getxattr", name)
-        async with self.meta.transaction() as m:
+        async with self.meta.view() as m:
             value = await m.xattrs.get((await self._entry(m, path)).id, name)
         if value is None:
             raise NoAttributeError("no such attribute", name)
@@ -302,7 +308,7 @@ class Namespace:
 
     async def listxattr(self, path: str) -> list[str]:
         """The names of a file's or directory's ``user.*`` attributes, sorted."""
-        async with self.meta.transaction() as m:
+        async with self.meta.view() as m:
             return sorted(await m.xattrs.names((await self._entry(m, path)).id))
 
     async def removexattr(self, path: str, name: str) -> None:

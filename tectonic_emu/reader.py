@@ -237,7 +237,7 @@ class FileReader:
         """Records of up to RECORD_BATCH blocks from ``first`` on, in one transaction."""
         at = bisect.bisect_left(self._ends, first.end)
         batch = [b for b in self._blocks[at : at + RECORD_BATCH] if self._missing(b)]
-        async with self.client.meta.transaction() as m:
+        async with self.client.meta.view() as m:
             for b in batch:
                 rec = await m.blocks.get(b.block_id)
                 if rec is None:

@@ -406,7 +406,7 @@ class FileWriter:
         await self._guard(self._append_hole(length))
 
     async def _append_hole(self, length: int) -> None:
-        await self._flush()  # the hole comes after every byte appended before it
+        await self._flush(sync=False)  # the hole comes after every byte appended before it
         await self._client.commit_hole(self.file_id, self._token, length, self.path)
         self.offset += length
         self.holes += length
@@ -417,7 +417,7 @@ class FileWriter:
             raise WriterClosedError("writer is closed", self.path)
         await self._guard(self._flush())
 
-    async def _flush(self) -> None:
+    async def _flush(self, *, sync: bool = True) -> None:
         if self._described is not None:
             described, self._described = self._described, None
             holds, self._stand_in, self._room = self._stand_in, None, 0
@@ -428,6 +428,10 @@ class FileWriter:
             block, self._buf, self._fill = self._buf[: self._fill], None, 0
             await self._pipeline.submit(block)
         await self._pipeline.drain()
+        if sync:
+            # The file's creation, visible but not durable since open_writer, is durable from
+            # here even with nothing appended (a no-op when a block's commit made it so).
+            await self._client.meta.sync()
 
     async def close(self) -> None:
         """Flush, then seal the file: it is immutable from now on."""
@@ -436,7 +440,7 @@ class FileWriter:
         await self._guard(self._close())
 
     async def _close(self) -> None:
-        await self._flush()
+        await self._flush(sync=False)  # the seal is durable, and everything before it
         await self._client.seal(self.file_id, self._token, self.path)
         self._closed = True
 
@@ -495,7 +499,7 @@ class VersionWriter(FileWriter):
         self.replaced: Replaced | None = None  # the contents replaced, when kept
 
     async def _close(self) -> None:
-        await self._flush()
+        await self._flush(sync=False)  # publishing is durable, and all before it
         if self.into is None:
             await self._client.publish(
                 self.file_id, self._token, self.path, keep_replaced=self.keep_replaced

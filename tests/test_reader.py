@@ -59,20 +59,20 @@ def test_records_are_fetched_in_batches_once(r3_dir: Path) -> None:
     async def go(c: Cluster) -> int:
         client = c.client()
         reader = await client.reader("/f")
-        transactions = 0
-        real = client.meta.transaction
+        views = 0
+        real = client.meta.view
 
         def counting():  # type: ignore[no-untyped-def]
-            nonlocal transactions
-            transactions += 1
+            nonlocal views
+            views += 1
             return real()
 
-        client.meta.transaction = counting  # type: ignore[method-assign]
+        client.meta.view = counting  # type: ignore[method-assign]
         buf = bytearray(SMALL_BLOCK)
         for offset in range(0, len(DATA), SMALL_BLOCK):
             await reader.read_into(offset, buf)
         await reader.read_into(0, buf)  # held: no lookup
-        return transactions
+        return views
 
     # BLOCKS + 1 blocks: one batch of RECORD_BATCH, then the rest.
     assert run_with(r3_dir, go) == 2

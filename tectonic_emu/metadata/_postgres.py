@@ -47,6 +47,7 @@ from tectonic_emu.metadata._common import (
     check_limit,
     settled,
 )
+from tectonic_emu.metadata._postgres_view import PostgresView
 from tectonic_emu.metadata.kv import prefix_end
 
 Synchronous = Literal["full", "normal"]
@@ -194,6 +195,17 @@ class PostgresKV(DurableStore):
 
     def transaction(self, *, durable: bool = True) -> _PostgresTransaction:
         return _PostgresTransaction(self, durable)
+
+    def view(self) -> PostgresView:
+        return PostgresView(self._view_readers, self._call, self._sql)
+
+    async def _view_readers(self) -> Any:
+        """The reader pool, for a view (``_postgres_view``) that may begin now."""
+        self._bind_loop()
+        self._check_not_owner()  # it would not see the caller's own transaction
+        if self._closed:
+            raise self._closed_error()
+        return await self._readers()
 
     async def sync(self) -> None:
         self._bind_loop()

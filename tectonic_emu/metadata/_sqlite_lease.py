@@ -33,9 +33,12 @@ middle of a commit holds the others up (they poll up to ``busy_timeout``, then E
 it resumes. That window is a commit long; a transaction's own may be as long as its caller
 likes.
 
-Everything here runs on the store's worker thread. Times are wall-clock (``time.time``),
-which all processes of one host share and which a reboot does not reset; a lease ending more
-than ``MAX_LEASE`` seconds ahead (the clock was stepped back) counts as ended.
+Every step here is a few microseconds unless it must wait: the store runs it on the event
+loop's thread with ``wait=False``, where a flock held elsewhere (or SQLite's own lock) raises
+``Busy`` at once, and then runs it again on its worker thread, which may wait. Times are
+wall-clock (``time.time``), which all processes of one host share and which a reboot does not
+reset; a lease ending more than ``MAX_LEASE`` seconds ahead (the clock was stepped back)
+counts as ended.
 """
 
 from __future__ import annotations
@@ -69,6 +72,11 @@ class LeaseLostError(OSError):
         )
 
 
+class Busy(Exception):
+    """A step that was not to wait found a lock held: nothing changed; run it again where
+    waiting is allowed."""
+
+
 @dataclass(frozen=True, slots=True)
 class Holder:
     """Who holds a live lease, for the line of an EBUSY."""
@@ -100,9 +108,10 @@ class LeaseFile:
         self._fd: int | None = None
         self._pid = 0  # the process that opened _fd (a forked child opens its own)
 
-    def take(self, token: bytes, pid: int, lease: float) -> Holder | None:
-        """Take the lease for ``lease`` seconds if no live one is held; else who holds it."""
-        fd = self._lock()
+    def take(self, token: bytes, pid: int, lease: float, *, wait: bool = True) -> Holder | None:
+        """Take the lease for ``lease`` seconds if no live one is held; else who holds it.
+        ``wait=False``: ``Busy`` if the record is locked (``_lock``)."""
+        fd = self._lock(wait)
         try:
             row, now = _read(fd), time.time()
             if row is not None and _live(row, now):
@@ -125,14 +134,22 @@ class LeaseFile:
             fcntl.flock(fd, fcntl.LOCK_UN)
 
     def commit(
-        self, token: bytes | None, apply: Callable[[], None], *, lease: float, where: str
+        self,
+        token: bytes | None,
+        apply: Callable[[], None],
+        *,
+        lease: float,
+        where: str,
+        wait: bool = True,
     ) -> Holder | None:
         """Run ``apply`` (the SQLite commit) if the lease allows it, and free the record.
         With a ``token``: raises LeaseLostError, running nothing, if the record names
         another (``lease`` and ``where`` go in its line). Without one (a transaction that
         only writes): returns the holder of a live lease, running nothing, or clears a dead
-        one. The lease is freed whether ``apply`` succeeds or fails: the transaction is over."""
-        fd = self._lock()
+        one. The lease is freed whether ``apply`` succeeds or fails (the transaction is over),
+        unless it raises ``Busy``: it changed nothing, and the caller runs the commit again.
+        ``wait=False``: ``Busy`` if the record is locked (``_lock``)."""
+        fd = self._lock(wait)
         try:
             row = _read(fd)
             if token is not None and (row is None or row[0] != token):
@@ -141,9 +158,14 @@ class LeaseFile:
                 return Holder(row[1], row[2])
             try:
                 apply()
-            finally:
+            except Busy:
+                raise
+            except BaseException:
                 if row is not None:
                     os.pwrite(fd, _FREE, 0)
+                raise
+            if row is not None:
+                os.pwrite(fd, _FREE, 0)
             return None
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
@@ -153,8 +175,9 @@ class LeaseFile:
         if fd is not None and self._pid == os.getpid():
             os.close(fd)
 
-    def _lock(self) -> int:
-        """The record's descriptor, flocked: the caller unlocks it."""
+    def _lock(self, wait: bool = True) -> int:
+        """The record's descriptor, flocked: the caller unlocks it. ``wait=False``: ``Busy``
+        at once if another process has it locked."""
         fd = self._open()
         deadline, pause = None, 0.00005
         while True:
@@ -162,7 +185,8 @@ class LeaseFile:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return fd
             except BlockingIOError:
-                pass
+                if not wait:
+                    raise Busy from None
             if deadline is None:
                 deadline = time.monotonic() + self.busy_timeout
             elif time.monotonic() + pause > deadline:
@@ -196,4 +220,4 @@ def _read(fd: int) -> _Record | None:
     return cast(_Record, _RECORD.unpack(data))
 
 
-__all__ = ["MAX_LEASE", "Holder", "LeaseFile", "LeaseLostError"]
+__all__ = ["MAX_LEASE", "Busy", "Holder", "LeaseFile", "LeaseLostError"]

@@ -8,13 +8,21 @@ Transactions are serializable: everything read and written inside one ``async wi
 store.transaction() as txn`` block is applied atomically at the end of the block, or not at all
 if the block raises (or is cancelled). Outside a transaction, ``store.get`` and ``store.scan``
 see only committed data.
+
+A *view* (``async with store.view() as v``) reads without writing: every read in it sees one
+committed state, the caller's own open transaction excepted. It is what stat, listings and
+readers use: a backend may serve it far more cheaply than a transaction (``SQLiteKV`` reads on
+the event loop's thread, PostgreSQL at REPEATABLE READ on a reader connection, neither taking
+the transactions' lock). The default is a transaction that refuses writes.
 """
 
 from __future__ import annotations
 
 import abc
+import errno
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
+from types import TracebackType
 
 
 def prefix_end(prefix: bytes) -> bytes | None:
@@ -69,6 +77,12 @@ class KVStore(abc.ABC):
         durable; ``sync`` waits for that. A transaction that commits after it is durable
         with it (commits are durable in commit order)."""
 
+    def view(self) -> AbstractAsyncContextManager[Transaction]:
+        """A read-only view of the committed state (module docstring): its reads see one
+        state, and ``put``/``delete`` raise ``OSError(EROFS)``. Like a transaction, it
+        fails with ``OSError(EDEADLK)`` in a task that holds a transaction on this store."""
+        return ReadOnly(self.transaction(durable=False))
+
     async def sync(self) -> None:
         """Return once every transaction committed so far is durable (a no-op for a store
         whose every commit is durable when it returns)."""
@@ -103,4 +117,50 @@ class KVStore(abc.ABC):
         """Release the backend; the store must not be used afterwards."""
 
 
-__all__ = ["KVStore", "Transaction", "prefix_end"]
+class ReadOnly(Transaction):
+    """A transaction (or any context giving one) whose writes are refused: the default
+    ``KVStore.view``."""
+
+    def __init__(self, inner: AbstractAsyncContextManager[Transaction]) -> None:
+        self._inner = inner
+        self._txn: Transaction | None = None
+
+    async def __aenter__(self) -> ReadOnly:
+        self._txn = await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._txn = None
+        await self._inner.__aexit__(exc_type, exc, tb)
+
+    def _open(self) -> Transaction:
+        if self._txn is None:
+            raise OSError(errno.EBADF, "the view is not open")
+        return self._txn
+
+    async def get(self, key: bytes) -> bytes | None:
+        return await self._open().get(key)
+
+    async def scan(
+        self, prefix: bytes, *, start: bytes | None = None, limit: int | None = None
+    ) -> list[tuple[bytes, bytes]]:
+        return await self._open().scan(prefix, start=start, limit=limit)
+
+    async def put(self, key: bytes, value: bytes) -> None:
+        raise read_only()
+
+    async def delete(self, key: bytes) -> None:
+        raise read_only()
+
+
+def read_only() -> OSError:
+    """What a write into a view raises."""
+    return OSError(errno.EROFS, "a metadata view is read-only")
+
+
+__all__ = ["KVStore", "ReadOnly", "Transaction", "prefix_end", "read_only"]

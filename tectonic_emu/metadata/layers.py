@@ -92,20 +92,31 @@ def disk_prefix(node: int, disk: int) -> bytes:
 
 
 class NameLayer:
-    """Directories and the names in them."""
+    """Directories and the names in them. A directory's record is read once per
+    transaction and kept decoded (a create reads its parent's three times: the walk, the
+    new file's mode, the parent's times); nothing else changes it while the transaction
+    is open."""
 
     def __init__(self, txn: Transaction) -> None:
         self._txn = txn
+        self._dirs: dict[int, DirRecord | None] = {}
 
     async def get_dir(self, dir_id: int) -> DirRecord | None:
+        if dir_id in self._dirs:
+            return self._dirs[dir_id]
         raw = await self._txn.get(dir_key(dir_id))
-        return None if raw is None else DirRecord.decode(dir_id, raw)
+        rec = self._dirs[dir_id] = None if raw is None else DirRecord.decode(dir_id, raw)
+        return rec
 
     async def put_dir(self, rec: DirRecord) -> None:
+        self._dirs.pop(rec.dir_id, None)  # kept once the put went through
         await self._txn.put(dir_key(rec.dir_id), rec.encode())
+        self._dirs[rec.dir_id] = rec
 
     async def delete_dir(self, dir_id: int) -> None:
+        self._dirs.pop(dir_id, None)
         await self._txn.delete(dir_key(dir_id))
+        self._dirs[dir_id] = None
 
     async def lookup(self, dir_id: int, name: str) -> Entry | None:
         raw = await self._txn.get(entry_key(dir_id, name))
@@ -293,6 +304,14 @@ class Metadata:
     async def transaction(self, *, durable: bool = True) -> AsyncIterator[MetaTxn]:
         """A transaction over the layers (``durable``: see ``KVStore.transaction``)."""
         async with self.kv.transaction(durable=durable) as txn:
+            yield MetaTxn(txn)
+
+    @asynccontextmanager
+    async def view(self) -> AsyncIterator[MetaTxn]:
+        """The layers in a read-only view of the last commit (``KVStore.view``): for stat,
+        listings and readers, far cheaper than a transaction on SQLite; writes raise
+        ``OSError(EROFS)``."""
+        async with self.kv.view() as txn:
             yield MetaTxn(txn)
 
     async def sync(self) -> None:

@@ -61,8 +61,7 @@ async def blocks_needing_repair(cluster: WatchedStore, *, repair_after: float) -
     for n in dead:  # the reverse index: only the dead node's blocks
         for d in range(cluster.config.disks_per_node):
             for block_id in await cluster.meta.blocks_on_disk(n, d):
-                async with cluster.meta.transaction() as m:
-                    rec = await m.blocks.get(block_id)
+                rec = await cluster.meta.block(block_id)
                 if rec is not None:
                     todo[block_id] = rec
     async for rec in cluster.meta.iter_blocks():

@@ -1,0 +1,111 @@
+"""``SQLiteKV.view()``: a read-only view, one SQLite read transaction on the loop's thread.
+
+A view takes a view connection of the store's (``SQLiteKV._view_db``), begins a read
+transaction with its first read and ends it on exit: every read in it sees one committed
+state, that of its first read, without the lease, while transactions commit beside it (WAL
+mode). Where no view connection is free, or SQLite is busy at the first read (a process
+recovering the WAL, a checkpoint restarting it), the view reads on the store's reader
+thread instead, in one read transaction there, one such view at a time.
+"""
+
+from __future__ import annotations
+
+import errno
+import sqlite3
+from collections.abc import Callable
+from typing import TypeVar
+
+from tectonic_emu.metadata import _sqlite_sql as sql
+from tectonic_emu.metadata._common import check_limit, settled
+from tectonic_emu.metadata._sqlite_conns import SQLiteThreads
+from tectonic_emu.metadata._sqlite_lease import Busy
+from tectonic_emu.metadata.kv import Transaction, read_only
+
+_T = TypeVar("_T")
+
+
+class SQLiteView(Transaction):
+    """A read-only view (``KVStore.view``): one read transaction, on a view connection of
+    the loop's, or, if none is free or SQLite is busy at its first read, on the reader
+    thread (one such view at a time)."""
+
+    def __init__(self, store: SQLiteThreads) -> None:
+        self._store = store
+        self._state = "new"  # -> "open" -> "done"
+        self._db: sqlite3.Connection | None = None  # a loop connection, in a read transaction
+        self._began = False  # a read on _db went through: its snapshot is set
+        self._reading = False  # on the reader thread instead (holding the store's _read_lock)
+
+    async def __aenter__(self) -> SQLiteView:
+        store = self._store
+        if self._state != "new":
+            raise OSError(errno.EBADF, "a view object can be entered only once")
+        store._bind_loop()
+        store._check_not_owner()  # it would not see the caller's own transaction
+        if store._closed:
+            raise store._closed_error()
+        self._db = store._view_db()
+        self._state = "open"
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        store, db = self._store, self._db
+        self._state, self._db = "done", None
+        if db is not None:
+            if not sql.rollback(db) or store._closed:
+                store._drop(db)
+            else:
+                store._views.append(db)
+        if self._reading:
+            try:
+                await settled(store._read_job(sql.rollback))
+            finally:
+                store._read_lock.release()
+
+    async def _read(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
+        if self._state != "open":
+            raise OSError(errno.EBADF, f"view is {self._state}, not open")
+        store = self._store
+        if (db := self._db) is not None:
+            try:
+                answer = store._here(db, job if self._began else _begun(job))
+                self._began = True
+                return answer
+            except Busy:
+                if self._began:  # not seen from SQLite in WAL mode once a read went through
+                    raise OSError(errno.EBUSY, "metadata store: busy", store.path) from None
+                self._db = None
+                store._views.append(db)  # _here rolled it back
+        if not self._reading:
+            await store._read_lock.acquire()
+            self._reading = True
+            return await store._read_job(_begun(job))
+        return await store._read_job(job)
+
+    async def get(self, key: bytes) -> bytes | None:
+        return await self._read(lambda db: sql.select(db, key))
+
+    async def scan(
+        self, prefix: bytes, *, start: bytes | None = None, limit: int | None = None
+    ) -> list[tuple[bytes, bytes]]:
+        check_limit(limit)
+        return await self._read(lambda db: sql.scan(db, prefix, start, limit))
+
+    async def put(self, key: bytes, value: bytes) -> None:
+        raise read_only()
+
+    async def delete(self, key: bytes) -> None:
+        raise read_only()
+
+
+def _begun(job: Callable[[sqlite3.Connection], _T]) -> Callable[[sqlite3.Connection], _T]:
+    """``job`` as a view's first read: in a read transaction begun with it."""
+
+    def first(db: sqlite3.Connection) -> _T:
+        db.execute("BEGIN")
+        return job(db)
+
+    return first
+
+
+__all__ = ["SQLiteView"]
