@@ -34,6 +34,7 @@ mfusepy returns to the kernel; nothing stored changes on an error.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -53,7 +54,7 @@ from fuse_mount.writehandle import WriteHandle
 from tectonic_emu import attrs, clock
 from tectonic_emu.bridge import Bridge
 from tectonic_emu.bufpool import BufferPool
-from tectonic_emu.errors import NotFoundError, TectonicError
+from tectonic_emu.errors import AlreadyExistsError, NotFoundError, TectonicError
 from tectonic_emu.writer import Replaced
 
 log = logging.getLogger(__name__)
@@ -369,9 +370,12 @@ class TectonicFS(MetaOps, Operations):  # type: ignore[misc]
             return self._open_reader(path)  # IsADirectoryError_ (EISDIR) for a directory
         return self._open_for_write(path, flags)
 
-    def _open_for_write(self, path: str, flags: int, *, mode: int = 0o644) -> int:
-        """``mode``: a file created here (``create``)."""
-        client = self.bridge.client
+    def _open_for_write(self, path: str, flags: int, *, mode: int | None = None) -> int:
+        """``mode``: a file to create (``create``: the kernel found no such name, so the
+        file is made first, and looked for only if it exists after all)."""
+        if mode is not None:
+            with contextlib.suppress(AlreadyExistsError):
+                return self._new_file(path, mode)
         try:
             st = self._stat(path)
         except NotFoundError:
@@ -379,10 +383,7 @@ class TectonicFS(MetaOps, Operations):  # type: ignore[misc]
         if st is not None and st.kind == "dir":
             raise FuseOSError(errno.EISDIR)
         if st is None:
-            opener = client.open_writer(path, encoding=self.encoding, perms=caller(mode))
-            writer = self._call(opener.__aenter__())
-            new = WriteHandle(self, writer.file_id, path, writer=writer, size=0, base_exists=False)
-            return self._add(new)
+            return self._new_file(path, 0o644 if mode is None else mode)
         while True:  # one handle writes a file here, whoever opens it (``_share``)
             fh = self._share(st.id, flags)
             if fh is not None:
@@ -397,6 +398,15 @@ class TectonicFS(MetaOps, Operations):  # type: ignore[misc]
         if flags & os.O_TRUNC:
             self.links.changed(st.id, but=path)  # other names' size and times
         return fh
+
+    def _new_file(self, path: str, mode: int) -> int:
+        """A handle writing a new file at ``path``; AlreadyExistsError if a name is there."""
+        opener = self.bridge.client.open_writer(
+            path, encoding=self.encoding, perms=caller(mode), exclusive=True
+        )
+        writer = self._call(opener.__aenter__())
+        new = WriteHandle(self, writer.file_id, path, writer=writer, size=0, base_exists=False)
+        return self._add(new)
 
     def _new_writer(self, st: Any, path: str, flags: int) -> WriteHandle:
         """A handle writing the existing file ``st``: new contents after O_TRUNC, else
@@ -514,7 +524,11 @@ class TectonicFS(MetaOps, Operations):  # type: ignore[misc]
         return 0
 
     def fsync(self, path: str | None, datasync: int, fh: int) -> int:
-        return self.flush(path, fh)
+        self.flush(path, fh)
+        # A file created here and not written yet: its creation is durable from here (a
+        # flush with nothing new syncs nothing; docs/design.md, "What is durable when").
+        self._call(self.bridge.client.meta.sync())
+        return 0
 
     def release(self, path: str | None, fh: int) -> int:
         with self._lock:

@@ -242,7 +242,7 @@ class WriteHandle:
             self.fs.replaced(self.file_id, self.writer.replaced)
             self.writer = None
             self.base_exists = True  # later writes (rare) restage from the stored file
-        else:
+        elif self.visible != self.size:  # else nothing since the last flush to make so
             b.call(self.writer.flush())
             self.visible = self.size
 

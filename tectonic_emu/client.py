@@ -16,12 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from tectonic_emu import attrs, clock, entropy
-from tectonic_emu.argcheck import buffer_arg, bytes_arg, int_arg
+from tectonic_emu.argcheck import bool_arg, buffer_arg, bytes_arg, int_arg
 from tectonic_emu.buffers import BytesLike
 from tectonic_emu.coding import Encoding
 from tectonic_emu.coding.synthetic import Payload, Synthetic, joined, put_into
 from tectonic_emu.config import MAX_SIZE
 from tectonic_emu.errors import (
+    AlreadyExistsError,
     FencedWriterError,
     FileTooLargeError,
     InvalidArgumentError,
@@ -241,7 +242,12 @@ class Client(Namespace):
 
     # -- append-only writers -----------------------------------------------------------------
     def open_writer(
-        self, path: str, *, encoding: str | None = None, perms: attrs.Perms | None = None
+        self,
+        path: str,
+        *,
+        encoding: str | None = None,
+        perms: attrs.Perms | None = None,
+        exclusive: bool = False,
     ) -> WriterOpener:
         """The single writer of ``path``: ``w = await client.open_writer(p)`` or
         ``async with client.open_writer(p) as w``.
@@ -251,11 +257,14 @@ class Client(Namespace):
         old writer is fenced. Raises SealedFileError on a sealed file, IsADirectoryError_,
         NotFoundError (missing parent), InvalidArgumentError (``encoding`` differs from the
         existing file's). ``perms``: the mode and owners of a file it creates.
+        ``exclusive``: create the file or raise AlreadyExistsError, taking no writer over
+        (``O_CREAT | O_EXCL``).
         """
-        return WriterOpener(lambda: self._open_writer(path, encoding, perms))
+        bool_arg("open_writer", "exclusive", exclusive)
+        return WriterOpener(lambda: self._open_writer(path, encoding, perms, exclusive))
 
     async def _open_writer(
-        self, path: str, encoding: str | None, perms: attrs.Perms | None
+        self, path: str, encoding: str | None, perms: attrs.Perms | None, exclusive: bool
     ) -> FileWriter:
         parts = split_path(path)
         if not parts:
@@ -282,6 +291,8 @@ class Client(Namespace):
                 await m.names.link(parent, Entry(parts[-1], "file", file_id))
                 await attrs.touch_dir(m, parent, now)
                 return FileWriter(self, join_path(parts), file_id, token, enc, 0)
+            if exclusive:
+                raise AlreadyExistsError("file exists", join_path(parts))
             if e.kind == "dir":
                 raise IsADirectoryError_("is a directory", join_path(parts))
             f = await m.files.get(e.id)

@@ -241,6 +241,25 @@ def test_second_writer_fences_the_first(cluster_dir: Path) -> None:
     run_with(cluster_dir, go)
 
 
+def test_an_exclusive_writer_creates_or_fails_and_fences_nobody(cluster_dir: Path) -> None:
+    async def go(c: Cluster) -> None:
+        client = c.client()
+        first = await client.open_writer("/f", exclusive=True)  # O_CREAT | O_EXCL
+        await first.append(b"a")
+        for path in ("/f", "/"):
+            with pytest.raises((AlreadyExistsError, IsADirectoryError_)):
+                await client.open_writer(path, exclusive=True)
+        await client.mkdir("/d")
+        with pytest.raises(AlreadyExistsError):
+            await client.open_writer("/d", exclusive=True)
+        with pytest.raises(InvalidArgumentError):
+            client.open_writer("/g", exclusive="yes")  # type: ignore[arg-type]
+        await first.close()  # not fenced by the attempts
+        assert await client.read_file("/f") == b"a"
+
+    run_with(cluster_dir, go)
+
+
 def test_writer_of_deleted_file_is_fenced(cluster_dir: Path) -> None:
     async def go(c: Cluster) -> None:
         client = c.client()
