@@ -251,8 +251,8 @@ def posix(
 @click.option(
     "--backends",
     default=None,
-    help="Comma-separated, from sqlite, sqlite-nosync, memory, postgresql, mount (needs "
-    "FUSE) [default: sqlite,sqlite-nosync,memory, and postgresql where it is installed].",
+    help="Comma-separated, from sqlite, sqlite-nosync, memory, postgresql, mount and juicefs "
+    "(need FUSE) [default: sqlite,sqlite-nosync,memory, and postgresql where it is installed].",
 )
 @click.option(
     "--postgres",

@@ -21,7 +21,8 @@ point, the backend's file records are counted (``files_left``, 0 when every dele
 
 Backends (``bench/metadata_backends.py``, where each is described): ``sqlite``,
 ``sqlite-nosync``, ``memory``, ``postgresql`` (by default where PostgreSQL is installed or a
-URL is given) and ``mount`` (opt-in, needs FUSE).
+URL is given), ``mount`` and ``juicefs`` (opt-in, need FUSE: our mount and JuiceFS with
+SQLite metadata, the same POSIX calls through each).
 
 JSON (``MetadataBench.to_dict()``, validated by ``SCHEMA``; rates in operations per second):
 

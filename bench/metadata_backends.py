@@ -164,6 +164,22 @@ class MountOps(MetaOps):
         return sum([1 async for _ in self.client.meta.iter_files()])
 
 
+class PeerMountOps(MountOps):
+    """POSIX calls through another file system's FUSE mount (``bench/peers.py``); what is
+    left is counted by walking the mount."""
+
+    def __init__(self, mountpoint: Path, durability: str) -> None:
+        self.mountpoint = mountpoint
+        self.durability = durability
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="mdtest-peer")
+
+    async def files_left(self) -> int:
+        def count() -> int:
+            return sum(len(files) for _, _, files in os.walk(self.mountpoint))
+
+        return await self._call(count)
+
+
 def _create_empty(path: str) -> None:
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
 
@@ -215,6 +231,19 @@ async def _mount_backend(work: Path) -> AsyncIterator[MetaOps]:
 
 
 @asynccontextmanager
+async def _juicefs_backend(work: Path) -> AsyncIterator[MetaOps]:
+    # JuiceFS with its metadata in SQLite, as ours: the peer a mount user would pick.
+    from bench import peers
+
+    with peers.mounted("juicefs", work / "juicefs") as mnt:
+        ops = PeerMountOps(mnt, "JuiceFS through FUSE, SQLite metadata (its defaults)")
+        try:
+            yield ops
+        finally:
+            ops.pool.shutdown()
+
+
+@asynccontextmanager
 async def postgres_backend(work: Path, url: str | None = None) -> AsyncIterator[MetaOps]:
     server = None
     if url is None:
@@ -249,9 +278,10 @@ BACKEND_FACTORIES: dict[str, BackendFactory] = {
     "memory": _memory_backend,
     "postgresql": postgres_backend,
     "mount": _mount_backend,
+    "juicefs": _juicefs_backend,
 }
 BACKENDS: tuple[str, ...] = tuple(BACKEND_FACTORIES)
-DEFAULT_BACKENDS = ("sqlite", "sqlite-nosync", "memory")  # mount needs FUSE: opt-in
+DEFAULT_BACKENDS = ("sqlite", "sqlite-nosync", "memory")  # mount, juicefs need FUSE: opt-in
 
 
 def default_backends() -> tuple[str, ...]:
@@ -267,6 +297,7 @@ __all__ = [
     "ClientOps",
     "MetaOps",
     "MountOps",
+    "PeerMountOps",
     "VerificationError",
     "default_backends",
     "postgres_backend",
