@@ -273,3 +273,21 @@ def test_a_create_is_made_durable_by_the_writers_first_durable_point(tmp_path: P
             assert (await client.stat("/a")).sealed and (await client.stat("/b")).sealed
 
     asyncio.run(body())
+
+
+def test_sqlite_a_view_open_across_close_ends_cleanly(tmp_path: Path) -> None:
+    """A view still reading when its store is closed finishes its reads, and its
+    connection is closed, not returned to a pool nobody will drain."""
+
+    async def body() -> None:
+        kv = await SQLiteKV.open(tmp_path / "m.db")
+        await put_all(kv, {b"k": b"v"})
+        async with kv.view() as v:
+            await kv.close()
+            assert await v.get(b"k") == b"v"
+        assert kv._views == []
+        with pytest.raises(OSError) as info:
+            await kv.get(b"k")
+        assert info.value.errno == errno.EBADF
+
+    run(body())

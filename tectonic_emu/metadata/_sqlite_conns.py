@@ -154,7 +154,7 @@ class SQLiteThreads(DurableStore):
             if failed or self._closed:
                 retrieved(fut)
                 if not failed:
-                    self._executor.submit(_close_all, [fut.result()])
+                    self._close_later(fut.result())
                 use(None)
             else:
                 use(fut.result())
@@ -195,7 +195,15 @@ class SQLiteThreads(DurableStore):
             self._ldb = None
         else:
             self._view_count -= 1
-        self._executor.submit(_close_all, [db])
+        self._close_later(db)
+
+    def _close_later(self, db: sqlite3.Connection) -> None:
+        """Close a loop connection on the worker, or here once the store is closed (a view
+        that ends after ``close``): the worker is gone then."""
+        try:
+            self._executor.submit(_close_all, [db])
+        except RuntimeError:  # cannot schedule new futures after shutdown
+            _close_all([db])
 
     async def _committed_here(self) -> None:
         """Count a commit on the loop's connection, made by a transaction that still holds
