@@ -19,11 +19,13 @@ Ids are unsigned 64-bit integers, big-endian in keys so that they sort numerical
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
+from types import TracebackType
 
 from tectonic_emu import entropy
 from tectonic_emu.metadata.kv import KVStore, Transaction
@@ -256,15 +258,28 @@ class XattrLayer:
 
 
 class MetaTxn:
-    """The layers seen through one transaction."""
+    """The layers seen through one transaction (each made when first used: a stat, the
+    commonest, uses two of five)."""
 
     def __init__(self, txn: Transaction) -> None:
         self.txn = txn
         self.names = NameLayer(txn)
-        self.files = FileLayer(txn)
-        self.blocks = BlockLayer(txn)
-        self.intents = IntentLayer(txn)
-        self.xattrs = XattrLayer(txn)
+
+    @functools.cached_property
+    def files(self) -> FileLayer:
+        return FileLayer(self.txn)
+
+    @functools.cached_property
+    def blocks(self) -> BlockLayer:
+        return BlockLayer(self.txn)
+
+    @functools.cached_property
+    def intents(self) -> IntentLayer:
+        return IntentLayer(self.txn)
+
+    @functools.cached_property
+    def xattrs(self) -> XattrLayer:
+        return XattrLayer(self.txn)
 
     async def drop_dir(self, dir_id: int) -> None:
         """Remove an (empty) directory's record and its extended attributes."""
@@ -294,6 +309,24 @@ class MetaTxn:
         return garbage
 
 
+class _View:
+    """``Metadata.view``: a ``MetaTxn`` over a view of the store."""
+
+    def __init__(self, view: AbstractAsyncContextManager[Transaction]) -> None:
+        self._view = view
+
+    async def __aenter__(self) -> MetaTxn:
+        return MetaTxn(await self._view.__aenter__())
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._view.__aexit__(exc_type, exc, tb)
+
+
 class Metadata:
     """Name, File and Block layers over one ``KVStore``."""
 
@@ -306,13 +339,12 @@ class Metadata:
         async with self.kv.transaction(durable=durable) as txn:
             yield MetaTxn(txn)
 
-    @asynccontextmanager
-    async def view(self) -> AsyncIterator[MetaTxn]:
+    def view(self) -> _View:
         """The layers in a read-only view of the last commit (``KVStore.view``): for stat,
         listings and readers, far cheaper than a transaction on SQLite; writes raise
-        ``OSError(EROFS)``."""
-        async with self.kv.view() as txn:
-            yield MetaTxn(txn)
+        ``OSError(EROFS)``. (A class, not a generator: a stat is a few tens of us, and a
+        generator-based context manager costs several of them.)"""
+        return _View(self.kv.view())
 
     async def sync(self) -> None:
         """Every transaction committed so far durable (``KVStore.sync``)."""
