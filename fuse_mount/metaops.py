@@ -1,5 +1,5 @@
-"""``MetaOps``: the mount's calls on what is not a file's bytes: modes, owners and times
-(``chmod``, ``chown``, ``utimens``), symlinks, hard links, special files, ``statfs`` and
+"""``MetaOps``: the mount's calls on what is not a file's bytes: directories (``readdir``,
+``mkdir``, ``rmdir``), modes, owners and times (``chmod``, ``chown``, ``utimens``), symlinks, hard links, special files, ``statfs`` and
 extended attributes. Part of ``TectonicFS`` (``fuse_mount/fs.py``), which holds the state
 they use; the kernel has checked who may (``default_permissions``) before any of them."""
 
@@ -10,7 +10,7 @@ import json
 import os
 import stat as stat_mod
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, cast
 
 from mfusepy import FuseOSError, fuse_get_context
@@ -25,6 +25,7 @@ from tectonic_emu.metadata.records import FileKind
 XATTR_LAYOUT = "user.tectonic.layout"
 XATTR_ENCODING = "user.tectonic.encoding"
 UTIME_NOW, UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2  # <sys/stat.h>
+INO_MASK = 0x7FFF_FFFF_FFFF_FFFF  # file ids as inode numbers (``use_ino``)
 
 
 class MetaOps:
@@ -39,6 +40,30 @@ class MetaOps:
     _setattr_reply: set[int]
     _call: Callable[[Any], Any]
     _stat: Callable[[str], Any]
+
+    # -- directories -------------------------------------------------------------------------
+    def readdir(self, path: str, fh: int) -> Iterator[tuple[str, dict[str, int], int]]:
+        """Each name with its inode number (``use_ino``: a 0 would hide it) and, for a
+        directory, its type (other kinds are not in the entry: DT_UNKNOWN)."""
+        here = self._stat(path).id & INO_MASK
+        entries = self._call(self.bridge.client.scandir(path))
+        yield ".", {"st_ino": here, "st_mode": stat_mod.S_IFDIR}, 0
+        yield "..", {"st_ino": here, "st_mode": stat_mod.S_IFDIR}, 0  # not looked up
+        for e in entries:
+            kind = stat_mod.S_IFDIR if e.kind == "dir" else 0
+            yield e.name, {"st_ino": e.id & INO_MASK, "st_mode": kind}, 0
+
+    def mkdir(self, path: str, mode: int) -> int:
+        self._call(self.bridge.client.mkdir(path, perms=caller(mode)))
+        return 0
+
+    def rmdir(self, path: str) -> int:
+        if self._stat(path).kind != "dir":
+            raise FuseOSError(errno.ENOTDIR)
+        self._call(self.bridge.client.delete(path))
+        return 0
+
+    # -- modes, owners, times ----------------------------------------------------------------
 
     def chmod(self, path: str, mode: int) -> int:
         mode = stat_mod.S_IMODE(mode)

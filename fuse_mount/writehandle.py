@@ -63,6 +63,9 @@ class WriteHandle:
         # of its bytes, published at each close), released with the last.
         self.opens = 1
         self.lock = threading.Lock()
+        # A file just created here: its attributes, read in the same call into the event
+        # loop, for the getattr libfuse makes inside the create (``TectonicFS._stat_open``).
+        self.created: Any = None
 
     # -- streaming ---------------------------------------------------------------------------
     def _hand_over(self) -> None:
