@@ -1,7 +1,8 @@
 """``MetaOps``: the mount's calls on what is not a file's bytes: directories (``readdir``,
-``mkdir``, ``rmdir``), modes, owners and times (``chmod``, ``chown``, ``utimens``), symlinks, hard links, special files, ``statfs`` and
-extended attributes. Part of ``TectonicFS`` (``fuse_mount/fs.py``), which holds the state
-they use; the kernel has checked who may (``default_permissions``) before any of them."""
+``mkdir``, ``rmdir``), modes, owners and times (``chmod``, ``chown``, ``utimens``),
+symlinks, hard links, special files, ``statfs`` and extended attributes. Part of
+``TectonicFS`` (``fuse_mount/fs.py``), which holds the state they use; the kernel has
+checked who may (``default_permissions``) before any of them."""
 
 from __future__ import annotations
 
