@@ -348,7 +348,7 @@ class _SQLiteTransaction(BufferedTransaction):
                     is None
                 ):
                     if writes:
-                        await store._committed_here()
+                        store._committed_here()
                     return
             except Busy:
                 pass

@@ -7,11 +7,11 @@ that do what must wait (the store's module docstring says why).
   and never checkpoint: ``_here`` runs a job on one and raises ``Busy`` where SQLite would
   have waited, so that the caller runs it on a thread instead.
 - **Checkpoints**: every ``CHECKPOINT_EVERY`` commits on the loop's connection, a
-  ``RESTART`` checkpoint on the worker, awaited by the commit that crossed the mark before
-  it lets the store go (``_committed_here``). Passive ones, running beside the loop's
-  commits, never caught up with them: the WAL grew without end (2,000 commits: 17 MB), and
-  a commit that grows the file pays twice the fdatasync (300 against 150 us here).
-  ``RESTART`` makes the next commit write the log from its start.
+  ``RESTART`` checkpoint on the worker, holding the store's lock so that no commit runs
+  beside it (``_committed_here``). Passive ones, running beside the loop's commits, never
+  caught up with them: the WAL grew without end (2,000 commits: 17 MB), and a commit that
+  grows the file pays twice the fdatasync (300 against 150 us here). ``RESTART`` makes the
+  next commit write the log from its start.
 - **The worker thread** (``_run``, ``_settle``): transactions that must wait, openings,
   checkpoints and closing, on its connection ``_db``. **The reader thread**
   (``_read_job``): views that must wait, on ``_read_db``.
@@ -58,6 +58,7 @@ class SQLiteThreads(DurableStore):
         self._view_count = 0  # view connections open or being opened
         self._jobs: set[asyncio.Future[Any]] = set()  # openings on the worker
         self._commits = 0  # on the loop's connection since the last checkpoint
+        self._checkpoint: asyncio.Task[None] | None = None  # queued for the lock, or running
         self._loop: asyncio.AbstractEventLoop | None = None  # the one the above belong to
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlitekv")
         self._db: sqlite3.Connection | None = None  # touched only on the worker
@@ -99,7 +100,7 @@ class SQLiteThreads(DurableStore):
             return
         if self._loop is not None:
             self._jobs.clear()
-            self._ldb_opening = False
+            self._ldb_opening, self._checkpoint = False, None
             self._view_count = len(self._views)
             self._lock, self._owner = asyncio.Lock(), None
             self._read_lock = asyncio.Lock()
@@ -111,6 +112,11 @@ class SQLiteThreads(DurableStore):
 
     async def _acquire(self) -> None:
         self._bind_loop()
+        # A checkpoint that is due goes first, even where the transactions never yield
+        # to the loop (commits without fsyncs, back to back): it could not start otherwise.
+        if (ckpt := self._checkpoint) is not None and not ckpt.done():
+            self._check_not_owner()  # EDEADLK, not a wait for a lock this task holds
+            await asyncio.wait([ckpt])
         await super()._acquire()
 
     def _loop_db(self) -> sqlite3.Connection | None:
@@ -120,7 +126,7 @@ class SQLiteThreads(DurableStore):
             self._ldb_opening = True
 
             def opened(db: sqlite3.Connection | None) -> None:
-                self._ldb_opening = False
+                self._ldb_opening, self._checkpoint = False, None
                 self._ldb = db
 
             self._open_later(opened)
@@ -205,19 +211,28 @@ class SQLiteThreads(DurableStore):
         except RuntimeError:  # cannot schedule new futures after shutdown
             _close_all([db])
 
-    async def _committed_here(self) -> None:
-        """Count a commit on the loop's connection, made by a transaction that still holds
-        the store; every ``CHECKPOINT_EVERY``, run a restart checkpoint on the worker
-        before the store is let go, as SQLite's own automatic checkpoint runs inside the
-        commit that crosses its mark. Run beside the commits, it lost the race for SQLite's
-        write lock to back-to-back commits and the log grew (35 MB after 10,000 commits)."""
+    def _committed_here(self) -> None:
+        """Count a commit on the loop's connection; every ``CHECKPOINT_EVERY``, start a
+        restart checkpoint that holds the store's lock, so that no commit runs beside it
+        (unless one is under way). Run beside back-to-back commits, a checkpoint lost the
+        race for SQLite's write lock to them and the log grew (35 MB after 10,000 commits).
+        The next transaction waits for it (``_acquire``), as SQLite's own automatic
+        checkpoint holds up the commit that crosses its mark."""
         self._commits += 1
-        if self._commits < CHECKPOINT_EVERY:
+        if self._commits < CHECKPOINT_EVERY or (
+            self._checkpoint is not None and not self._checkpoint.done()
+        ):
             return
         self._commits = 0
-        # Its failure is not the commit's (that is in the log): the next one tries again.
-        with contextlib.suppress(OSError):
-            await self._settle(_checkpoint)
+        self._checkpoint = asyncio.ensure_future(self._checkpoint_holding_the_store())
+        self._checkpoint.add_done_callback(retrieved)
+
+    async def _checkpoint_holding_the_store(self) -> None:
+        async with self._lock:
+            if not self._closed:
+                # Its failure is not the commits' (they are in the log): next time.
+                with contextlib.suppress(OSError):
+                    await self._settle(_checkpoint)
 
     # -- the worker threads ------------------------------------------------------------------
     async def _run(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
