@@ -157,6 +157,32 @@ def test_sqlite_a_busy_read_goes_to_the_reader_thread(tmp_path: Path) -> None:
     run(body())
 
 
+def test_sqlite_a_loop_connection_that_cannot_roll_back_is_dropped(tmp_path: Path) -> None:
+    """A busy read whose rollback fails as well: the connection is closed, not pooled
+    again, the view fails with the error (EBUSY), and the next view reads on."""
+
+    class Stuck(_BusyFirst):
+        @property
+        def in_transaction(self) -> bool:
+            return True  # so that the rollback is tried, and fails too
+
+    async def body() -> None:
+        kv = await SQLiteKV.open(tmp_path / "m.db")
+        try:
+            await put_all(kv, {b"k": b"v"})
+            stuck = Stuck(kv._views[0], busy=2)  # BEGIN, then ROLLBACK
+            kv._views[0] = stuck  # type: ignore[call-overload]
+            with pytest.raises(OSError) as info:
+                await kv.get(b"k")
+            assert info.value.errno == errno.EBUSY
+            assert stuck not in kv._views
+            assert await kv.get(b"k") == b"v"  # on the reader thread, or a new connection
+        finally:
+            await kv.close()
+
+    run(body())
+
+
 def test_sqlite_a_busy_commit_goes_to_the_worker_and_the_loop_runs_on(tmp_path: Path) -> None:
     """Another connection holding SQLite's write lock: the loop's commit finds it busy, and
     the commit waits on the worker thread instead; it lands once the lock is free."""

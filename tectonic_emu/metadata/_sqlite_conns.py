@@ -184,14 +184,15 @@ class SQLiteThreads(DurableStore):
             await asyncio.wait(list(self._jobs))
 
     def _here(self, db: sqlite3.Connection, job: Callable[[sqlite3.Connection], _T]) -> _T:
-        """``job`` on a loop connection: its result, or ``Busy`` (rolled back) where SQLite
-        would have waited for a lock. A connection that cannot even roll back is dropped."""
+        """``job`` on a loop connection: its result, or ``Busy`` (rolled back, the connection
+        as good as before) where SQLite would have waited for a lock. A connection that
+        cannot even roll back is dropped, and the job's error raised."""
         try:
             return job(db)
         except sqlite3.Error as exc:
             if not sql.rollback(db):
                 self._drop(db)
-            if sql.is_busy(exc):
+            elif sql.is_busy(exc):
                 raise Busy from exc
             raise self._os_error(exc) from exc
 
