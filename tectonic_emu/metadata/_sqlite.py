@@ -238,14 +238,20 @@ class SQLiteKV(SQLiteThreads):
         finally:
             os.close(fd)
 
-    def _commit_in_worker(
-        self, db: sqlite3.Connection, token: bytes | None, writes: Writes
+    def _lease_commit(
+        self, db: sqlite3.Connection, token: bytes | None, writes: Writes, *, here: bool = False
     ) -> Holder | None:
-        """Apply ``writes`` and commit, releasing the lease ``token`` holds; see
-        ``LeaseFile.commit`` (a transaction that only writes may find the lease held)."""
-        return self._lease.commit(
-            token, lambda: sql.apply(db, writes), lease=self.lease, where=self.path
-        )
+        """Apply ``writes`` (none: only free the lease) and commit, releasing the lease
+        ``token`` holds; see ``LeaseFile.commit`` (a transaction that only writes may find
+        the lease held). ``here``: on a loop connection, ``Busy`` where it would wait."""
+
+        def apply() -> None:
+            if here:
+                self._here(db, lambda d: sql.apply(d, writes))
+            else:
+                sql.apply(db, writes)
+
+        return self._lease.commit(token, apply, lease=self.lease, where=self.path, wait=not here)
 
 
 class _SQLiteTransaction(BufferedTransaction):
@@ -334,42 +340,25 @@ class _SQLiteTransaction(BufferedTransaction):
 
     async def _commit(self, writes: Writes) -> None:
         self._stop_renewing()
-        store, token = self._store, self._token
-        if (db := store._loop_db()) is not None:
-            try:
-                if (
-                    store._lease.commit(
-                        token,
-                        lambda: store._here(db, lambda d: sql.apply(d, writes)),
-                        lease=store.lease,
-                        where=store.path,
-                        wait=False,
-                    )
-                    is None
-                ):
-                    if writes:
-                        store._committed_here()
-                    return
-            except Busy:
-                pass
-        await store._until_free(lambda db: store._commit_in_worker(db, token, writes), settle=True)
+        await self._send(writes)
 
     async def _abandon(self) -> None:
         self._stop_renewing()
+        if self._token is not None:  # free the lease if still ours, committing nothing
+            with contextlib.suppress(OSError):  # lost, or failing: it runs out by itself
+                await self._send({})
+
+    async def _send(self, writes: Writes) -> None:
+        """Commit ``writes`` and release the lease: on the loop's connection, or where that
+        would wait, on the worker (to the end, even if the caller is cancelled)."""
         store, token = self._store, self._token
-        if token is None:
-            return
-
-        def free() -> Holder | None:  # the lease, if still ours, committing nothing
-            return store._lease.commit(token, lambda: None, lease=store.lease, where=store.path)
-
-        with contextlib.suppress(OSError):  # lost, or failing: it runs out by itself
-            try:
-                store._lease.commit(
-                    token, lambda: None, lease=store.lease, where=store.path, wait=False
-                )
-            except Busy:
-                await store._settle(lambda db: free())
+        if (db := store._loop_db()) is not None:
+            with contextlib.suppress(Busy):
+                if store._lease_commit(db, token, writes, here=True) is None:
+                    if writes:
+                        store._committed_here()
+                    return
+        await store._until_free(lambda db: store._lease_commit(db, token, writes), settle=True)
 
     async def _fetch(self, key: bytes) -> bytes | None:
         return await self._read(lambda db: sql.select(db, key))

@@ -126,7 +126,7 @@ class SQLiteThreads(DurableStore):
             self._ldb_opening = True
 
             def opened(db: sqlite3.Connection | None) -> None:
-                self._ldb_opening, self._checkpoint = False, None
+                self._ldb_opening = False
                 self._ldb = db
 
             self._open_later(opened)
@@ -165,17 +165,11 @@ class SQLiteThreads(DurableStore):
             else:
                 use(fut.result())
 
-        self._on_worker(
-            lambda: sql.connect(self.path, self._pragma, self.busy_timeout, loop=True), landed
+        fut = asyncio.get_running_loop().run_in_executor(
+            self._executor,
+            lambda: sql.connect(self.path, self._pragma, self.busy_timeout, loop=True),
         )
-
-    def _on_worker(
-        self, job: Callable[[], _T], landed: Callable[[asyncio.Future[_T]], None]
-    ) -> None:
-        """Start ``job`` on the worker thread; ``landed`` sees it end, on the loop; ``close``
-        waits for it."""
-        fut = asyncio.get_running_loop().run_in_executor(self._executor, job)
-        self._jobs.add(fut)
+        self._jobs.add(fut)  # close waits for it
         fut.add_done_callback(landed)
 
     async def _settle_jobs(self) -> None:
