@@ -42,6 +42,11 @@ CHECKPOINT_EVERY = 256
 VIEW_CONNECTIONS = 4
 
 
+class Gone(OSError):
+    """A job on a loop connection failed and the connection could not even roll back: it
+    was closed (``SQLiteThreads._here``)."""
+
+
 class SQLiteThreads(DurableStore):
     """The connections and threads of one SQLite store (module docstring). ``pragma`` is
     SQLite's ``synchronous`` for every connection."""
@@ -180,15 +185,18 @@ class SQLiteThreads(DurableStore):
     def _here(self, db: sqlite3.Connection, job: Callable[[sqlite3.Connection], _T]) -> _T:
         """``job`` on a loop connection: its result, or ``Busy`` (rolled back, the connection
         as good as before) where SQLite would have waited for a lock. A connection that
-        cannot even roll back is dropped, and the job's error raised."""
+        cannot even roll back is dropped, and the job's error raised as ``Gone``, so that
+        a view holding it lets go of it."""
         try:
             return job(db)
         except sqlite3.Error as exc:
+            err = self._os_error(exc)
             if not sql.rollback(db):
                 self._drop(db)
-            elif sql.is_busy(exc):
+                raise Gone(err.errno, err.strerror, err.filename) from exc
+            if sql.is_busy(exc):
                 raise Busy from exc
-            raise self._os_error(exc) from exc
+            raise err from exc
 
     def _drop(self, db: sqlite3.Connection) -> None:
         """Close a loop connection that failed (on the worker); the next call opens another."""
@@ -285,4 +293,4 @@ def _close_all(dbs: list[sqlite3.Connection | None]) -> None:
                 db.close()
 
 
-__all__ = ["CHECKPOINT_EVERY", "VIEW_CONNECTIONS", "SQLiteThreads"]
+__all__ = ["CHECKPOINT_EVERY", "VIEW_CONNECTIONS", "Gone", "SQLiteThreads"]

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from tectonic_emu.metadata import _sqlite_sql as sql
 from tectonic_emu.metadata._common import check_limit, settled
-from tectonic_emu.metadata._sqlite_conns import SQLiteThreads
+from tectonic_emu.metadata._sqlite_conns import Gone, SQLiteThreads
 from tectonic_emu.metadata._sqlite_lease import Busy
 from tectonic_emu.metadata.kv import Transaction, read_only
 
@@ -76,6 +76,9 @@ class SQLiteView(Transaction):
                     raise OSError(errno.EBUSY, "metadata store: busy", store.path) from None
                 self._db = None
                 store._views.append(db)  # _here rolled it back
+            except Gone:
+                self._db = None  # _here closed it
+                raise
         if not self._reading:
             await store._read_lock.acquire()
             self._reading = True
