@@ -29,8 +29,10 @@ from tectonic_emu.coding import (
     Encoding,
     codec_for,
     crc32c,
+    crc32c_combine,
     crc32c_each,
     crc32c_many,
+    crc32c_pieces,
     decompress,
     maybe_compress,
 )
@@ -496,6 +498,41 @@ def test_crc32c_many_matches_crc32c_of_each_span(data: bytes, spans: list[tuple[
 def test_crc32c_each_matches_crc32c_of_each_piece(pieces: list[bytes], big: int) -> None:
     bufs: list[Any] = [memoryview(bytearray(p)) for p in pieces] + [rand(300_000)] * big
     assert crc32c_each(bufs) == [crc32c(bytes(b)) for b in bufs]
+
+
+@given(st.binary(max_size=5000), st.integers(1, 700))
+def test_crc32c_combine_of_pieces_is_the_whole(data: bytes, size: int) -> None:
+    """The checksum a node checks a write against, made from the piece table alone."""
+    pieces = crc32c_pieces(data, size)
+    assert crc32c_combine(pieces, size, len(data)) == crc32c(data)
+
+
+def test_crc32c_combine_of_a_chunk_and_of_threads_at_once() -> None:
+    """A whole 8 MiB chunk with a short last piece (1,024 rows of the fold), from threads
+    growing the shared fold together; and a flipped bit anywhere changes the result."""
+    data = bytearray(rand((8 << 20) - 3))
+    size = 8 << 10
+    pieces = crc32c_pieces(data, size)
+    results: list[int] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(crc32c_combine(pieces, size, len(data))))
+        for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [crc32c(data)] * 4
+    for at in (0, 4096, len(data) // 2, len(data) - 1):
+        data[at] ^= 0x10
+        assert crc32c_combine(crc32c_pieces(data, size), size, len(data)) != results[0]
+        data[at] ^= 0x10
+
+
+@pytest.mark.parametrize(("count", "size", "total"), [(1, 10, 0), (2, 10, 10), (1, 0, 0)])
+def test_crc32c_combine_refuses_counts_that_do_not_fit(count: int, size: int, total: int) -> None:
+    with pytest.raises(InvalidArgumentError):
+        crc32c_combine([0] * count, size, total)
 
 
 def test_crc32c_each_refuses_a_non_contiguous_buffer() -> None:

@@ -13,10 +13,14 @@ import threading
 from pathlib import Path
 
 from tectonic_emu.bufpool import BufferPool, address_of
-from tectonic_emu.chunkstore._format import HEADER_SIZE, ChunkHeader, head_of, unpack_header
+from tectonic_emu.chunkstore._format import (
+    HEADER_SIZE,
+    ChunkHeader,
+    checked_head,
+    unpack_header,
+)
 from tectonic_emu.chunkstore.base import is_chunk_id
 from tectonic_emu.coding._native import pinned
-from tectonic_emu.coding.checksum import crc32c
 from tectonic_emu.errors import (
     AlreadyExistsError,
     ChunkCorruptError,
@@ -64,13 +68,11 @@ class _WriteJob:
         self._taking = threading.Lock()
 
     def prepare(self) -> None:
-        """On the worker thread, before any file exists: check the payload against the
-        writer's checksum (so the piece checksums computed next certify the writer's bytes,
-        end to end) and make the head (about 1.5 ms for 8 MiB here). Raises
-        ChunkCorruptError for a payload that does not match."""
-        if crc32c(self.payload) != self.crc32c:
-            raise ChunkCorruptError("payload does not match its checksum", self.chunk_id)
-        self.head = head_of(self.chunk_id, self.payload, self.crc32c, self.flags)
+        """On the worker thread, before any file exists: make the head, checking the payload
+        against the writer's checksum in the same pass (``checked_head``: the piece
+        checksums certify the writer's bytes, end to end; about 1 ms for 8 MiB here).
+        Raises ChunkCorruptError for a payload that does not match."""
+        self.head = checked_head(self.chunk_id, self.payload, self.crc32c, self.flags)
 
     def take(self) -> bool:
         """The worker's: take the job, unless it was aborted first."""

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import google_crc32c
 
 from tectonic_emu.chunkstore.base import BytesLike
-from tectonic_emu.coding.checksum import crc32c_pieces
+from tectonic_emu.coding.checksum import crc32c_combine, crc32c_pieces
 from tectonic_emu.errors import ChunkCorruptError, InvalidArgumentError
 
 MAGIC = b"TECK"
@@ -104,9 +104,25 @@ def piece_table(payload: memoryview, piece_size: int = PIECE_SIZE) -> bytes:
 def head_of(chunk_id: str, payload: memoryview, payload_crc32c: int, flags: int) -> bytes:
     """Everything before a version 3 payload: its header, the piece table computed from
     ``payload`` (about 1 ms for 8 MiB here: run it off the event loop), zeros to the payload
-    offset."""
-    head = pack_header(chunk_id, payload.nbytes, payload_crc32c, flags) + piece_table(payload)
-    return head.ljust(payload_offset(payload.nbytes, PIECE_SIZE), b"\0")
+    offset. The payload is not checked against ``payload_crc32c`` (``checked_head`` is)."""
+    pieces = crc32c_pieces(payload, PIECE_SIZE)
+    return _head(chunk_id, payload.nbytes, payload_crc32c, flags, pieces)
+
+
+def checked_head(chunk_id: str, payload: memoryview, payload_crc32c: int, flags: int) -> bytes:
+    """``head_of``, once the payload is found to match the writer's ``payload_crc32c``, in
+    the same pass over its bytes: the whole checksum is combined from the pieces'
+    (``crc32c_combine``), so the piece checksums certify the writer's bytes end to end.
+    Raises ChunkCorruptError for a payload that does not match."""
+    pieces = crc32c_pieces(payload, PIECE_SIZE)
+    if crc32c_combine(pieces, PIECE_SIZE, payload.nbytes) != payload_crc32c:
+        raise ChunkCorruptError("payload does not match its checksum", chunk_id)
+    return _head(chunk_id, payload.nbytes, payload_crc32c, flags, pieces)
+
+
+def _head(chunk_id: str, size: int, crc: int, flags: int, pieces: list[int]) -> bytes:
+    head = pack_header(chunk_id, size, crc, flags) + struct.pack(f"<{len(pieces)}I", *pieces)
+    return head.ljust(payload_offset(size, PIECE_SIZE), b"\0")
 
 
 def check_pieces(
@@ -202,6 +218,7 @@ __all__ = [
     "as_byte_view",
     "check_pieces",
     "check_payload",
+    "checked_head",
     "head_of",
     "payload_offset",
     "piece_table",

@@ -1,6 +1,12 @@
 """Block encodings (replication, Reed-Solomon), chunk checksums and chunk compression."""
 
-from tectonic_emu.coding.checksum import crc32c, crc32c_each, crc32c_many, crc32c_pieces
+from tectonic_emu.coding.checksum import (
+    crc32c,
+    crc32c_combine,
+    crc32c_each,
+    crc32c_many,
+    crc32c_pieces,
+)
 from tectonic_emu.coding.codec import Codec, codec_for
 from tectonic_emu.coding.compression import (
     FLAG_ZSTD,
@@ -20,6 +26,7 @@ __all__ = [
     "Encoding",
     "codec_for",
     "crc32c",
+    "crc32c_combine",
     "crc32c_each",
     "crc32c_many",
     "crc32c_pieces",
