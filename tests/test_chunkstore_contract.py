@@ -160,6 +160,30 @@ def test_chunk_ids_are_written_once(node: StorageNode) -> None:
     run(go())
 
 
+def test_unsynced_writes_read_back_and_sync_once_per_disk(node: StorageNode) -> None:
+    """A chunk written with ``sync=False`` is a chunk like any other (read, listed, refused
+    a second time); ``sync_disk`` covers it, shares
+    one flush among concurrent callers, and is a no-op with nothing to cover."""
+
+    async def go() -> None:
+        data = [os.urandom(20_000 + i) for i in range(6)]
+        await asyncio.gather(
+            *(
+                node.write_chunk(i % 2, f"u{i}", d, crc32c=crc(d), sync=False)
+                for i, d in enumerate(data)
+            )
+        )
+        with pytest.raises(AlreadyExistsError):
+            await node.write_chunk(0, "u0", b"x", crc32c=crc(b"x"), sync=False)
+        await asyncio.gather(*(node.sync_disk(d) for d in (0, 1, 0, 1, 2)))
+        await node.sync_disk(0)
+        for i, d in enumerate(data):
+            assert bytes((await node.read_chunk(i % 2, f"u{i}"))[0]) == d
+        assert sorted(c.chunk_id for c in await node.list_chunks(0)) == ["u0", "u2", "u4"]
+
+    run(go())
+
+
 @pytest.mark.parametrize("disk", [-1, DISKS, 100])
 def test_bad_disk(node: StorageNode, disk: int) -> None:
     async def go() -> None:
@@ -173,6 +197,8 @@ def test_bad_disk(node: StorageNode, disk: int) -> None:
             await node.delete_chunk(disk, "abc")
         with pytest.raises(InvalidArgumentError):
             await node.list_chunks(disk)
+        with pytest.raises(InvalidArgumentError):
+            await node.sync_disk(disk)
 
     run(go())
 
@@ -292,6 +318,7 @@ def test_unavailable_node_answers_nothing(node: StorageNode) -> None:
             node.delete_chunk(0, "abc"),
             node.list_chunks(0),
             node.usage(),
+            node.sync_disk(0),
         ]
         for call in calls:
             with pytest.raises(NodeUnavailableError):
@@ -462,6 +489,52 @@ def _flip(path: str, offset: int) -> None:
         b = f.read(1)
         f.seek(offset)
         f.write(bytes([b[0] ^ 0x40]))
+
+
+def test_unsynced_writes_cost_no_fsync_and_share_one_syncfs(
+    local: LocalNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The point of ``sync=False``: no fdatasync or directory fsync per chunk; a disk's
+    ``sync_disk`` is one ``syncfs``, run after the writes it covers, shared by the callers
+    waiting together; a failed one raises, and the next call flushes again."""
+    import tectonic_emu.chunkstore._local as local_mod
+
+    calls: list[str] = []
+    real_fdatasync, real_fsync, real_syncfs = os.fdatasync, os.fsync, local_mod._syncfs
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (calls.append("fdatasync"), real_fdatasync(fd)))
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd)))
+    fail = [False]
+
+    def syncfs(path: str) -> None:
+        calls.append(f"syncfs {Path(path).name}")
+        if fail[0]:
+            raise OSError(errno.EIO, "injected writeback error")
+        real_syncfs(path)
+
+    monkeypatch.setattr(local_mod, "_syncfs", syncfs)
+
+    async def go() -> None:
+        for i in range(5):
+            d = os.urandom(10_000)
+            await local.write_chunk(1, f"c{i}", d, crc32c=crc(d), sync=False)
+        assert calls == []
+        await asyncio.gather(*(local.sync_disk(1) for _ in range(4)))
+        assert calls == ["syncfs d1"]
+        await local.sync_disk(1)  # nothing new: no flush
+        await local.sync_disk(0)
+        assert calls == ["syncfs d1"]
+        d = os.urandom(10_000)
+        await local.write_chunk(1, "c5", d, crc32c=crc(d), sync=False)
+        fail[0] = True
+        with pytest.raises(OSError, match="injected"):
+            await local.sync_disk(1)
+        fail[0] = False
+        await local.sync_disk(1)
+        assert calls == ["syncfs d1"] * 3
+        await local.write_chunk(1, "c6", d, crc32c=crc(d))  # synced: its own fdatasync
+        assert calls[3] == "fdatasync"
+
+    run(go())
 
 
 def test_file_format_is_as_documented(local: LocalNode) -> None:

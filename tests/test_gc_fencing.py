@@ -156,11 +156,9 @@ class SlowWrites(FaultyNode):
 
     write_delay = 0.0
 
-    async def write_chunk(
-        self, disk: int, chunk_id: str, payload: Any, *, crc32c: int, flags: int = 0
-    ) -> None:
+    async def write_chunk(self, disk: int, chunk_id: str, payload: Any, **kw: Any) -> None:
         await asyncio.sleep(self.write_delay)
-        await super().write_chunk(disk, chunk_id, payload, crc32c=crc32c, flags=flags)
+        await super().write_chunk(disk, chunk_id, payload, **kw)
 
 
 def test_a_live_writer_slower_than_its_lease_keeps_its_claim(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ import contextlib
 import errno
 import os
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -48,6 +48,7 @@ from tectonic_emu.chunkstore._chunkfile import (
     _open_chunk,
     _pread_exact,
     _read_head,
+    _syncfs,
     _unlink_best_effort,
     _unlink_quiet,
     _write_all,
@@ -85,6 +86,7 @@ from tectonic_emu.errors import (
     NodeUnavailableError,
     retrieved,
 )
+from tectonic_emu.groupsync import GroupCommit
 from tectonic_emu.localfile import make_private
 
 T = TypeVar("T")
@@ -142,6 +144,8 @@ class LocalNode(StorageNode):
         # Disks whose file system refused O_DIRECT (tmpfs): written through the page cache.
         self._no_direct: set[int] = set()
         self._open = OpenChunks()  # chunk files kept open for small ranged reads
+        # Per disk: chunks written with sync=False, counted, and the syncfs that covers them.
+        self._unsynced = [GroupCommit(self._syncer(disk)) for disk in range(disks)]
         for d in (self.root, *(self._disk_dir(disk) for disk in range(disks))):
             d.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
             make_private(d, _DIR_MODE)
@@ -176,14 +180,26 @@ class LocalNode(StorageNode):
         if not self.available:
             raise NodeUnavailableError(f"node {self.node_id} is down")
 
+    def _syncer(self, disk: int) -> Callable[[], Awaitable[None]]:
+        path = str(self._disk_dir(disk))
+        return lambda: self._run(_syncfs, path)
+
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     # -- the seam ----------------------------------------------------------------------------
     async def write_chunk(
-        self, disk: int, chunk_id: str, payload: Payload, *, crc32c: int, flags: int = 0
+        self,
+        disk: int,
+        chunk_id: str,
+        payload: Payload,
+        *,
+        crc32c: int,
+        flags: int = 0,
+        sync: bool = True,
     ) -> None:
-        """Store a new chunk; durable on return when ``sync``. ``payload`` must not change
+        """Store a new chunk; durable on return when the node and the call say ``sync``
+        (else once a ``sync_disk`` of its disk returns). ``payload`` must not change
         until this returns (a ``Synthetic`` one is refused: this node stores bytes).
 
         Raises ChunkCorruptError (a payload that does not match ``crc32c``: nothing is
@@ -197,7 +213,7 @@ class LocalNode(StorageNode):
         view = as_byte_view(stored_bytes(payload, self.node_id))
         path = self.chunk_path(disk, chunk_id)
         pack_header(chunk_id, view.nbytes, crc32c, flags)  # bad fields: raise here, not later
-        job = _WriteJob(chunk_id, path, view, crc32c, flags)
+        job = _WriteJob(chunk_id, path, view, crc32c, flags, durable=sync)
         loop = asyncio.get_running_loop()
         # Through the loop (not executor.submit), so a virtual-time loop sees the job out
         # on a thread and holds its clock till it is back (clock.py).
@@ -212,6 +228,17 @@ class LocalNode(StorageNode):
             if job.created:  # the worker finished before it saw the abort
                 await _settle(loop.run_in_executor(self._executor, _unlink_best_effort, path))
             raise
+        if not sync and self.sync:
+            self._unsynced[disk].count()  # for the next sync_disk to cover
+
+    async def sync_disk(self, disk: int) -> None:
+        """One ``syncfs`` of the disk's file system covers every chunk written unsynced
+        before it (and their directories); concurrent calls, and the disks sharing a file
+        system here, share it when it starts after them (``GroupCommit``). A no-op when
+        nothing was written unsynced since the last, or in page-cache mode."""
+        await self._enter()
+        self._check_args(disk)
+        await self._unsynced[disk].sync()
 
     def _write_file(self, disk: int, job: _WriteJob) -> None:
         if not job.take():
@@ -240,13 +267,13 @@ class LocalNode(StorageNode):
                 finally:
                     if direct is not None:
                         os.close(direct)
-                if self.sync:
+                if self.sync and job.durable:
                     os.fdatasync(fd)
             finally:
                 os.close(fd)
             if job.abort.is_set():
                 raise _WriteAborted
-            if self.sync:
+            if self.sync and job.durable:
                 key = (disk, os.path.basename(fan_dir))
                 if key not in self._durable_dirs:
                     _fsync_dir(str(self._disk_dir(disk)))

@@ -89,11 +89,23 @@ class MemoryNode(StorageNode):
         return ChunkInfo(chunk_id, disk, s.stored_len, s.crc32c, s.flags, s.mtime)
 
     async def write_chunk(
-        self, disk: int, chunk_id: str, payload: Payload, *, crc32c: int, flags: int = 0
+        self,
+        disk: int,
+        chunk_id: str,
+        payload: Payload,
+        *,
+        crc32c: int,
+        flags: int = 0,
+        sync: bool = True,
     ) -> None:
+        """``sync`` changes nothing: memory has nothing to flush (and nothing survives)."""
         self._check_up()
         data = payload if isinstance(payload, Synthetic) else bytes(as_byte_view(payload))
         self._put(disk, chunk_id, _Stored(data, len(data), crc32c, flags, clock.wall()))
+
+    async def sync_disk(self, disk: int) -> None:
+        self._check_up()
+        self._disk(disk)  # InvalidArgumentError for a disk it does not have
 
     async def read_chunk(self, disk: int, chunk_id: str) -> tuple[ChunkData, ChunkInfo]:
         self._check_up()

@@ -95,14 +95,31 @@ class StorageNode(abc.ABC):
 
     @abc.abstractmethod
     async def write_chunk(
-        self, disk: int, chunk_id: str, payload: Payload, *, crc32c: int, flags: int = 0
+        self,
+        disk: int,
+        chunk_id: str,
+        payload: Payload,
+        *,
+        crc32c: int,
+        flags: int = 0,
+        sync: bool = True,
     ) -> None:
         """Store ``payload`` as a new chunk. Durable when it returns, unless the node was set
-        to page-cache mode (``sync=False``). ``crc32c`` is the caller's checksum of ``payload``;
+        to page-cache mode (``LocalNode(sync=False)``) or the call says ``sync=False``: then
+        the chunk reads back at once but may be lost in a crash of the node's host until a
+        ``sync_disk`` of its disk returns (a writer that commits at flush syncs each disk
+        it wrote once, not each chunk). ``crc32c`` is the caller's checksum of ``payload``;
         the node stores it beside the bytes and checks it on every read (``LocalNode`` and
         served nodes also refuse a payload that does not match it: ChunkCorruptError).
         Nodes that store bytes refuse a ``Synthetic`` payload (InvalidArgumentError,
         ``stored_bytes``)."""
+
+    @abc.abstractmethod
+    async def sync_disk(self, disk: int) -> None:
+        """Make every chunk written to ``disk`` before this call durable, those written with
+        ``sync=False`` included; concurrent calls share one flush. Raises the flush's
+        OSError (the chunks may then be lost in a crash), NodeUnavailableError,
+        InvalidArgumentError for a disk the node does not have."""
 
     @abc.abstractmethod
     async def read_chunk(self, disk: int, chunk_id: str) -> tuple[ChunkData, ChunkInfo]:

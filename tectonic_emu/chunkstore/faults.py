@@ -62,7 +62,14 @@ class FaultyNode(StorageNode):
             raise NodeUnavailableError(f"node {self.node_id} is down")
 
     async def write_chunk(
-        self, disk: int, chunk_id: str, payload: Payload, *, crc32c: int, flags: int = 0
+        self,
+        disk: int,
+        chunk_id: str,
+        payload: Payload,
+        *,
+        crc32c: int,
+        flags: int = 0,
+        sync: bool = True,
     ) -> None:
         await self._enter("write_chunk")
         if self.fail_writes > 0:
@@ -76,7 +83,11 @@ class FaultyNode(StorageNode):
                     disk, chunk_id, payload, crc32c=crc32c, flags=flags, keep=keep
                 )
             raise NodeUnavailableError(f"node {self.node_id}: crashed during write", chunk_id)
-        await self.inner.write_chunk(disk, chunk_id, payload, crc32c=crc32c, flags=flags)
+        await self.inner.write_chunk(disk, chunk_id, payload, crc32c=crc32c, flags=flags, sync=sync)
+
+    async def sync_disk(self, disk: int) -> None:
+        await self._enter("sync_disk")
+        await self.inner.sync_disk(disk)
 
     async def read_chunk(self, disk: int, chunk_id: str) -> tuple[ChunkData, ChunkInfo]:
         await self._enter("read_chunk")

@@ -520,7 +520,14 @@ class RemoteNode(StorageNode):
             check_chunk_id(chunk_id)
 
     async def write_chunk(
-        self, disk: int, chunk_id: str, payload: Payload, *, crc32c: int, flags: int = 0
+        self,
+        disk: int,
+        chunk_id: str,
+        payload: Payload,
+        *,
+        crc32c: int,
+        flags: int = 0,
+        sync: bool = True,
     ) -> None:
         self._check(disk, chunk_id)
         if not 0 <= crc32c < 1 << 32:
@@ -529,7 +536,11 @@ class RemoteNode(StorageNode):
             raise InvalidArgumentError(f"flags out of range: {flags}", chunk_id)
         view = as_byte_view(stored_bytes(payload, self.node_id))
         meta = wire.DISK_FLAGS.pack(disk, flags) + chunk_id.encode("ascii")
-        await self.call(Op.WRITE, meta, view, crc32c)
+        await self.call(Op.WRITE if sync else Op.WRITE_UNSYNCED, meta, view, crc32c)
+
+    async def sync_disk(self, disk: int) -> None:
+        self._check(disk)
+        await self.call(Op.SYNC, wire.DISK.pack(disk))
 
     async def read_chunk(self, disk: int, chunk_id: str) -> tuple[memoryview, ChunkInfo]:
         """The chunk, checked here against the checksum stored with it: the node sends it

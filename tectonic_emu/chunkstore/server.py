@@ -176,14 +176,17 @@ class NodeServer:
                 node.node_id, os.getpid(), node.disks, 0, self.started, self.max_payload
             )
             return ping, b"", 0
-        if h.op == Op.WRITE:
+        if h.op in (Op.WRITE, Op.WRITE_UNSYNCED):
             (disk, flags), chunk_id = wire.unpack_chunk_ref(meta, wire.DISK_FLAGS)
+            sync = h.op == Op.WRITE
             view = payload if payload is not None else memoryview(b"")
             # Not checked here: the node checks the payload against the writer's checksum
             # (the seam's contract) in the pass that makes its piece checksums, which
             # covers the wire too (a pass here as well cost one more over every chunk).
             try:
-                await node.write_chunk(disk, chunk_id, view, crc32c=h.payload_crc32c, flags=flags)
+                await node.write_chunk(
+                    disk, chunk_id, view, crc32c=h.payload_crc32c, flags=flags, sync=sync
+                )
             except ChunkCorruptError as exc:
                 raise _BadPayload("payload fails its checksum in transit", chunk_id) from exc
             return b"", b"", 0
@@ -213,6 +216,10 @@ class NodeServer:
             else:
                 got = await asyncio.get_running_loop().run_in_executor(None, crc32c, data)
             return wire.pack_info(info), data, got
+        if h.op == Op.SYNC:
+            (disk,) = _unpack_exact(wire.DISK, meta)
+            await node.sync_disk(disk)
+            return b"", b"", 0
         if h.op == Op.LIST:
             (disk,), _ = wire.unpack_chunk_ref(meta)
             listing = wire.pack_list(await node.list_chunks(disk))
@@ -431,7 +438,7 @@ class _Connection(asyncio.BufferedProtocol):
             wire.check_meta(self._header_buf, meta)
             if self._h.status != 0:
                 raise FrameError("a request carries a status")
-            if self._h.payload_len and self._h.op != Op.WRITE:
+            if self._h.payload_len and self._h.op not in (Op.WRITE, Op.WRITE_UNSYNCED):
                 raise FrameError(f"op {Op(self._h.op).name} takes no payload")
             self._meta = bytes(meta)
             self._got = 0

@@ -64,6 +64,8 @@ class Op(enum.IntEnum):
     # meta: DISK_RANGE + chunk id; reply meta: CHUNK_INFO; reply payload: the range's stored
     # bytes, checked on the node against its piece checksums (payload_crc32c: for the wire)
     READ_RANGE = 10
+    WRITE_UNSYNCED = 11  # as WRITE, but durable only once a SYNC of its disk returns
+    SYNC = 12  # meta: DISK; every chunk written to the disk before it made durable
 
 
 # Meta and payload layouts, by name as docs/wire-protocol.md uses them.
