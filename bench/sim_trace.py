@@ -40,7 +40,7 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("slot", "tectonic_emu.writer:BlockPipeline._run"),
     ("block", "tectonic_emu.datapath:DataPath.write_block"),
     ("chunk intent", "tectonic_emu.intents:ChunkIntent.__aenter__"),
-    ("block commit", "tectonic_emu.client:Client.commit_block"),
+    ("block commit", "tectonic_emu.client:Client.commit_blocks"),
     ("meta sync", "tectonic_emu.metadata.layers:Metadata.sync"),
     ("chunk write", "tectonic_emu.chunkstore._local:LocalNode.write_chunk"),
     ("chunk write", "tectonic_emu.sim.node:ModelNode.write_chunk"),

@@ -176,7 +176,7 @@ class StepWriter:
         items: list[tuple[Entry, list[Part]]] = []
         pos = appended = 0
         path = self.catalog.path(data)
-        async with self.client.open_writer(path, encoding=self.encoding) as w:
+        async with self.client.open_writer(path, encoding=self.encoding, commit_at_flush=True) as w:
             # Appended together (one fencing check per group), each with where its Part is.
             pending: list[Payload] = []
             places: list[tuple[list[Part], int]] = []

@@ -11,10 +11,12 @@ returns may the caller commit the block to metadata.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import Any
 
 from tectonic_emu import entropy
 from tectonic_emu.bufpool import uninitialised
@@ -53,6 +55,7 @@ class _BlockWrite:
     current: dict[int, ChunkPlacement] = field(default_factory=dict)  # the latest attempt
     written: list[ChunkPlacement] = field(default_factory=list)  # durable
     acked: bool = False  # the block was acknowledged: stragglers no longer retry
+    sync: bool = True  # False: chunks written unsynced (``write_block(sync=False)``)
     # Kept as long as any chunk write of the block (``write_block``'s ``holds``).
     holds: object = None
 
@@ -83,7 +86,10 @@ class BlockWriter:
         self.hedge_extra = hedge_extra
         self._cpu = cpu
         # Insertion-ordered (a dict), so the oldest straggler is the first key.
-        self._stragglers: dict[asyncio.Future[bool], None] = {}
+        self._stragglers: dict[asyncio.Future[Any], None] = {}
+        # Chunk ids of stragglers still writing: ``sync_chunks`` leaves their disks alone
+        # (a straggler syncs its own once it lands; a node 30 s slow must not hold a flush).
+        self._landing: set[str] = set()
 
     def ack_quorum(self, enc: Encoding) -> int:
         """Chunks that must be durable before a block is acknowledged."""
@@ -104,11 +110,21 @@ class BlockWriter:
         return await self.placement.reserve(enc, nbytes, extra)
 
     async def write_block(
-        self, enc: Encoding, block: Payload, *, block_id: int, file_id: int, holds: object = None
+        self,
+        enc: Encoding,
+        block: Payload,
+        *,
+        block_id: int,
+        file_id: int,
+        holds: object = None,
+        sync: bool = True,
     ) -> BlockRecord:
         """Encode and durably store one block's chunks. The caller commits the record.
         ``holds``: kept as long as any of its chunk writes runs, stragglers' included, as
-        the views of a block's buffer are (``writer.BlockPipeline.submit``).
+        the views of a block's buffer are (``writer.BlockPipeline.submit``). ``sync=False``:
+        the chunks are written unsynced, for the caller to make durable with
+        ``sync_chunks`` before it commits the record; a straggler (a chunk write still
+        running when the block is acknowledged) syncs its own disk once written.
 
         Returns once ``ack_quorum(enc)`` chunks are durable; the record names every chunk,
         the stragglers' included. Raises NotEnoughNodesError if too few nodes accept chunks.
@@ -117,7 +133,7 @@ class BlockWriter:
         """
         prepared = await offload(self._cpu, len(block), self._prepare, enc, block)
         targets = await self.reserve_targets(enc, max(len(p[0]) for p in prepared))
-        state = _BlockWrite(taken=set(targets), holds=holds)
+        state = _BlockWrite(taken=set(targets), holds=holds, sync=sync)
         self.stats.writes += 1
         tasks = [
             asyncio.ensure_future(
@@ -152,10 +168,16 @@ class BlockWriter:
             await asyncio.shield(self._abandon(tasks, state))
             raise
         state.acked = True
-        for task in [t for t in tasks if t in pending]:
+        for i, task in enumerate(tasks):
+            if task not in pending:
+                continue
             self.stats.stragglers += 1
             self._stragglers[task] = None
             task.add_done_callback(self._straggler_done)
+            if not sync:
+                landing = state.current[i].chunk_id
+                self._landing.add(landing)
+                task.add_done_callback(functools.partial(self._landed, landing))
         while len(self._stragglers) > MAX_STRAGGLERS:
             # A node that slow would hold every writer back: give up on its oldest chunk
             # write (the record names it; repair rebuilds it) rather than wait.
@@ -169,7 +191,10 @@ class BlockWriter:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.delete_chunks(state.written)
 
-    def _straggler_done(self, task: asyncio.Future[bool]) -> None:
+    def _landed(self, chunk_id: str, _: asyncio.Future[bool]) -> None:
+        self._landing.discard(chunk_id)
+
+    def _straggler_done(self, task: asyncio.Future[Any]) -> None:
         self._stragglers.pop(task, None)
         if task.cancelled():
             self.stats.straggler_failures += 1
@@ -206,6 +231,61 @@ class BlockWriter:
             await asyncio.shield(self.delete_chunks(state.written))
             raise
         return state.written
+
+    async def sync_chunks(self, records: Sequence[BlockRecord]) -> dict[int, set[int]]:
+        """Make the records' chunks, written unsynced, durable as ``write_block`` makes a
+        block's: one ``sync_disk`` per node disk they are on, all at once, returning once
+        each block has ``ack_quorum`` chunks on synced disks (fewer when syncs fail, down
+        to ``min_write_chunks``: a degraded write). Syncs still running then go on as
+        stragglers (``drain``): a chunk one leaves unsynced is repair's, as a straggling
+        write's is; a straggler's chunk still being written syncs its own disk when it
+        lands. Returns, for each block that failed syncs leave below ``min_write_chunks``
+        (by position in ``records``), the indexes of its chunks on synced disks: the
+        caller rebuilds the rest (``DataPath.sync_chunks``)."""
+        on = [
+            [(c.index, (c.node, c.disk)) for c in r.chunks if c.chunk_id not in self._landing]
+            for r in records
+        ]
+        syncs = {
+            key: asyncio.ensure_future(self.nodes[key[0]].sync_disk(key[1]))
+            for key in sorted({key for chunks in on for _, key in chunks})
+        }
+        encodings = [Encoding.parse(r.encoding) for r in records]
+        try:
+            while (short := self._synced_enough(on, encodings, syncs)) is None:
+                running = [t for t in syncs.values() if not t.done()]
+                await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            for task in syncs.values():
+                task.cancel()
+            await asyncio.gather(*syncs.values(), return_exceptions=True)
+            raise
+        for task in syncs.values():
+            if not task.done():
+                self._stragglers[task] = None
+                task.add_done_callback(self._straggler_done)
+        return short
+
+    def _synced_enough(
+        self,
+        on: list[list[tuple[int, Target]]],
+        encodings: list[Encoding],
+        syncs: Mapping[Target, asyncio.Future[None]],
+    ) -> dict[int, set[int]] | None:
+        """``sync_chunks``'s answer once every block has its quorum of chunks on synced
+        disks or is short of its minimum with all its disks' syncs over; None before."""
+        done = {k: t for k, t in syncs.items() if t.done() and not t.cancelled()}
+        ok = {k for k, t in done.items() if t.exception() is None}
+        short: dict[int, set[int]] = {}
+        for pos, (chunks, enc) in enumerate(zip(on, encodings, strict=True)):
+            alive = [k for _, k in chunks if k not in done or k in ok]
+            if len(alive) < self.placement.min_write_chunks(enc):
+                if any(k not in done for _, k in chunks):
+                    return None
+                short[pos] = {i for i, k in chunks if k in ok}
+            elif sum(k in ok for k in alive) < min(self.ack_quorum(enc), len(alive)):
+                return None
+        return short
 
     async def delete_chunks(self, chunks: Iterable[ChunkPlacement]) -> int:
         """Delete chunks, ignoring nodes that are down. Returns how many were deleted."""
@@ -267,7 +347,12 @@ class BlockWriter:
             )
             state.current[index] = placement
             try:
-                await self.nodes[node].write_chunk(disk, chunk_id, stored, crc32c=crc, flags=flags)
+                await self.nodes[node].write_chunk(
+                    disk, chunk_id, stored, crc32c=crc, flags=flags, sync=state.sync
+                )
+                if state.acked and not state.sync:
+                    # A straggler: the caller's sync of the block's disks may be over.
+                    await self.nodes[node].sync_disk(disk)
             except (OSError, EOFError) as exc:
                 if state.acked:
                     raise

@@ -12,7 +12,7 @@ unreferenced chunks, which repair's garbage collection removes.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from tectonic_emu import attrs, clock, entropy
@@ -248,6 +248,7 @@ class Client(Namespace):
         encoding: str | None = None,
         perms: attrs.Perms | None = None,
         exclusive: bool = False,
+        commit_at_flush: bool = False,
     ) -> WriterOpener:
         """The single writer of ``path``: ``w = await client.open_writer(p)`` or
         ``async with client.open_writer(p) as w``.
@@ -258,13 +259,25 @@ class Client(Namespace):
         NotFoundError (missing parent), InvalidArgumentError (``encoding`` differs from the
         existing file's). ``perms``: the mode and owners of a file it creates.
         ``exclusive``: create the file or raise AlreadyExistsError, taking no writer over
-        (``O_CREAT | O_EXCL``).
+        (``O_CREAT | O_EXCL``). ``commit_at_flush``: blocks are not committed as they are
+        written but at each ``flush`` and at ``close``, all together, after one sync of
+        each node disk they are on (``BlockPipeline``): for a file read once written (a
+        checkpoint's data), where syncs per chunk cost; readers see nothing of it, and a
+        crash keeps nothing of it, beyond the last flush.
         """
         bool_arg("open_writer", "exclusive", exclusive)
-        return WriterOpener(lambda: self._open_writer(path, encoding, perms, exclusive))
+        bool_arg("open_writer", "commit_at_flush", commit_at_flush)
+        return WriterOpener(
+            lambda: self._open_writer(path, encoding, perms, exclusive, commit_at_flush)
+        )
 
     async def _open_writer(
-        self, path: str, encoding: str | None, perms: attrs.Perms | None, exclusive: bool
+        self,
+        path: str,
+        encoding: str | None,
+        perms: attrs.Perms | None,
+        exclusive: bool,
+        unsynced: bool,
     ) -> FileWriter:
         parts = split_path(path)
         if not parts:
@@ -290,7 +303,7 @@ class Client(Namespace):
                 )  # fmt: skip
                 await m.names.link(parent, Entry(parts[-1], "file", file_id))
                 await attrs.touch_dir(m, parent, now)
-                return FileWriter(self, join_path(parts), file_id, token, enc, 0)
+                return FileWriter(self, join_path(parts), file_id, token, enc, 0, unsynced=unsynced)
             if exclusive:
                 raise AlreadyExistsError("file exists", join_path(parts))
             if e.kind == "dir":
@@ -306,8 +319,9 @@ class Client(Namespace):
                     f"file has encoding {f.encoding}, not {encoding}", join_path(parts)
                 )
             await m.files.put(replace(f, token=token))  # fences the previous writer
+            enc = Encoding.parse(f.encoding)
             return FileWriter(
-                self, join_path(parts), f.file_id, token, Encoding.parse(f.encoding), f.size
+                self, join_path(parts), f.file_id, token, enc, f.size, unsynced=unsynced
             )
 
     async def check_token(self, file_id: int, token: str, path: str) -> None:
@@ -319,32 +333,33 @@ class Client(Namespace):
     async def _check_token(self, m: MetaTxn, file_id: int, token: str, path: str) -> FileRecord:
         return _token_holds(await m.files.get(file_id), token, path)
 
-    async def commit_block(
+    async def commit_blocks(
         self,
         file_id: int,
         token: str,
-        rec: BlockRecord,
+        blocks: Sequence[tuple[BlockRecord, ChunkIntent]],
         *,
-        intent: ChunkIntent,
         durable: bool = True,
     ) -> None:
-        """Make a block whose chunks are durable part of the file (the commit point), and
-        remove ``intent``, the claim its chunk writes were announced under, in the same
-        transaction. ``durable=False``: return once the commit is visible; ``meta.sync()``
-        makes it durable (a writer chains its blocks' commits on that, see ``BlockPipeline``).
-        Raises FencedWriterError, committing nothing, when the token is lost or garbage
-        collection took the intent (its lease expired)."""
+        """Make blocks whose chunks are durable part of the file, in order (the commit
+        point), and remove each one's intent, the claim its chunk writes were announced
+        under, in the same transaction. ``durable=False``: return once the commit is
+        visible; ``meta.sync()`` makes it durable (a writer chains its blocks' commits on
+        that, see ``BlockPipeline``). Raises FencedWriterError, committing nothing, when the
+        token is lost or garbage collection took an intent (its lease expired)."""
         async with self.meta.transaction(durable=durable) as m:
-            # The claim first: when garbage collection fenced us, say so (it took the token too).
-            await intent.settle(m, f"file {file_id:016x}")
+            # The claims first: when garbage collection fenced us, say so (it took the token).
+            for _, intent in blocks:
+                await intent.settle(m, f"file {file_id:016x}")
             f = await self._check_token(m, file_id, token, f"file {file_id:016x}")
-            await m.files.add_block(
-                file_id, BlockEntry(f.nblocks, rec.block_id, f.size, rec.length)
-            )
-            await m.blocks.put(rec)
-            await m.files.put(
-                replace(f, size=f.size + rec.length, nblocks=f.nblocks + 1, mtime=clock.wall())
-            )
+            size, nblocks = f.size, f.nblocks
+            for rec, _ in blocks:
+                await m.files.add_block(
+                    file_id, BlockEntry(nblocks, rec.block_id, size, rec.length)
+                )
+                await m.blocks.put(rec)
+                size, nblocks = size + rec.length, nblocks + 1
+            await m.files.put(replace(f, size=size, nblocks=nblocks, mtime=clock.wall()))
 
     async def commit_hole(self, file_id: int, token: str, length: int, path: str) -> None:
         """Append a hole of ``length`` bytes (read as zeros, nothing stored) to the file as

@@ -28,6 +28,7 @@ reads, rebuilds) and ``hedging.py`` (the counters, and when a read is late or a 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Executor
 
@@ -35,10 +36,10 @@ from tectonic_emu import entropy
 from tectonic_emu.blockread import BlockReader
 from tectonic_emu.blockwrite import MAX_STRAGGLERS, BlockWriter, new_chunk_id
 from tectonic_emu.chunkstore.base import StorageNode
-from tectonic_emu.coding import Encoding
+from tectonic_emu.coding import Encoding, codec_for
 from tectonic_emu.coding.synthetic import Payload
 from tectonic_emu.config import Compression
-from tectonic_emu.errors import InvalidArgumentError
+from tectonic_emu.errors import InvalidArgumentError, NotEnoughNodesError
 from tectonic_emu.hedging import (
     DEFAULT_HEDGE_AFTER,
     SLOW_FACTOR,
@@ -206,7 +207,14 @@ class DataPath:
         return self._writer.ack_quorum(enc)
 
     async def write_block(
-        self, enc: Encoding, block: Payload, *, block_id: int, file_id: int, holds: object = None
+        self,
+        enc: Encoding,
+        block: Payload,
+        *,
+        block_id: int,
+        file_id: int,
+        holds: object = None,
+        sync: bool = True,
     ) -> BlockRecord:
         """Encode and durably store one block's chunks. The caller commits the record.
 
@@ -214,11 +222,48 @@ class DataPath:
         the stragglers' included. Raises NotEnoughNodesError if too few nodes accept chunks.
         On any error or cancellation the chunks already written are deleted (best effort;
         repair's garbage collection removes what could not be). ``holds``: kept as long as
-        any of its chunk writes runs (``BlockWriter.write_block``).
+        any of its chunk writes runs (``BlockWriter.write_block``). ``sync=False``: the
+        chunks are written but durable only once their disks are synced (``sync_chunks``).
         """
         return await self._writer.write_block(
-            enc, block, block_id=block_id, file_id=file_id, holds=holds
+            enc, block, block_id=block_id, file_id=file_id, holds=holds, sync=sync
         )
+
+    async def sync_chunks(self, records: Sequence[BlockRecord]) -> list[BlockRecord]:
+        """Make the chunks of ``records``, written with ``sync=False``, durable: one
+        ``sync_disk`` per node disk they are on, all at once, each block done once its
+        write quorum of chunks is on synced disks (``BlockWriter.sync_chunks``). A block
+        that failed syncs (nodes gone down since) leave short of its minimum has its other
+        chunks made again from the synced ones, as repair would, and written synced on
+        other nodes. Returns the records to commit: those, with the rebuilt blocks' new
+        placements. Raises NotEnoughNodesError when a block cannot be rebuilt."""
+        recs = list(records)
+        short = await self._writer.sync_chunks(recs)
+        for pos, synced in sorted(short.items()):
+            recs[pos] = await self._rebuild_unsynced(recs[pos], synced)
+        return recs
+
+    async def _rebuild_unsynced(self, rec: BlockRecord, synced: set[int]) -> BlockRecord:
+        """``rec`` with the chunks not in ``synced`` (indexes) made again from those that
+        are and written synced elsewhere; the others deleted where their nodes answer."""
+        enc = Encoding.parse(rec.encoding)
+        keep = [c for c in rec.chunks if c.index in synced]
+        if len(keep) < enc.min_chunks:
+            raise NotEnoughNodesError(
+                f"block {rec.block_id:016x}: {len(keep)} of its chunks are on disks that "
+                f"could be synced, {enc.min_chunks} needed to make the others again"
+            )
+        data = await asyncio.gather(*(self.scrub_chunk(c) for c in keep))
+        sources = {c.index: d for c, d in zip(keep, data, strict=True)}
+        lost = [i for i in range(enc.width) if i not in sources]
+        if enc.kind == "replication":
+            rebuilt: dict[int, Payload] = dict.fromkeys(lost, data[0])
+        else:
+            rebuilt = dict(codec_for(enc).reconstruct(sources, lost, rec.length))
+        new = await self.write_chunks(enc, rec.block_id, rebuilt, avoid={c.node for c in keep})
+        await self.delete_chunks(c for c in rec.chunks if c.index not in synced)
+        chunks = tuple(sorted(keep + new, key=lambda c: c.index))
+        return BlockRecord(rec.block_id, rec.file_id, rec.length, rec.encoding, chunks)
 
     async def drain(self, wait: float = 60.0) -> None:
         """Wait for the stragglers of acknowledged blocks (at most ``wait`` seconds, then

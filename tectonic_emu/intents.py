@@ -63,10 +63,15 @@ class ChunkIntent:
         self.settled = False
 
     async def __aenter__(self) -> ChunkIntent:
+        await self.start()
+        return self
+
+    async def start(self) -> None:
+        """Record the intent and start renewing it (``async with`` does this; a claim that
+        outlives one block of code calls ``start`` and ``end`` itself)."""
         async with self._meta.transaction(durable=False) as m:
             await m.intents.put(self._record())
         self._renewer = asyncio.create_task(self._renew())
-        return self
 
     def _record(self) -> IntentRecord:
         return IntentRecord(self.block_id, self.owner, self.file_id, clock.wall() + self._lease)
@@ -98,6 +103,10 @@ class ChunkIntent:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        await self.end()
+
+    async def end(self) -> None:
+        """Stop renewing; remove the intent unless settled (best effort)."""
         if self._renewer is not None:
             self._renewer.cancel()
             # wait, not await: a cancellation of our own task must not be swallowed here

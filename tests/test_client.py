@@ -282,20 +282,20 @@ def test_a_block_committed_as_its_writer_is_cancelled_keeps_its_chunks(
 
     async def go(c: Cluster) -> None:
         client = c.client()
-        real = Client.commit_block
+        real = Client.commit_blocks
 
         async def commit_then_cancelled(
-            self: Client, file_id: int, token: str, rec: object, **kw: Any
+            self: Client, file_id: int, token: str, blocks: Any, **kw: Any
         ) -> None:
-            await real(self, file_id, token, rec, **kw)  # type: ignore[arg-type]
+            await real(self, file_id, token, blocks, **kw)
             raise asyncio.CancelledError  # as if cancelled while the commit settled
 
         w = await client.open_writer("/f", encoding="r3")
-        monkeypatch.setattr(Client, "commit_block", commit_then_cancelled)
+        monkeypatch.setattr(Client, "commit_blocks", commit_then_cancelled)
         with pytest.raises(asyncio.CancelledError):
             await w.append(block + b"tail")  # one whole block goes out
             await w.flush()
-        monkeypatch.setattr(Client, "commit_block", real)
+        monkeypatch.setattr(Client, "commit_blocks", real)
         assert (await client.stat("/f")).size == len(block)
         assert await client.read_file("/f") == block
 
