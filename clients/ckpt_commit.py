@@ -246,6 +246,11 @@ class StepWriter:
             else:
                 if await self.client.exists(self.catalog.path(manifest_name(st.step))):
                     return
+                if st.step < (await self.catalog.view()).retired_before:
+                    # A later step's commit retired this one (keep_last) and its clean-up
+                    # may have deleted the manifest before this look: saves that overlap
+                    # (save_async) commit tens of ms apart. Hidden either way: done.
+                    return
                 missing = []
             if aborts:
                 reasons = [await self._reason(f"{sdir}/{n}") for n in aborts[:3]]

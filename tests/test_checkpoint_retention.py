@@ -298,3 +298,40 @@ def test_the_commit_marker_keeps_exactly_the_last_keep_last(
         left = [Marker(plan.confirm.before) if m == plan.confirm else m for m in left]
     kept = [s for s in after.manifests if s not in after.retired]
     assert view(kept, left).visible == after.visible
+
+
+def test_a_step_retired_before_another_process_saw_its_commit_ends_that_wait(
+    cluster_dir: Path,
+) -> None:
+    """Overlapping saves (save_async) commit tens of ms apart: step 20's commit retires
+    step 10 (keep_last=1) and its clean-up deletes step 10's manifest before the process of
+    rank 1 looks for it. That process's wait for step 10 ends there (the step is hidden
+    either way), where it used to poll for the manifest until the timeout."""
+    root = fresh_root()
+
+    async def main() -> None:
+        async with Cluster.open(cluster_dir) as cluster:
+            a, b = cluster.client(), cluster.client()
+            gate = asyncio.Event()
+            exists = b.exists
+
+            async def late_exists(path: str) -> bool:
+                if path.endswith(manifest_name(10)):
+                    await gate.wait()  # this process looks only once step 20 is committed
+                return await exists(path)
+
+            b.exists = late_exists  # type: ignore[method-assign]
+            first = Checkpointer(a, root, world_size=2, keep_last=1)
+            second = Checkpointer(b, root, world_size=2, keep_last=1, timeout=5)
+            rank1_10 = asyncio.ensure_future(second.save(10, 1, state(10, 1)))
+            await first.save(10, 0, state(10, 0))
+            await asyncio.gather(first.save(20, 0, state(20, 0)), second.save(20, 1, state(20, 1)))
+            await first.wait_cleanup()
+            assert manifest_name(10) not in await a.listdir(root)
+            gate.set()
+            await asyncio.wait_for(rank1_10, 4)
+            assert await second.steps() == [20]
+            await first.close()
+            await second.close()
+
+    asyncio.run(main())
