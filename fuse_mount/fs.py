@@ -387,7 +387,11 @@ class TectonicFS(MetaOps, Operations):  # type: ignore[misc]
         perms = caller(mode)
 
         async def create() -> tuple[FileWriter, Any]:
-            opener = client.open_writer(path, encoding=self.encoding, perms=perms, exclusive=True)
+            # Committed at each flush (close, fsync, a reader here past the end): syncs per
+            # flush and node disk, not per chunk; other mounts see close-to-open either way.
+            opener = client.open_writer(
+                path, encoding=self.encoding, perms=perms, exclusive=True, commit_at_flush=True
+            )
             writer = await opener.__aenter__()
             try:
                 return writer, await client.stat_id(writer.file_id)
