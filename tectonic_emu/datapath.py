@@ -256,10 +256,7 @@ class DataPath:
         data = await asyncio.gather(*(self.scrub_chunk(c) for c in keep))
         sources = {c.index: d for c, d in zip(keep, data, strict=True)}
         lost = [i for i in range(enc.width) if i not in sources]
-        if enc.kind == "replication":
-            rebuilt: dict[int, Payload] = dict.fromkeys(lost, data[0])
-        else:
-            rebuilt = dict(codec_for(enc).reconstruct(sources, lost, rec.length))
+        rebuilt = codec_for(enc).reconstruct(sources, lost, rec.length)  # a copy, replicated
         new = await self.write_chunks(enc, rec.block_id, rebuilt, avoid={c.node for c in keep})
         await self.delete_chunks(c for c in rec.chunks if c.index not in synced)
         chunks = tuple(sorted(keep + new, key=lambda c: c.index))

@@ -83,9 +83,7 @@ async def repair_block(cluster: StoreView, rec: BlockRecord, report: RepairRepor
     # A chunk that is only moved is good: it is copied, and is a source for the lost ones.
     rebuilt: dict[int, Payload] = {i: good[i][1] for i in missing if i in good}
     lost = [i for i in missing if i not in good]
-    if lost and enc.kind == "replication":
-        rebuilt.update(dict.fromkeys(lost, next(iter(good.values()))[1]))
-    elif lost:
+    if lost:  # (replicated: a copy of a good chunk)
         sources = {i: d for i, (_, d) in good.items()}
         rebuilt.update(codec_for(enc).reconstruct(sources, lost, rec.length))
     async with ChunkIntent(cluster.meta, rec.block_id, rec.file_id, repair_owner()) as claim:
