@@ -18,7 +18,7 @@ from tectonic_emu.bufpool import BufferPool, address_of
 from tectonic_emu.chunkstore._format import (
     HEADER_SIZE,
     ChunkHeader,
-    checked_head,
+    head_of,
     unpack_header,
 )
 from tectonic_emu.chunkstore.base import is_chunk_id
@@ -79,10 +79,10 @@ class _WriteJob:
 
     def prepare(self) -> None:
         """On the worker thread, before any file exists: make the head, checking the payload
-        against the writer's checksum in the same pass (``checked_head``: the piece
+        against the writer's checksum in the same pass (``head_of(check=True)``: the piece
         checksums certify the writer's bytes, end to end; about 1 ms for 8 MiB here).
         Raises ChunkCorruptError for a payload that does not match."""
-        self.head = checked_head(self.chunk_id, self.payload, self.crc32c, self.flags)
+        self.head = head_of(self.chunk_id, self.payload, self.crc32c, self.flags, check=True)
 
     def take(self) -> bool:
         """The worker's: take the job, unless it was aborted first."""

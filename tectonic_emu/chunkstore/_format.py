@@ -97,32 +97,27 @@ def pack_header(
 
 def piece_table(payload: memoryview, piece_size: int = PIECE_SIZE) -> bytes:
     """The CRC32C of each ``piece_size`` piece of ``payload``, packed (4 bytes each)."""
-    crcs = crc32c_pieces(payload, piece_size)
+    return _packed(crc32c_pieces(payload, piece_size))
+
+
+def _packed(crcs: list[int]) -> bytes:
     return struct.pack(f"<{len(crcs)}I", *crcs)
 
 
-def head_of(chunk_id: str, payload: memoryview, payload_crc32c: int, flags: int) -> bytes:
+def head_of(
+    chunk_id: str, payload: memoryview, payload_crc32c: int, flags: int, *, check: bool = False
+) -> bytes:
     """Everything before a version 3 payload: its header, the piece table computed from
     ``payload`` (about 1 ms for 8 MiB here: run it off the event loop), zeros to the payload
-    offset. The payload is not checked against ``payload_crc32c`` (``checked_head`` is)."""
+    offset. ``check``: first find that the payload matches the writer's ``payload_crc32c``,
+    in the same pass over its bytes (the whole checksum combined from the pieces',
+    ``crc32c_combine``), so the piece checksums certify the writer's bytes end to end;
+    ChunkCorruptError when it does not."""
     pieces = crc32c_pieces(payload, PIECE_SIZE)
-    return _head(chunk_id, payload.nbytes, payload_crc32c, flags, pieces)
-
-
-def checked_head(chunk_id: str, payload: memoryview, payload_crc32c: int, flags: int) -> bytes:
-    """``head_of``, once the payload is found to match the writer's ``payload_crc32c``, in
-    the same pass over its bytes: the whole checksum is combined from the pieces'
-    (``crc32c_combine``), so the piece checksums certify the writer's bytes end to end.
-    Raises ChunkCorruptError for a payload that does not match."""
-    pieces = crc32c_pieces(payload, PIECE_SIZE)
-    if crc32c_combine(pieces, PIECE_SIZE, payload.nbytes) != payload_crc32c:
+    if check and crc32c_combine(pieces, PIECE_SIZE, payload.nbytes) != payload_crc32c:
         raise ChunkCorruptError("payload does not match its checksum", chunk_id)
-    return _head(chunk_id, payload.nbytes, payload_crc32c, flags, pieces)
-
-
-def _head(chunk_id: str, size: int, crc: int, flags: int, pieces: list[int]) -> bytes:
-    head = pack_header(chunk_id, size, crc, flags) + struct.pack(f"<{len(pieces)}I", *pieces)
-    return head.ljust(payload_offset(size, PIECE_SIZE), b"\0")
+    head = pack_header(chunk_id, payload.nbytes, payload_crc32c, flags) + _packed(pieces)
+    return head.ljust(payload_offset(payload.nbytes, PIECE_SIZE), b"\0")
 
 
 def check_pieces(
@@ -218,7 +213,6 @@ __all__ = [
     "as_byte_view",
     "check_pieces",
     "check_payload",
-    "checked_head",
     "head_of",
     "payload_offset",
     "piece_table",

@@ -161,7 +161,7 @@ class ModelNode(StorageNode):
             # this model charged a copy into the page cache until 2026-12-06. First the
             # node computes its piece checksums and checks the payload against the writer's
             # checksum combined from them, in one pass (chunkstore/_format.py
-            # ``checked_head``; a second pass, over the whole payload, until 2026-12-07).
+            # ``head_of(check=True)``; a second pass, over the whole payload, until 2026-12-07).
             await self.server.spend("crc32c-pieces", n)
             await self.server.disk(disk).write(n)
             await store.write_chunk(disk, chunk_id, payload, crc32c=crc32c, flags=flags)
