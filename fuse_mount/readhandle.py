@@ -16,11 +16,17 @@ from tectonic_emu.reader import FileReader
 
 # How much of a file a read handle fetches ahead of the reader, in segments (chunks).
 READAHEAD_SEGMENTS = 8
-# Reads that neither continue the last one nor fall in a segment already fetched, in a row,
-# after which a handle reads each straight from the store: only its bytes (the store reads
-# just the 8 KiB pieces that hold them), no segment, no readahead. A read that continues the
-# one before brings segments back.
+# Reads that fall in no segment already fetched, in a row, after which a handle lets its
+# segments go and reads each straight from the store: only its bytes (the store reads just
+# the 8 KiB pieces that hold them), no segment, no readahead.
 RANDOM_AFTER = 2
+# Bytes read in a row, each read continuing the last, that bring segments back. A handle
+# starts reading straight from the store, too. Not one read that continues another: random
+# reads make such pairs (the kernel splits a request around pages it has cached, and reads
+# context readahead of up to 640 KiB before one whose neighbour it has), and each such pair
+# fetched a 48 MiB rs-6-3 segment and started 8 more (``bench random``: 128 KiB reads went
+# from 2-3 bytes read per byte asked to 1.1).
+STREAM_AFTER = 1 << 20
 
 
 class View(Protocol):
@@ -78,8 +84,10 @@ class ReadHandle:
         self._lock = threading.Lock()
         self._reloading = threading.Lock()
         self._segments: dict[int, _Segment] = {}
-        self._next = 0  # where the last read ended: a read from there is sequential
-        self._jumps = 0  # reads in a row that were not (``RANDOM_AFTER``)
+        self._next: int | None = None  # where the last read ended (None: no read yet)
+        self._run = 0  # bytes read in a row, each continuing the last (``STREAM_AFTER``)
+        self._jumps = 0  # reads in a row that did not, while streaming (``RANDOM_AFTER``)
+        self._streaming = False  # reading through segments (else straight from the store)
 
     def _catch_up(self, end: int) -> None:
         """Look the block map up again if the file changed under it: new contents moved
@@ -184,19 +192,27 @@ class ReadHandle:
 
     def _random(self, offset: int, end: int, first: int, last: int) -> bool:
         """Whether to read ``[offset, end)`` (segments ``first`` to ``last``) straight from
-        the store: the reads jump about (``RANDOM_AFTER``) and these segments are not here.
-        Segments are dropped (their readahead cancelled) on the way in."""
+        the store. A handle reads so until reads in a row, each continuing the last, cover
+        ``STREAM_AFTER`` bytes; then segments serve the reads that fall in them, and the
+        others are read straight, until ``RANDOM_AFTER`` of those in a row drop the segments
+        (their readahead cancelled)."""
         with self._lock:
-            sequential = offset == self._next or all(
-                i in self._segments for i in range(first, last + 1)
-            )
+            continues = offset == self._next
+            self._run = self._run + end - offset if continues else end - offset
             self._next = end
-            self._jumps = 0 if sequential else self._jumps + 1
-            if sequential or self._jumps < RANDOM_AFTER:
+            if not self._streaming:
+                self._streaming = continues and self._run >= STREAM_AFTER
+                self._jumps = 0
+                return not self._streaming
+            if all(i in self._segments for i in range(first, last + 1)):
+                self._jumps = 0
                 return False
-            for seg in self._segments.values():
-                self._drop(seg)
-            self._segments.clear()
+            self._jumps += 1
+            if self._jumps >= RANDOM_AFTER:
+                self._streaming = False
+                for seg in self._segments.values():
+                    self._drop(seg)
+                self._segments.clear()
             return True
 
     @staticmethod
@@ -238,4 +254,4 @@ class ReadHandle:
             self._segments.clear()
 
 
-__all__ = ["RANDOM_AFTER", "READAHEAD_SEGMENTS", "Host", "ReadHandle", "View"]
+__all__ = ["RANDOM_AFTER", "READAHEAD_SEGMENTS", "STREAM_AFTER", "Host", "ReadHandle", "View"]
