@@ -17,6 +17,7 @@ the block.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -129,8 +130,7 @@ class BlockReader:
         if enc.kind == "replication" and small and not compressed:
             return await self._read_replica_range(rec, lo, hi, into)
         if enc.kind == "rs" and hi > lo:
-            sizes = codec_for(enc).chunk_sizes(rec.length)[: enc.data]
-            starts = list(itertools.accumulate([0, *sizes[:-1]]))
+            sizes, starts = _data_chunks(enc, rec.length)
             by_index = {c.index: c for c in rec.chunks}
             wanted = [
                 i
@@ -140,7 +140,7 @@ class BlockReader:
             if all(i in by_index and self.nodes[by_index[i].node].available for i in wanted):
                 if not compressed and hi - lo <= RANGED_SHARE * sum(sizes[i] for i in wanted):
                     pieces = await self._read_rs_pieces(
-                        rec, enc, lo, hi, into, sizes, starts, wanted
+                        rec, enc, lo, hi, into, sizes, starts, wanted, by_index
                     )
                     if pieces is not None:
                         return pieces
@@ -200,15 +200,15 @@ class BlockReader:
         lo: int,
         hi: int,
         into: memoryview | None,
-        sizes: list[int],
-        starts: list[int],
+        sizes: Sequence[int],
+        starts: Sequence[int],
         wanted: list[int],
+        by_index: dict[int, ChunkPlacement],
     ) -> list[tuple[int, Payload]] | None:
         """A small range of a Reed-Solomon block (``read_range``'s ``wanted`` data chunks,
         of ``sizes`` at ``starts``, all on live nodes) from its bytes of them; a chunk that
         fails is decoded from the same bytes of D others. None when too few return them, or
         the pieces are synthetic and one failed (the block path then decodes it)."""
-        by_index = {c.index: c for c in rec.chunks}
         spans = {
             i: (max(lo, starts[i]) - starts[i], min(hi, starts[i] + sizes[i]) - starts[i])
             for i in wanted
@@ -299,8 +299,8 @@ class BlockReader:
         lo: int,
         hi: int,
         into: memoryview | None,
-        sizes: list[int],
-        starts: list[int],
+        sizes: Sequence[int],
+        starts: Sequence[int],
         wanted: list[int],
     ) -> list[tuple[int, Payload]]:
         """``read_range`` of a Reed-Solomon block whose ``wanted`` data chunks (those the
@@ -521,6 +521,14 @@ class BlockReader:
 
 def _decompressed(c: ChunkPlacement, stored: Payload) -> Payload:
     return decompress(stored, c.flags, c.raw_len)
+
+
+@functools.lru_cache(maxsize=64)
+def _data_chunks(enc: Encoding, length: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The sizes of a Reed-Solomon block's data chunks and where each starts in the block
+    (the block lengths a cluster uses are few: asked once each, not per read)."""
+    sizes = tuple(codec_for(enc).chunk_sizes(length)[: enc.data])
+    return sizes, tuple(itertools.accumulate((0, *sizes[:-1])))
 
 
 def _deliver(

@@ -94,17 +94,20 @@ class ReadHedging:
             return  # judge a node on a full window only: first reads include connecting
         full = self._full.setdefault(size_class, set())
         full.add(node)
+        fastest = min(mine)
         # Even its fastest recent read is well over what the other nodes' fastest reads take:
         # a delay the node adds to everything. Queueing (in the client, the network, the
         # disks) raises every node's fastest read alike and leaves the comparison alone.
         if len(full) <= _EXACT_NODES:
+            if fastest <= SLOW_MIN:
+                return  # under any threshold: no walk of the others' windows needed
             others = sorted(min(self._node_latency[(n, size_class)]) for n in full if n != node)
             if len(others) < 3:
                 return
             median = others[len(others) // 2]
         else:
             median = self._median_of(size_class, full)
-        if min(mine) > SLOW_FACTOR * median + SLOW_MIN:
+        if fastest > SLOW_FACTOR * median + SLOW_MIN:
             self.mark_slow(node)
 
     def _median_of(self, size_class: int, full: set[int]) -> float:

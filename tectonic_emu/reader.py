@@ -119,11 +119,6 @@ async def read_blocks(
     small ones up to ``ahead_bytes``. Raises DataUnavailableError rather than hand over
     wrong bytes."""
     wanted = [(b, r) for b, r in zip(blocks, recs, strict=True) if b.end > start and b.offset < end]
-    # In flight: depth blocks, or more small ones up to the bytes of that many rs-6-3 blocks
-    # (an r3 block is one 8 MiB chunk; one at a time per node leaves a served cluster's
-    # nodes idle between round trips), never more than MAX_BLOCKS_IN_FLIGHT.
-    largest = max((b.length for b, r in wanted if r is not None), default=1)
-    width = min(max(depth, ahead_bytes // max(largest, 1)), MAX_BLOCKS_IN_FLIGHT)
 
     async def one(b: BlockEntry, rec: BlockRecord | None) -> None:
         lo, hi = max(0, start - b.offset), min(b.length, end - b.offset)
@@ -140,6 +135,11 @@ async def read_blocks(
     if len(wanted) == 1:
         await one(*wanted[0])
         return
+    # In flight: depth blocks, or more small ones up to the bytes of that many rs-6-3 blocks
+    # (an r3 block is one 8 MiB chunk; one at a time per node leaves a served cluster's
+    # nodes idle between round trips), never more than MAX_BLOCKS_IN_FLIGHT.
+    largest = max((b.length for b, r in wanted if r is not None), default=1)
+    width = min(max(depth, ahead_bytes // max(largest, 1)), MAX_BLOCKS_IN_FLIGHT)
     # ``width`` workers take the blocks in order from one iterator: a task per block, made
     # up front, was 29,496 tasks (and as many requests queued at once on the nodes) for a
     # read of a file of small blocks, which stalled this event loop for seconds.

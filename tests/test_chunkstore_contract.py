@@ -1018,5 +1018,18 @@ def test_small_ranges_read_from_files_kept_open(local: LocalNode, monkeypatch: A
     with pytest.raises(ChunkCorruptError):
         run(local.read_chunk_range(0, "k2", 2 * PIECE_SIZE, 10))
     assert bytes(run(local.read_chunk_range(0, "k2", 100, 10))[0]) == data[100:110]
+    # A chunk's header and piece table are read once, at open: a range reads its pieces alone.
+    assert bytes(run(local.read_chunk_range(0, "k1", 100, 10))[0]) == data[100:110]
+    reads: list[int] = []
+    real_pread = os.pread
+
+    def counting_pread(fd: int, n: int, offset: int) -> bytes:
+        reads.append(n)
+        return real_pread(fd, n, offset)
+
+    monkeypatch.setattr(os, "pread", counting_pread)
+    for at in range(0, 4 * PIECE_SIZE, PIECE_SIZE):
+        assert bytes(run(local.read_chunk_range(0, "k1", at, 10))[0]) == data[at : at + 10]
+    assert reads == []
     run(local.close())
     assert fds() == before

@@ -128,6 +128,8 @@ def check_pieces(
     ``first`` on."""
     size = header.piece_size
     got = crc32c_pieces(data, size)
+    if _packed(got) == table[: 4 * len(got)]:
+        return
     want = struct.unpack_from(f"<{len(got)}I", table)
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         if a != b:

@@ -384,7 +384,7 @@ class LocalNode(StorageNode):
             payload = _pread_exact(entry.fd, header.payload_len, header.payload_offset, chunk_id)
             check_payload(payload, header, chunk_id)
             return memoryview(payload)[offset : offset + length].toreadonly(), info
-        return _pieces_of(entry.fd, header, chunk_id, offset, length), info
+        return _pieces_of(entry.fd, header, chunk_id, offset, length, entry.table), info
 
     def _read_range(
         self, disk: int, chunk_id: str, path: str, offset: int, length: int
@@ -525,17 +525,30 @@ class LocalNode(StorageNode):
             await asyncio.to_thread(executor.shutdown)
 
 
-def _pieces_of(fd: int, header: ChunkHeader, chunk_id: str, offset: int, length: int) -> memoryview:
+def _pieces_of(
+    fd: int,
+    header: ChunkHeader,
+    chunk_id: str,
+    offset: int,
+    length: int,
+    table: bytes | None = None,
+) -> memoryview:
     """Payload bytes ``[offset, offset + length)`` of a version 3 chunk open as ``fd``,
-    from the pieces that hold them, each checked against its checksum (a read-only view)."""
+    from the pieces that hold them, each checked against its checksum (a read-only view).
+    ``table``: the chunk's whole piece table, read before (else its entries are read)."""
     end = offset + length
     pieces = header.pieces(offset, end)
-    table = _pread_exact(fd, 4 * len(pieces), HEADER_SIZE + 4 * pieces.start, chunk_id)
+    if table is None:
+        entries: bytes | memoryview = _pread_exact(
+            fd, 4 * len(pieces), HEADER_SIZE + 4 * pieces.start, chunk_id
+        )
+    else:
+        entries = memoryview(table)[4 * pieces.start : 4 * pieces.stop]
     start = pieces.start * header.piece_size
     stop = min(pieces.stop * header.piece_size, header.payload_len)
     got = memoryview(bytearray(max(stop - start, 0)))
     _preadv_exact(fd, got, header.payload_offset + start, chunk_id)
-    check_pieces(got, pieces.start, table, header, chunk_id)
+    check_pieces(got, pieces.start, entries, header, chunk_id)
     return got[offset - start : end - start].toreadonly()
 
 

@@ -2,9 +2,11 @@
 
 A 4 KiB ranged read cost more in opening the chunk file, reading its header and closing it
 (and in the hop to an I/O thread) than in reading its two 8 KiB pieces. A node keeps the
-last ``OpenChunks.LIMIT`` chunks it read ranges of open, with their checked headers: chunks
-are immutable, so a header read once holds. Used from the node's event loop thread alone,
-so an entry is never closed under a read.
+last ``OpenChunks.LIMIT`` chunks it read ranges of open, with their checked headers and
+their piece tables (4 KiB for an 8 MiB chunk): chunks are immutable, so a header and table
+read once hold. A table read per request was a second disk read for every first read of a
+chunk since the page cache was dropped. Used from the node's event loop thread alone, so an
+entry is never closed under a read.
 
 A file unlinked since it was opened (``st_nlink`` 0: deleted, or damaged by a test) is
 opened again, so a deleted chunk reads as missing, as it would uncached. A file renamed over
@@ -19,8 +21,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tectonic_emu.chunkstore._chunkfile import _open_checked
-from tectonic_emu.chunkstore._format import ChunkHeader
+from tectonic_emu.chunkstore._chunkfile import _open_checked, _pread_exact
+from tectonic_emu.chunkstore._format import HEADER_SIZE, ChunkHeader
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +30,7 @@ class OpenChunk:
     fd: int
     header: ChunkHeader
     mtime: float
+    table: bytes  # the packed piece checksums (version 3; empty before)
 
 
 class OpenChunks:
@@ -50,7 +53,15 @@ class OpenChunks:
                 return entry
             self.drop(disk, chunk_id)
         fd, st, header = _open_checked(path_of(), chunk_id, whole=False)
-        entry = self._files[key] = OpenChunk(fd, header, st.st_mtime)
+        table = b""
+        if header.piece_size:
+            try:
+                count = len(header.pieces(0, header.payload_len))
+                table = _pread_exact(fd, 4 * count, HEADER_SIZE, chunk_id)
+            except BaseException:
+                os.close(fd)
+                raise
+        entry = self._files[key] = OpenChunk(fd, header, st.st_mtime, table)
         while len(self._files) > self.LIMIT:
             _, old = self._files.popitem(last=False)
             os.close(old.fd)
