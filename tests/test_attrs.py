@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from tectonic_emu import Cluster
 from tectonic_emu.attrs import MAX_ID, Perms
 from tectonic_emu.errors import ArgumentTypeError, InvalidArgumentError, NotFoundError
-from tectonic_emu.metadata.records import DIR_MODE, FILE_MODE, DirRecord, FileRecord
+from tectonic_emu.metadata.records import DIR_MODE, FILE_MODE, DirRecord, Entry, FileRecord
 
 from .conftest import make_cluster, run_with
 
@@ -290,3 +290,19 @@ def test_only_bytes_move_a_files_mtime(root: Path) -> None:
             await cl.change_id(f.id, mode=0o10000)
 
     run_with(root, go)
+
+
+@given(
+    kind=st.sampled_from(["file", "dir"]),
+    ident=st.integers(min_value=0, max_value=(1 << 63) - 1),
+    extra=st.dictionaries(st.sampled_from(["x", "mo", "zz"]), st.integers(0, 9), max_size=2),
+)
+def test_entries_decode_as_json_reads_them(kind: str, ident: int, extra: dict[str, int]) -> None:
+    """``Entry.decode`` reads what ``encode`` writes without the JSON decoder, and anything
+    else (keys in another order, keys it does not know) as the JSON decoder does."""
+    entry = Entry("n", kind, ident)  # type: ignore[arg-type]
+    assert Entry.decode("n", entry.encode()) == entry
+    other = json.dumps({**extra, "id": ident, "k": kind[0]}, separators=(",", ":")).encode()
+    assert Entry.decode("n", other) == entry
+    with pytest.raises((ValueError, KeyError)):
+        Entry.decode("n", b'{"k":"d","id":12x}')

@@ -54,7 +54,11 @@ def new_id() -> int:
     return i
 
 
+@functools.lru_cache(maxsize=4096)
 def _part(tag: bytes, ident: int) -> bytes:
+    """``tag``, a 2-byte hash of ``ident`` (spreading ids over the key space) and ``ident``.
+    The same few directories' are made over and over (every path walk): kept, as the hash
+    is most of a lookup's key-making."""
     raw = _U64.pack(ident)
     return tag + hashlib.blake2b(raw, digest_size=2).digest() + raw
 

@@ -76,6 +76,13 @@ class Entry:
 
     @classmethod
     def decode(cls, name: str, raw: bytes) -> Entry:
+        # What ``encode`` writes, ``{"k":"d","id":N}``, read without the JSON decoder (a
+        # third of its 3 us; a stat decodes an entry per path part); anything else, by it.
+        if raw[:6] == b'{"k":"' and raw[7:14] == b'","id":' and raw[-1:] == b"}":
+            kind = raw[6:7]
+            digits = raw[14:-1]
+            if kind in (b"d", b"f") and digits.isdigit():
+                return cls(name, "dir" if kind == b"d" else "file", int(digits))
         d = _load(raw)
         return cls(name=name, kind="dir" if d["k"] == "d" else "file", id=d["id"])
 
