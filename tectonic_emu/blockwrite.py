@@ -121,7 +121,7 @@ class BlockWriter:
     ) -> BlockRecord:
         """Encode and durably store one block's chunks. The caller commits the record.
         ``holds``: kept as long as any of its chunk writes runs, stragglers' included, as
-        the views of a block's buffer are (``writer.BlockPipeline.submit``). ``sync=False``:
+        the views of a block's buffer are (``pipeline.BlockPipeline.submit``). ``sync=False``:
         the chunks are written unsynced, for the caller to make durable with
         ``sync_chunks`` before it commits the record; a straggler (a chunk write still
         running when the block is acknowledged) syncs its own disk once written.

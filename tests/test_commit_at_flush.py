@@ -17,8 +17,8 @@ import pytest
 from tectonic_emu import Cluster
 from tectonic_emu.chunkstore import FaultyNode
 from tectonic_emu.errors import FencedWriterError
+from tectonic_emu.pipeline import MAX_UNCOMMITTED
 from tectonic_emu.services.garbage import garbage_pass
-from tectonic_emu.writer import MAX_UNCOMMITTED
 
 from .conftest import SMALL_BLOCK, make_cluster, run_with
 
