@@ -19,8 +19,8 @@ meets them as follows (``docs/fuse.md`` has the full table):
   re-streamed as new contents (its data copied, its holes kept as holes) ending in the hole;
   a staging file is published region by region (``SEEK_DATA``/``SEEK_HOLE``), its holes as
   holes. ``st_blocks`` counts stored bytes, not holes.
-- Reads go through a per-handle cache of chunk-sized segments with readahead, so 1 MiB
-  kernel reads of an 8 MiB chunk fetch the chunk once.
+- Streaming reads go through a per-handle cache of chunk-sized segments with readahead, so
+  1 MiB kernel reads of an 8 MiB chunk fetch it once; others read just their bytes.
 - **Open files follow the file, not the name**: every handle reads and writes by file id. A
   file renamed while open is written at its new name; one unlinked while open stays,
   nameless, until its last handle here closes. Within the mount a reader sees what the
