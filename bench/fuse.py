@@ -35,6 +35,8 @@ from bench.progress import Stages, Step, no_step
 from bench.schema import schema_of
 from bench.store import aligned_buffer, drop_caches, mb_s, size_text, write_durably
 from bench.tables import beyond_raw, with_legend
+from bench.targets import target
+from bench.targets import targets_table as shared_targets_table
 from fuse_mount.mount import start_mount, unmount
 from tectonic_emu import Cluster
 from tectonic_emu.coding import Encoding
@@ -238,6 +240,29 @@ def table(res: FuseBench) -> Table:
     )
 
 
+def targets(res: FuseBench) -> list[dict[str, Any]]:
+    """Issue 22's goals for sequential reads through the mount, as ratios to the native
+    client in the same run."""
+    return [
+        target(
+            "page-cache mount read / native",
+            res.mount_vs_native_read,
+            0.8,
+            detail="sequential 1 MiB reads, cold: ratio of the median MB/s",
+        ),
+        target(
+            "--direct-io mount read / native",
+            res.direct_vs_native_read,
+            1.0,
+            detail="sequential 1 MiB reads, cold: ratio of the median MB/s",
+        ),
+    ]
+
+
+def targets_table(res: FuseBench) -> Table:
+    return shared_targets_table("bench fuse: targets (issue 22)", targets(res))
+
+
 def plot(res: FuseBench, directory: Path) -> list[Path]:
     """``fuse-throughput.png``: write and read MB/s of each path."""
     from clients.plotting import bars
@@ -257,4 +282,4 @@ def plot(res: FuseBench, directory: Path) -> list[Path]:
 
 SCHEMA = schema_of(FuseBench, "tectonic-emu/bench-fuse/1", "tectonic-emu bench fuse --json")
 
-__all__ = ["SCHEMA", "FuseBench", "plot", "run_fuse_bench", "table"]
+__all__ = ["SCHEMA", "FuseBench", "plot", "run_fuse_bench", "table", "targets", "targets_table"]

@@ -73,6 +73,8 @@ from bench.metadata_backends import (
     postgres_backend,
 )
 from bench.progress import Stages, Step, no_step
+from bench.targets import target
+from bench.targets import targets_table as shared_targets_table
 from tectonic_emu.errors import InvalidArgumentError, first_error
 
 PHASES = ("create", "stat", "list", "delete")
@@ -353,6 +355,41 @@ def table(result: MetadataBench) -> Table:
     return t
 
 
+def targets(result: MetadataBench) -> list[dict[str, Any]]:
+    """Issue 22's goals for metadata rates, from this run (``met`` None where the run did not
+    measure the backend or rank count a goal needs): SQLite stats and creates through the
+    client, and the mount against JuiceFS at one rank and at the most ranks both ran."""
+    rate = {(p.backend, p.ranks): p.ops_s for p in result.points}
+
+    def ops(backend: str, ranks: int, phase: str) -> float | None:
+        got = rate.get((backend, ranks))
+        return None if got is None else got[phase]
+
+    out = [
+        target("client stats/s, sqlite, 1 rank", ops("sqlite", 1, "stat"), 25_000),
+        target("durable creates/s, sqlite, 1 rank", ops("sqlite", 1, "create"), 2_500),
+        target("creates/s, sqlite, 1,024 ranks", ops("sqlite", 1024, "create"), 10_000),
+    ]
+    both = sorted(r for r in result.ranks if ("mount", r) in rate and ("juicefs", r) in rate)
+    for ranks in sorted({both[0], both[-1]}) if both else [1]:
+        for phase in ("create", "stat"):
+            mount, juicefs = ops("mount", ranks, phase), ops("juicefs", ranks, phase)
+            value = None if mount is None or not juicefs else round(mount / juicefs, 3)
+            out.append(
+                target(
+                    f"mount / JuiceFS {phase}s, {ranks} rank{'s' if ranks > 1 else ''}",
+                    value,
+                    2.0,
+                    detail="the same phase, ranks and files, in this run",
+                )
+            )
+    return out
+
+
+def targets_table(result: MetadataBench) -> Table:
+    return shared_targets_table("bench metadata: targets (issue 22)", targets(result))
+
+
 def plot(result: MetadataBench, directory: Path) -> list[Path]:
     """One PNG per phase in ``directory``: rate against ranks, one line per backend."""
     from clients.plotting import lines
@@ -390,4 +427,6 @@ __all__ = [
     "plot",
     "run_metadata_bench",
     "table",
+    "targets",
+    "targets_table",
 ]

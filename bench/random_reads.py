@@ -65,6 +65,8 @@ from bench.random_paths import (
 from bench.schema import schema_of
 from bench.store import aligned_buffer, drop_caches, size_text, write_durably
 from bench.tables import with_legend
+from bench.targets import figure, target
+from bench.targets import targets_table as shared_targets_table
 from tectonic_emu import Cluster
 from tectonic_emu.coding import Encoding
 from tectonic_emu.errors import InvalidArgumentError, NotFoundError
@@ -420,12 +422,6 @@ def _rate(x: float) -> str:
     return f"{x:,.0f}"
 
 
-def _times(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
-
-
 def _load(res: RandomBench) -> str:
     return f"load average {res.load_before[0]:.2f} before, {res.load_after[0]:.2f} after"
 
@@ -444,8 +440,8 @@ def table(res: RandomBench) -> list[Table]:
             PATHS[f.path],
             size_text(f.request),
             "/".join(_rate(x) for x in (f.ops_s_min, f.ops_s_median, f.ops_s_max)),
-            _times(f.amplification_median),
-            _times(f.disk_amplification_median),
+            figure(f.amplification_median),
+            figure(f.disk_amplification_median),
         )
     skipped = "; ".join(f"{PATHS[p]} not measured: {why}" for p, why in res.skipped.items())
     tables = [
@@ -481,51 +477,39 @@ def _ratio_text(r: Ratio) -> str:
 def targets(res: RandomBench) -> list[dict[str, Any]]:
     """Issue 22's goals for random reads, from this run; ``met`` is None where a path or a
     request size they need was not measured."""
-    out: list[dict[str, Any]] = []
-
-    def add(name: str, value: float | None, goal: float, at_most: bool, detail: str) -> None:
-        met = None if value is None else (value <= goal if at_most else value >= goal)
-        out.append(
-            {"name": name, "value": value, "goal": goal, "at_most": at_most, "met": met,
-             "detail": detail}
-        )  # fmt: skip
 
     def ops(path: str) -> float | None:
         f = res.figure(path, 4 * KiB)
         return None if f is None else f.ops_s_median
 
     ratio = res.ratio("native / local O_DIRECT", 4 * KiB)
-    add("native 4 KiB random reads/s", ops("native"), 8000, False, "median of the rounds")
-    add(
-        "native / local O_DIRECT, 4 KiB",
-        None if ratio is None else ratio.median,
-        0.5,
-        False,
-        "round by round, median",
-    )
-    add("mount 4 KiB random reads/s", ops("mount"), 2000, False, "median of the rounds")
+    out = [
+        target("native 4 KiB random reads/s", ops("native"), 8000, detail="median of the rounds"),
+        target(
+            "native / local O_DIRECT, 4 KiB",
+            None if ratio is None else ratio.median,
+            0.5,
+            detail="round by round, median",
+        ),
+        target("mount 4 KiB random reads/s", ops("mount"), 2000, detail="median of the rounds"),
+    ]
     for req in (r for r in res.request_sizes if r >= 64 * KiB):
         for path in ("native", "mount"):
             f = res.figure(path, req)
-            add(
-                f"{PATHS[path]} read amplification, {size_text(req)}",
-                None if f is None else f.amplification_median,
-                1.2,
-                True,
-                "rchar / bytes asked",
+            out.append(
+                target(
+                    f"{PATHS[path]} read amplification, {size_text(req)}",
+                    None if f is None else f.amplification_median,
+                    1.2,
+                    at_most=True,
+                    detail="rchar / bytes asked",
+                )
             )
     return out
 
 
 def targets_table(res: RandomBench) -> Table:
-    t = Table(title="bench random: targets (issue 22)")
-    for c in ("target", "measured", "goal", "met"):
-        t.add_column(c)
-    for g in targets(res):
-        met = "n/a" if g["met"] is None else ("[green]yes[/green]" if g["met"] else "[red]no[/red]")
-        value = _times(g["value"])
-        t.add_row(g["name"], value, f"{'<=' if g['at_most'] else '>='} {g['goal']:g}", met)
-    return t
+    return shared_targets_table("bench random: targets (issue 22)", targets(res))
 
 
 def plot(res: RandomBench, directory: Path) -> list[Path]:

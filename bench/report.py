@@ -73,6 +73,7 @@ BENCHES: tuple[BenchRun, ...] = (
         {"size": parse_size("8MiB"), "encoding": "rs-6-3", "runs": 1},
         "The FUSE mount (page cache, and --direct-io) beside the native client and the local "
         "disk, 1 MiB I/O.",
+        ("targets_table",),
     ),
     BenchRun(
         "random_reads",
@@ -116,7 +117,8 @@ BENCHES: tuple[BenchRun, ...] = (
         {},
         {"ranks": (1, 4), "files_total": 64},
         "mdtest-like: creates, stats, listings and deletes per second by 1 to 1,024 ranks, per "
-        "metadata backend.",
+        "metadata backend (and through the mount and JuiceFS, where they can run).",
+        ("targets_table",),
     ),
     BenchRun(
         "ckpt",
@@ -199,6 +201,18 @@ def installed_peers() -> list[str]:
     return [name for name in peers.PEERS if peers.missing(name) is None]
 
 
+def _metadata_backends(peers: Sequence[str] | None) -> tuple[str, ...]:
+    """``bench metadata``'s default backends, the mount where FUSE works, and JuiceFS as
+    ``peers`` says (default: where it is installed): issue 22 compares the last two."""
+    from bench.metadata_backends import default_backends
+    from bench.random_reads import fuse_missing
+
+    extra = () if fuse_missing() is not None else ("mount",)
+    if extra and ("juicefs" in peers if peers is not None else "juicefs" in installed_peers()):
+        extra += ("juicefs",)
+    return default_backends() + extra
+
+
 def markdown(table: Table) -> str:
     """A rich table as a Markdown table (its title in bold above, caption below, each of its
     lines a paragraph)."""
@@ -255,6 +269,8 @@ async def run_all(
             kwargs["peers"] = list(
                 peers if peers is not None else ([] if quick else installed_peers())
             )
+        if b.name == "metadata" and not quick:  # the mount and JuiceFS, where they can run
+            kwargs["backends"] = await asyncio.to_thread(_metadata_backends, peers)
         if b.name == "random_reads":  # JuiceFS as --peers says, else where installed
             auto = False if quick else None
             kwargs["juicefs"] = "juicefs" in peers if peers is not None else auto

@@ -119,6 +119,8 @@ def test_targets_follow_the_figures() -> None:
     got = {t.name: (t.value, t.met) for t in ck.targets(res)}
     assert got["native/r1 vs dcp/local, write"] == (0.6, False)
     assert got["native/r1 vs dcp/local, read"] == (1.0, True)
+    assert got["native/r1 vs dcp/local, write (issue 22)"] == (0.6, False)
+    assert got["native/r1 vs dcp/local, read (issue 22)"] == (1.0, True)
     assert got["native/r3 vs raw / 3, write"] == (0.75, True)  # 0.3 / (1.2 / 3)
     assert got["fuse/r1 vs native/r1, read"] == (0.625, False)
     assert got["dcp/plugin vs native/r1, write"] == (0.917, True)

@@ -191,3 +191,35 @@ def test_mount_backend(tmp_path: Path) -> None:
 def test_unknown_backend_is_refused(tmp_path: Path) -> None:
     with pytest.raises(OSError, match="unknown backend"):
         asyncio.run(run_metadata_bench(directory=tmp_path, backends=("nope",)))
+
+
+def _point(backend: str, ranks: int, create: float, stat: float) -> metadata.MetadataPoint:
+    rates = {"create": create, "stat": stat, "list": 1.0, "delete": 1.0}
+    return metadata.MetadataPoint(backend, ranks, 2, dict.fromkeys(PHASES, 2), rates, {}, 0)
+
+
+def test_targets_name_each_goal_of_issue_22_and_say_whether_it_is_met() -> None:
+    """SQLite's rates against their floors, and the mount against JuiceFS at one rank and at
+    the most ranks both ran; n/a (None) where the run did not measure what a goal needs."""
+    points = [
+        _point("sqlite", 1, 2_600, 24_000),
+        _point("sqlite", 16, 3_000, 20_000),
+        _point("mount", 1, 400, 1_800),
+        _point("juicefs", 1, 900, 2_900),
+        _point("mount", 16, 900, 6_000),
+        _point("juicefs", 16, 400, 3_000),
+    ]
+    result = MetadataBench([1, 16], ["sqlite", "mount", "juicefs"], 32, 2, 1, {}, points)
+    got = {t["name"]: (t["value"], t["met"]) for t in metadata.targets(result)}
+    assert got == {
+        "client stats/s, sqlite, 1 rank": (24_000, False),
+        "durable creates/s, sqlite, 1 rank": (2_600, True),
+        "creates/s, sqlite, 1,024 ranks": (None, None),  # not run at 1,024 ranks
+        "mount / JuiceFS creates, 1 rank": (0.444, False),
+        "mount / JuiceFS stats, 1 rank": (0.621, False),
+        "mount / JuiceFS creates, 16 ranks": (2.25, True),
+        "mount / JuiceFS stats, 16 ranks": (2.0, True),
+    }
+    without = MetadataBench([1], ["sqlite"], 32, 2, 1, {}, points[:1])
+    assert [t["met"] for t in metadata.targets(without)][3:] == [None, None]
+    assert metadata.targets_table(result).row_count == 7

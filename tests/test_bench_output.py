@@ -332,3 +332,22 @@ def test_why_a_path_beats_the_raw_disk_is_said_only_when_one_does() -> None:
     slow = [p for p in c.paths if p.key in ("raw", "peer/seaweedfs", "peer/glusterfs-r3")]
     c.paths = slow
     assert "Above the raw disk" not in " ".join(rendered(checkpoint.table(c), width=400).split())
+
+
+def test_fuse_targets_are_the_runs_ratios_to_the_native_client() -> None:
+    from bench import fuse
+
+    res = result("fuse")
+    got = {t["name"]: (t["value"], t["goal"], t["met"]) for t in fuse.targets(res)}
+    assert got == {
+        "page-cache mount read / native": (
+            res.mount_vs_native_read,
+            0.8,
+            res.mount_vs_native_read >= 0.8,
+        ),
+        "--direct-io mount read / native": (
+            res.direct_vs_native_read,
+            1.0,
+            res.direct_vs_native_read >= 1.0,
+        ),
+    }

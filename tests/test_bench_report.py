@@ -64,3 +64,18 @@ def test_markdown_of_a_rich_table() -> None:
         "**bench x: title**\n\n| path | MB/s |\n|---|---|\n| raw | 100 |\n| a\\|b | 2 |"
         "\n\na \\| caption"
     )
+
+
+def test_bench_all_measures_metadata_through_the_mount_and_juicefs_where_they_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 22 compares the mount's metadata rates with JuiceFS's: bench all adds both to
+    the default backends where FUSE works, JuiceFS as ``--peers`` says."""
+    from bench import random_reads, report
+    from bench.metadata_backends import default_backends
+
+    monkeypatch.setattr(random_reads, "fuse_missing", lambda: None)
+    assert report._metadata_backends(["juicefs"]) == (*default_backends(), "mount", "juicefs")
+    assert report._metadata_backends([]) == (*default_backends(), "mount")
+    monkeypatch.setattr(random_reads, "fuse_missing", lambda: "no /dev/fuse")
+    assert report._metadata_backends(["juicefs"]) == default_backends()
