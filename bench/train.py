@@ -122,22 +122,26 @@ async def run_train_bench(
                 "fsspec": FsspecSource(fs) if fs is not None else None,
                 "local": LocalSource(local),
             }
-            for name in sources:
+            try:
+                for name in sources:
 
-                async def trial(n: int, name: str = name) -> TrainReport:
-                    step(f"{name}: {n} accelerators")
-                    drop_caches()
-                    return await train(
-                        client,
-                        DATA,
-                        workload="unet3d",
-                        accelerators=n,
-                        epochs=epochs,
-                        source=where[name],
-                        source_name=name,
-                    )
+                    async def trial(n: int, name: str = name) -> TrainReport:
+                        step(f"{name}: {n} accelerators")
+                        drop_caches()
+                        return await train(
+                            client,
+                            DATA,
+                            workload="unet3d",
+                            accelerators=n,
+                            epochs=epochs,
+                            source=where[name],
+                            source_name=name,
+                        )
 
-                results[name], trials[name] = await largest_passing(trial)
+                    results[name], trials[name] = await largest_passing(trial)
+            finally:
+                if fs is not None:  # its own cluster, else left open to interpreter exit
+                    await fs._close()
         native, local_n = results.get("native", 0), results.get("local", 0)
         return TrainBench(
             record_bytes=index.nbytes // max(1, index.rows),
