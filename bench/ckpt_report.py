@@ -19,6 +19,7 @@ from typing import Any
 from bench.ckpt_workload import GB
 from bench.schema import schema_of
 from bench.tables import beyond_raw, with_legend
+from bench.targets import targets_table as shared_targets_table
 
 SCHEMA_ID = "tectonic-emu/bench-checkpoint/1"
 
@@ -246,15 +247,8 @@ def table(res: CheckpointBench) -> Any:
 
 
 def targets_table(res: CheckpointBench) -> Any:
-    from rich.table import Table
-
-    t = Table(title="targets (issues 7 and 22)")
-    for c in ("target", "measured", "goal", "met"):
-        t.add_column(c)
-    for g in res.targets:
-        met = "n/a" if g.met is None else ("[green]yes[/green]" if g.met else "[red]no[/red]")
-        t.add_row(g.name, "-" if g.value is None else f"{g.value:.2f}", f">= {g.goal:g}", met)
-    return t
+    rows = [{**asdict(g), "at_most": False} for g in res.targets]
+    return shared_targets_table("targets (issues 7 and 22)", rows)
 
 
 def plot(res: CheckpointBench, directory: Path) -> list[Path]:

@@ -138,11 +138,8 @@ def apply(db: sqlite3.Connection, writes: Writes) -> None:
     db.execute("COMMIT")
 
 
-SELECT = "SELECT v FROM kv WHERE k = ?"
-
-
 def select(db: sqlite3.Connection, key: bytes) -> bytes | None:
-    row = db.execute(SELECT, (key,)).fetchone()
+    row = db.execute("SELECT v FROM kv WHERE k = ?", (key,)).fetchone()
     return None if row is None else cast(bytes, row[0])
 
 

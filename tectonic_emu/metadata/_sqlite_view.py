@@ -13,7 +13,7 @@ from __future__ import annotations
 import errno
 import sqlite3
 from collections.abc import Callable
-from typing import TypeVar, cast
+from typing import TypeVar
 
 from tectonic_emu.metadata import _sqlite_sql as sql
 from tectonic_emu.metadata._common import check_limit, settled
@@ -91,11 +91,9 @@ class SQLiteView(Transaction):
             # The common case, a read after the first on a loop connection, without the
             # layers (a stat is four of them: about 1.5 us each, of 45).
             try:
-                row = db.execute(sql.SELECT, (key,)).fetchone()
+                return sql.select(db, key)
             except sqlite3.Error:
                 pass  # the general way, which knows what to make of it: a retry there
-            else:
-                return None if row is None else cast(bytes, row[0])
         return await self._read(lambda db: sql.select(db, key))
 
     async def scan(
