@@ -41,6 +41,7 @@ import os
 import re
 import stat as stat_mod
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from mfusepy import FuseOSError, Operations, fuse_get_context
@@ -120,6 +121,11 @@ class TectonicFS(MetaOps, Operations):  # type: ignore[misc]
     def _call(self, coro: Any) -> Any:
         return self.bridge.call(coro)
 
+    def _read(self, make: Callable[[], Any]) -> Any:
+        """``_call(make())`` for a metadata read: here, on libfuse's thread, where the store
+        answers at once, without a hop into the loop (``Bridge.read``)."""
+        return self.bridge.read(make)
+
     def _add(self, handle: ReadHandle | WriteHandle) -> int:
         with self._lock:
             return self._add_locked(handle)
@@ -191,7 +197,7 @@ class TectonicFS(MetaOps, Operations):  # type: ignore[misc]
         stays for its handles here, going at their last close (or now, if they are gone);
         its other names show one link fewer."""
         self.links.changed(file_id)
-        if self._call(self.bridge.client.stat_id(file_id)).nlink:
+        if self._read(lambda: self.bridge.client.stat_id(file_id)).nlink:
             return
         with self._lock:
             if self._open.get(file_id):
@@ -231,8 +237,8 @@ class TectonicFS(MetaOps, Operations):  # type: ignore[misc]
     def _stat(self, path: str) -> Any:
         hidden = self._hidden.get(path)  # the store has no such name
         if hidden is not None:
-            return self._call(self.bridge.client.stat_id(hidden))
-        return self._call(self.bridge.client.stat(path))
+            return self._read(lambda: self.bridge.client.stat_id(hidden))
+        return self._read(lambda: self.bridge.client.stat(path))
 
     def _stat_open(self, path: str | None, fh: int | None) -> Any:
         """What ``path`` names, or with ``fh`` the file open there (renamed or unlinked
@@ -242,7 +248,7 @@ class TectonicFS(MetaOps, Operations):  # type: ignore[misc]
             st, handle.created = handle.created, None  # once: later asks see the store
             return st
         if handle is not None:
-            return self._call(self.bridge.client.stat_id(handle.file_id))
+            return self._read(lambda: self.bridge.client.stat_id(handle.file_id))
         if path is None:
             raise FuseOSError(errno.EBADF)
         return self._stat(path)

@@ -40,6 +40,7 @@ class MetaOps:
     _lock: threading.Lock
     _setattr_reply: set[int]
     _call: Callable[[Any], Any]
+    _read: Callable[[Callable[[], Any]], Any]
     _stat: Callable[[str], Any]
 
     # -- directories -------------------------------------------------------------------------
@@ -47,7 +48,7 @@ class MetaOps:
         """Each name with its inode number (``use_ino``: a 0 would hide it) and, for a
         directory, its type (other kinds are not in the entry: DT_UNKNOWN)."""
         here = self._stat(path).id & INO_MASK
-        entries = self._call(self.bridge.client.scandir(path))
+        entries = self._read(lambda: self.bridge.client.scandir(path))
         yield ".", {"st_ino": here, "st_mode": stat_mod.S_IFDIR}, 0
         yield "..", {"st_ino": here, "st_mode": stat_mod.S_IFDIR}, 0  # not looked up
         for e in entries:
@@ -117,7 +118,7 @@ class MetaOps:
         return 0
 
     def readlink(self, path: str) -> str:
-        return str(self._call(self.bridge.client.readlink(path)))
+        return str(self._read(lambda: self.bridge.client.readlink(path)))
 
     def link(self, target: str, source: str) -> int:
         self._call(self.bridge.client.link(source, target))
@@ -159,7 +160,7 @@ class MetaOps:
     def listxattr(self, path: str) -> list[str]:
         st = self._stat(path)
         ours = [XATTR_LAYOUT, XATTR_ENCODING] if st.kind == "file" else [XATTR_ENCODING]
-        return ours + list(self._call(self.bridge.client.listxattr(path)))
+        return ours + list(self._read(lambda: self.bridge.client.listxattr(path)))
 
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
         if not name.startswith("user."):
@@ -167,7 +168,7 @@ class MetaOps:
             # without a metadata lookup (it was a round trip per 1 MiB write).
             raise FuseOSError(errno.ENODATA)
         if name not in (XATTR_LAYOUT, XATTR_ENCODING):
-            return bytes(self._call(self.bridge.client.getxattr(path, name)))
+            return bytes(self._read(lambda: self.bridge.client.getxattr(path, name)))
         st = self._stat(path)
         if name == XATTR_ENCODING:
             return (st.encoding or "").encode()

@@ -12,11 +12,12 @@ import asyncio
 import concurrent.futures
 import os
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from tectonic_emu.client import Client
 from tectonic_emu.cluster import Cluster
+from tectonic_emu.metadata import offloop
 
 T = TypeVar("T")
 
@@ -74,6 +75,16 @@ class Bridge:
         except BaseException:
             future.cancel()
             raise
+
+    def read(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """``call(make())`` for a read of metadata only (stat, a listing, a symlink's target):
+        run on the calling thread where the store can answer it at once, without the hop
+        into the loop and back (``metadata.offloop``), else on the loop. Never from the
+        loop's thread, and never for anything that writes or reaches a node."""
+        try:
+            return offloop.run_here(make)
+        except offloop.WouldWait:
+            return self.call(make())
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Start ``coro`` on the loop; its future can be waited for, or cancelled."""

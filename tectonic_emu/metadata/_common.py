@@ -26,6 +26,7 @@ from typing import Any, Self, TypeVar
 
 from tectonic_emu.errors import InvalidArgumentError, retrieved
 from tectonic_emu.groupsync import GroupCommit
+from tectonic_emu.metadata import offloop
 from tectonic_emu.metadata.kv import KVStore, Transaction
 
 _T = TypeVar("_T")
@@ -48,6 +49,7 @@ class SerialStore(KVStore):
         return OSError(errno.EBADF, "metadata store is closed", self._where)
 
     def _check_not_owner(self) -> asyncio.Task[Any] | None:
+        offloop.refuse_here()  # a lock, a transaction: the loop's, never a thread's
         task = asyncio.current_task()
         if task is not None and task is self._owner:
             raise OSError(errno.EDEADLK, "this task already holds a transaction on this store")

@@ -6,8 +6,9 @@ import bisect
 from types import TracebackType
 
 from tectonic_emu.errors import InvalidArgumentError
+from tectonic_emu.metadata import offloop
 from tectonic_emu.metadata._common import OnceTransaction, SerialStore, check_limit
-from tectonic_emu.metadata.kv import prefix_end
+from tectonic_emu.metadata.kv import Transaction, prefix_end, read_only
 
 
 class MemoryKV(SerialStore):
@@ -19,15 +20,24 @@ class MemoryKV(SerialStore):
 
     Errors: ``OSError(EDEADLK)`` for a transaction (or ``get``/``scan``) started by a task that
     already holds one on this store, ``OSError(EBADF)`` after ``close``.
+
+    Thread views (``thread_view``, for other threads than the loop's) read the same memory
+    without the lock, as a seqlock's readers do: ``_seq`` is odd while a transaction is open
+    (its writes are in place, uncommitted), and a view that finds it odd, or changed by its
+    end, answers ``WouldWait`` (the caller asks the loop instead).
     """
 
     def __init__(self) -> None:
         super().__init__()
         self._keys: list[bytes] = []  # sorted, always the keys of _data
         self._data: dict[bytes, bytes] = {}
+        self._seq = 0  # odd while a transaction is open; moves at each start and end
 
     def transaction(self, *, durable: bool = True) -> _MemoryTransaction:
         return _MemoryTransaction(self)  # nothing here is durable: nothing to wait for
+
+    def thread_view(self) -> _MemoryThreadView:
+        return _MemoryThreadView(self)
 
     async def get(self, key: bytes) -> bytes | None:
         await self._acquire()
@@ -86,6 +96,11 @@ class _MemoryTransaction(OnceTransaction):
         super().__init__(store)
         self._undo: dict[bytes, bytes | None] = {}  # each written key's value before this txn
 
+    async def __aenter__(self) -> _MemoryTransaction:
+        await super().__aenter__()
+        self._store._seq += 1  # odd: thread views stay away (MemoryKV)
+        return self
+
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
@@ -99,6 +114,7 @@ class _MemoryTransaction(OnceTransaction):
                     self._store._write(key, old)
         finally:
             self._undo = {}
+            self._store._seq += 1  # even: what is in place is committed (or undone)
             self._store._release()
 
     async def get(self, key: bytes) -> bytes | None:
@@ -124,6 +140,48 @@ class _MemoryTransaction(OnceTransaction):
         self._check_open()
         old = self._store._write(key, None)
         self._undo.setdefault(key, old)
+
+
+class _MemoryThreadView(Transaction):
+    """A thread view of a MemoryKV (its class docstring): reads of the memory as it is,
+    believed only if no transaction was open or began meanwhile, checked on entry and exit
+    (an answer made of torn reads raises ``WouldWait`` in place of whatever it raised)."""
+
+    def __init__(self, store: MemoryKV) -> None:
+        self._store = store
+        self._seq: int | None = None
+
+    async def __aenter__(self) -> _MemoryThreadView:
+        seq = self._store._seq
+        if seq & 1 or self._store._closed or self._seq is not None:
+            raise offloop.WouldWait
+        self._seq = seq
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._check()
+
+    def _check(self) -> None:
+        if self._store._seq != self._seq:
+            raise offloop.WouldWait
+
+    async def get(self, key: bytes) -> bytes | None:
+        return self._store._data.get(key)
+
+    async def scan(
+        self, prefix: bytes, *, start: bytes | None = None, limit: int | None = None
+    ) -> list[tuple[bytes, bytes]]:
+        try:
+            return self._store._scan(prefix, start, limit)
+        except (KeyError, IndexError):  # a key went while the list was walked
+            self._check()
+            raise
+
+    async def put(self, key: bytes, value: bytes) -> None:
+        raise read_only()
+
+    async def delete(self, key: bytes) -> None:
+        raise read_only()
 
 
 __all__ = ["MemoryKV"]

@@ -39,6 +39,7 @@ from typing import Any, Literal, TypeVar
 
 from tectonic_emu.config import redact
 from tectonic_emu.errors import InvalidArgumentError
+from tectonic_emu.metadata import offloop
 from tectonic_emu.metadata._common import (
     BufferedTransaction,
     DurableStore,
@@ -369,6 +370,7 @@ class PostgresKV(DurableStore):
     def _bind_loop(self) -> None:
         """Connections belong to the event loop that made them: used from another loop (one
         ``asyncio.run`` after another), the store forgets them and opens new ones there."""
+        offloop.refuse_here()  # asyncpg is the loop's: no thread views
         loop = asyncio.get_running_loop()
         if loop is self._loop:
             return

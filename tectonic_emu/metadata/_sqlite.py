@@ -64,7 +64,7 @@ from tectonic_emu.metadata._sqlite_lease import (
     LeaseFile,
     LeaseLostError,
 )
-from tectonic_emu.metadata._sqlite_view import SQLiteView
+from tectonic_emu.metadata._sqlite_view import SQLiteThreadView, SQLiteView
 
 Synchronous = Literal["full", "normal", "off"]
 
@@ -154,6 +154,9 @@ class SQLiteKV(SQLiteThreads):
 
     def view(self) -> SQLiteView:
         return SQLiteView(self)
+
+    def thread_view(self) -> SQLiteThreadView:
+        return SQLiteThreadView(self)
 
     async def get(self, key: bytes) -> bytes | None:
         async with self.view() as v:

@@ -15,6 +15,10 @@ that do what must wait (the store's module docstring says why).
 - **The worker thread** (``_run``, ``_settle``): transactions that must wait, openings,
   checkpoints and closing, on its connection ``_db``. **The reader thread**
   (``_read_job``): views that must wait, on ``_read_db``.
+- **Other threads' connections** (``_thread_db``): up to ``THREAD_CONNECTIONS``, for the
+  thread views of other threads than the loop's (``offloop``: a FUSE thread's stat), each
+  used by one thread at a time, opened by the first thread that needs it. Like the loop's,
+  they never wait: a thread beyond them, or a lock held elsewhere, is ``WouldWait``.
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from tectonic_emu.errors import retrieved
 from tectonic_emu.metadata import _sqlite_sql as sql
+from tectonic_emu.metadata import offloop
 from tectonic_emu.metadata._common import DurableStore, settled
 from tectonic_emu.metadata._sqlite_lease import Busy
 
@@ -40,6 +46,10 @@ CHECKPOINT_EVERY = 256
 
 #: Connections the loop's views may open; a view beyond them reads on the reader thread.
 VIEW_CONNECTIONS = 4
+
+#: Connections other threads' views may open (``_thread_db``); a view beyond them goes to
+#: the loop.
+THREAD_CONNECTIONS = 8
 
 
 class Gone(OSError):
@@ -70,6 +80,9 @@ class SQLiteThreads(DurableStore):
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlitekv-read")
         self._read_db: sqlite3.Connection | None = None  # touched only on the reader
         self._read_lock = asyncio.Lock()  # one view at a time on the reader
+        self._threads_lock = threading.Lock()  # guards the two below
+        self._thread_free: list[sqlite3.Connection] = []  # other threads', not in use
+        self._thread_count = 0  # other threads' connections open or being opened
 
     async def _close_connections(self) -> None:
         """Close every connection (on the worker: the last to close checkpoints the WAL)
@@ -77,7 +90,10 @@ class SQLiteThreads(DurableStore):
         loop = asyncio.get_running_loop()
         try:
             await self._settle_jobs()
-            mine, self._ldb, self._views = [self._ldb, *self._views], None, []
+            with self._threads_lock:  # one in use is closed when given back (_closed)
+                theirs, self._thread_free = self._thread_free, []
+            mine = [self._ldb, *self._views, *theirs]
+            self._ldb, self._views = None, []
             await loop.run_in_executor(self._executor, _close_all, mine)
             await loop.run_in_executor(self._executor, self._close_in_worker, False)
             await loop.run_in_executor(self._reader, self._close_in_worker, True)
@@ -100,6 +116,7 @@ class SQLiteThreads(DurableStore):
         """What is under way belongs to the event loop that started it: used from another
         loop (one ``asyncio.run`` after another), the store forgets it. The connections
         themselves carry over: they belong to no loop."""
+        offloop.refuse_here()  # the loop's connections: a thread off it has thread views
         loop = asyncio.get_running_loop()
         if loop is self._loop:
             return
@@ -237,6 +254,37 @@ class SQLiteThreads(DurableStore):
                 with contextlib.suppress(OSError):
                     await self._settle(_checkpoint)
 
+    # -- other threads' connections ----------------------------------------------------------
+    def _thread_db(self) -> sqlite3.Connection:
+        """A connection for the calling thread, not the loop's, to use and give back
+        (``_thread_db_back``); ``WouldWait`` if the store is closed, ``THREAD_CONNECTIONS``
+        are in use, or one cannot be opened at once."""
+        with self._threads_lock:
+            if self._closed:
+                raise offloop.WouldWait  # the loop's way says so
+            if self._thread_free:
+                return self._thread_free.pop()
+            if self._thread_count >= THREAD_CONNECTIONS:
+                raise offloop.WouldWait
+            self._thread_count += 1
+        try:
+            return sql.connect(self.path, self._pragma, self.busy_timeout, loop=True)
+        except (sqlite3.Error, OSError) as exc:
+            with self._threads_lock:
+                self._thread_count -= 1
+            raise offloop.WouldWait from exc
+
+    def _thread_db_back(self, db: sqlite3.Connection, *, good: bool) -> None:
+        """Give back a connection of ``_thread_db``'s: its read transaction ended, kept for
+        the next thread; closed if it failed (``good`` False) or the store is closed."""
+        keep = good and sql.rollback(db)
+        with self._threads_lock:
+            if keep and not self._closed:
+                self._thread_free.append(db)
+                return
+            self._thread_count -= 1
+        _close_all([db])
+
     # -- the worker threads ------------------------------------------------------------------
     async def _run(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run ``job`` on the worker thread. If the caller is cancelled, a job that already
@@ -293,4 +341,4 @@ def _close_all(dbs: list[sqlite3.Connection | None]) -> None:
                 db.close()
 
 
-__all__ = ["CHECKPOINT_EVERY", "VIEW_CONNECTIONS", "Gone", "SQLiteThreads"]
+__all__ = ["CHECKPOINT_EVERY", "THREAD_CONNECTIONS", "VIEW_CONNECTIONS", "Gone", "SQLiteThreads"]

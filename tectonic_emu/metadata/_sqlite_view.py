@@ -6,6 +6,11 @@ state, that of its first read, without the lease, while transactions commit besi
 mode). Where no view connection is free, or SQLite is busy at the first read (a process
 recovering the WAL, a checkpoint restarting it), the view reads on the store's reader
 thread instead, in one read transaction there, one such view at a time.
+
+``SQLiteKV.thread_view()``: the same, for another thread than the loop's (``offloop``): one
+read transaction on a connection of that thread's (``SQLiteThreads._thread_db``), every read
+answered at once; where SQLite would wait, or fails, ``WouldWait`` sends the caller to the
+loop.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from tectonic_emu.metadata import _sqlite_sql as sql
+from tectonic_emu.metadata import offloop
 from tectonic_emu.metadata._common import check_limit, settled
 from tectonic_emu.metadata._sqlite_conns import Gone, SQLiteThreads
 from tectonic_emu.metadata._sqlite_lease import Busy
@@ -109,6 +115,57 @@ class SQLiteView(Transaction):
         raise read_only()
 
 
+class SQLiteThreadView(Transaction):
+    """A thread view (``KVStore.thread_view``, module docstring): entered and read only on
+    the thread that made it, inside ``offloop.run_here``."""
+
+    def __init__(self, store: SQLiteThreads) -> None:
+        self._store = store
+        self._db: sqlite3.Connection | None = None
+        self._good = True  # no read failed: the connection may serve the next view
+
+    async def __aenter__(self) -> SQLiteThreadView:
+        if self._db is not None or not self._good:
+            raise OSError(errno.EBADF, "a view object can be entered only once")
+        db = self._store._thread_db()
+        try:
+            db.execute("BEGIN")
+        except sqlite3.Error as exc:
+            self._store._thread_db_back(db, good=False)
+            raise offloop.WouldWait from exc
+        self._db = db
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            self._store._thread_db_back(db, good=self._good)
+
+    def _read(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
+        if (db := self._db) is None:
+            raise OSError(errno.EBADF, "view is not open")
+        try:
+            return job(db)
+        except sqlite3.Error as exc:  # busy, or failing: the loop's way knows what to do
+            self._good = False
+            raise offloop.WouldWait from exc
+
+    async def get(self, key: bytes) -> bytes | None:
+        return self._read(lambda db: sql.select(db, key))
+
+    async def scan(
+        self, prefix: bytes, *, start: bytes | None = None, limit: int | None = None
+    ) -> list[tuple[bytes, bytes]]:
+        check_limit(limit)
+        return self._read(lambda db: sql.scan(db, prefix, start, limit))
+
+    async def put(self, key: bytes, value: bytes) -> None:
+        raise read_only()
+
+    async def delete(self, key: bytes) -> None:
+        raise read_only()
+
+
 def _begun(job: Callable[[sqlite3.Connection], _T]) -> Callable[[sqlite3.Connection], _T]:
     """``job`` as a view's first read: in a read transaction begun with it."""
 
@@ -119,4 +176,4 @@ def _begun(job: Callable[[sqlite3.Connection], _T]) -> Callable[[sqlite3.Connect
     return first
 
 
-__all__ = ["SQLiteView"]
+__all__ = ["SQLiteThreadView", "SQLiteView"]

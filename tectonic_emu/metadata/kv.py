@@ -13,7 +13,9 @@ A *view* (``async with store.view() as v``) reads without writing: every read in
 committed state, the caller's own open transaction excepted. It is what stat, listings and
 readers use: a backend may serve it far more cheaply than a transaction (``SQLiteKV`` reads on
 the event loop's thread, PostgreSQL at REPEATABLE READ on a reader connection, neither taking
-the transactions' lock). The default is a transaction that refuses writes.
+the transactions' lock). The default is a transaction that refuses writes. A *thread view*
+(``store.thread_view()``, where a backend has one) is a view for another thread than the event
+loop's, whose reads never wait (``offloop``).
 """
 
 from __future__ import annotations
@@ -82,6 +84,13 @@ class KVStore(abc.ABC):
         state, and ``put``/``delete`` raise ``OSError(EROFS)``. Like a transaction, it
         fails with ``OSError(EDEADLK)`` in a task that holds a transaction on this store."""
         return ReadOnly(self.transaction(durable=False))
+
+    def thread_view(self) -> AbstractAsyncContextManager[Transaction] | None:
+        """A view for a thread other than the event loop's, inside ``offloop.run_here``:
+        its reads answer at once or raise ``offloop.WouldWait``, never suspend, and see the
+        last commit, as ``view``'s do. None: this store has none (every read goes to the
+        loop). It is what lets the FUSE mount stat without a hop into the loop."""
+        return None
 
     async def sync(self) -> None:
         """Return once every transaction committed so far is durable (a no-op for a store

@@ -28,6 +28,7 @@ from dataclasses import replace
 from types import TracebackType
 
 from tectonic_emu import entropy
+from tectonic_emu.metadata import offloop
 from tectonic_emu.metadata.kv import KVStore, Transaction
 from tectonic_emu.metadata.records import (
     HOLE_BLOCK_ID,
@@ -347,7 +348,14 @@ class Metadata:
         """The layers in a read-only view of the last commit (``KVStore.view``): for stat,
         listings and readers, far cheaper than a transaction on SQLite; writes raise
         ``OSError(EROFS)``. (A class, not a generator: a stat is a few tens of us, and a
-        generator-based context manager costs several of them.)"""
+        generator-based context manager costs several of them.) Inside
+        ``offloop.run_here``, on a thread off the loop: the store's thread view, or
+        ``WouldWait`` if it has none."""
+        if offloop.here():
+            view = self.kv.thread_view()
+            if view is None:
+                raise offloop.WouldWait
+            return _View(view)
         return _View(self.kv.view())
 
     async def sync(self) -> None:
