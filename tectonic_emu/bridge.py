@@ -34,6 +34,7 @@ class Bridge:
         self._error: BaseException | None = None
         self.cluster: Cluster | None = None
         self._client: Client | None = None
+        self._here = threading.Lock()  # one read on a caller's thread at a time (read)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -81,10 +82,14 @@ class Bridge:
         run on the calling thread where the store can answer it at once, without the hop
         into the loop and back (``metadata.offloop``), else on the loop. Never from the
         loop's thread, and never for anything that writes or reaches a node."""
-        try:
-            return offloop.run_here(make)
-        except offloop.WouldWait:
-            return self.call(make())
+        if self._here.acquire(blocking=False):
+            try:
+                return offloop.run_here(make)
+            except offloop.WouldWait:
+                pass
+            finally:
+                self._here.release()
+        return self.call(make())
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Start ``coro`` on the loop; its future can be waited for, or cancelled."""
