@@ -251,8 +251,9 @@ def posix(
 @click.option(
     "--backends",
     default=None,
-    help="Comma-separated, from sqlite, sqlite-nosync, memory, postgresql, mount and juicefs "
-    "(need FUSE) [default: sqlite,sqlite-nosync,memory, and postgresql where it is installed].",
+    help="Comma-separated, from sqlite, sqlite-nosync, memory, postgresql, mount, juicefs, "
+    "fuse-floor and fuse-raw-floor (need FUSE; the raw floor, root) [default: "
+    "sqlite,sqlite-nosync,memory, and postgresql where it is installed].",
 )
 @click.option(
     "--postgres",
@@ -289,6 +290,7 @@ def metadata_cmd(
     Example:
       tectonic-emu bench metadata --ranks 1,16,256,1024 --json
       tectonic-emu bench metadata --backends sqlite,postgresql --postgres postgresql://db1/bench
+      tectonic-emu bench metadata --ranks 1,16 --backends mount,juicefs,fuse-raw-floor
     """
     from bench import metadata as mod
 

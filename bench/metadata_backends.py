@@ -18,7 +18,12 @@ The backends:
 - ``mount`` (opt-in, needs FUSE): the ``sqlite`` cluster through a FUSE mount in a child
   process, with ``min(ranks, 32)`` threads doing ``os.open(O_CREAT)``+``close``, ``os.stat``,
   ``os.listdir`` and ``os.unlink``. The kernel caches attributes for 1 s, so a stat may not
-  reach the mount.
+  reach the mount;
+- ``juicefs`` (opt-in): JuiceFS through FUSE, its metadata in SQLite;
+- ``fuse-floor``, ``fuse-raw-floor`` (opt-in, need FUSE; the raw one root): the same calls on
+  Python FUSE daemons that store nothing (``bench/fuse_floor.py``), through mfusepy as the
+  mount is built, and speaking the kernel's protocol on one event loop: the floor under the
+  mount's rates.
 """
 
 from __future__ import annotations
@@ -244,6 +249,24 @@ async def _juicefs_backend(work: Path) -> AsyncIterator[MetaOps]:
 
 
 @asynccontextmanager
+async def _floor_backend(work: Path, kind: str) -> AsyncIterator[MetaOps]:
+    # A Python FUSE daemon that stores nothing (bench/fuse_floor.py): the mount's floor.
+    from bench import fuse_floor
+
+    mnt = work / "mnt"
+    mnt.mkdir()
+    proc = await asyncio.to_thread(fuse_floor.start, kind, mnt, work / "floor.log")
+    try:
+        ops = PeerMountOps(mnt, fuse_floor.DESCRIPTION[kind])
+        try:
+            yield ops
+        finally:
+            ops.pool.shutdown()
+    finally:
+        await asyncio.to_thread(fuse_floor.stop, proc, mnt)
+
+
+@asynccontextmanager
 async def postgres_backend(work: Path, url: str | None = None) -> AsyncIterator[MetaOps]:
     server = None
     if url is None:
@@ -279,6 +302,8 @@ BACKEND_FACTORIES: dict[str, BackendFactory] = {
     "postgresql": postgres_backend,
     "mount": _mount_backend,
     "juicefs": _juicefs_backend,
+    "fuse-floor": lambda work: _floor_backend(work, "mfusepy"),
+    "fuse-raw-floor": lambda work: _floor_backend(work, "raw"),
 }
 BACKENDS: tuple[str, ...] = tuple(BACKEND_FACTORIES)
 DEFAULT_BACKENDS = ("sqlite", "sqlite-nosync", "memory")  # mount, juicefs need FUSE: opt-in

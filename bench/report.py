@@ -203,13 +203,18 @@ def installed_peers() -> list[str]:
 
 def _metadata_backends(peers: Sequence[str] | None) -> tuple[str, ...]:
     """``bench metadata``'s default backends, the mount where FUSE works, and JuiceFS as
-    ``peers`` says (default: where it is installed): issue 22 compares the last two."""
+    ``peers`` says (default: where it is installed): issue 22 compares the last two. Beside
+    them, where they run, the floors under the mount (``bench/fuse_floor.py``)."""
+    from bench import fuse_floor
     from bench.metadata_backends import default_backends
     from bench.random_reads import fuse_missing
 
-    extra = () if fuse_missing() is not None else ("mount",)
+    extra: tuple[str, ...] = () if fuse_missing() is not None else ("mount",)
     if extra and ("juicefs" in peers if peers is not None else "juicefs" in installed_peers()):
         extra += ("juicefs",)
+    if extra:
+        floors = {"fuse-floor": "mfusepy", "fuse-raw-floor": "raw"}
+        extra += tuple(name for name, kind in floors.items() if fuse_floor.why_not(kind) is None)
     return default_backends() + extra
 
 

@@ -4,8 +4,10 @@ checked to have really done (and undone) the operations they report."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import shutil
+import stat as stat_mod
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -186,6 +188,57 @@ def test_mount_backend(tmp_path: Path) -> None:
     _check(result, ("mount",), (1, 4))
     with open("/proc/mounts") as f:
         assert str(tmp_path) not in f.read(), "no mount is left behind"
+
+
+@pytest.mark.parametrize(
+    ("backend", "kind"), [("fuse-floor", "mfusepy"), ("fuse-raw-floor", "raw")]
+)
+def test_fuse_floor_backends(tmp_path: Path, backend: str, kind: str) -> None:
+    """The daemons under the mount's floor answer every call the bench makes, keep nothing,
+    and leave no mount behind."""
+    from bench import fuse_floor
+
+    reason = fuse_floor.why_not(kind)
+    if reason is not None:
+        pytest.skip(reason)
+    result = _run(tmp_path, (backend,), ranks=(1, 4))
+    _check(result, (backend,), (1, 4))
+    assert "nothing else" in result.durability[backend]
+    with open("/proc/mounts") as f:
+        assert str(tmp_path) not in f.read(), "no mount is left behind"
+
+
+@pytest.mark.parametrize("kind", ["mfusepy", "raw"])
+def test_fuse_floor_daemons_answer_errors_as_a_file_system_does(tmp_path: Path, kind: str) -> None:
+    from bench import fuse_floor
+
+    reason = fuse_floor.why_not(kind)
+    if reason is not None:
+        pytest.skip(reason)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc = fuse_floor.start(kind, mnt, tmp_path / "floor.log")
+    try:
+        (mnt / "d").mkdir()
+        os.close(os.open(mnt / "d" / "f", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640))
+        st = os.stat(mnt / "d" / "f")
+        assert stat_mod.S_ISREG(st.st_mode) and st.st_size == 0
+        assert os.listdir(mnt / "d") == ["f"]
+        with pytest.raises(FileExistsError):
+            os.open(mnt / "d" / "f", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        with pytest.raises(OSError) as e:
+            os.rmdir(mnt / "d")
+        assert e.value.errno == errno.ENOTEMPTY
+        with pytest.raises(FileNotFoundError):
+            os.unlink(mnt / "d" / "missing")
+        os.unlink(mnt / "d" / "f")
+        os.rmdir(mnt / "d")
+        assert os.listdir(mnt) == []
+    finally:
+        fuse_floor.stop(proc, mnt)
+    assert proc.returncode is not None
+    with open("/proc/mounts") as f:
+        assert str(mnt) not in f.read()
 
 
 def test_unknown_backend_is_refused(tmp_path: Path) -> None:

@@ -70,12 +70,22 @@ def test_bench_all_measures_metadata_through_the_mount_and_juicefs_where_they_ru
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Issue 22 compares the mount's metadata rates with JuiceFS's: bench all adds both to
-    the default backends where FUSE works, JuiceFS as ``--peers`` says."""
-    from bench import random_reads, report
+    the default backends where FUSE works, JuiceFS as ``--peers`` says, and the floors under
+    the mount (bench/fuse_floor.py) where they can run."""
+    from bench import fuse_floor, random_reads, report
     from bench.metadata_backends import default_backends
 
     monkeypatch.setattr(random_reads, "fuse_missing", lambda: None)
-    assert report._metadata_backends(["juicefs"]) == (*default_backends(), "mount", "juicefs")
-    assert report._metadata_backends([]) == (*default_backends(), "mount")
+    monkeypatch.setattr(fuse_floor, "why_not", lambda kind: None)
+    floors = ("fuse-floor", "fuse-raw-floor")
+    assert report._metadata_backends(["juicefs"]) == (
+        *default_backends(),
+        "mount",
+        "juicefs",
+        *floors,
+    )
+    assert report._metadata_backends([]) == (*default_backends(), "mount", *floors)
+    monkeypatch.setattr(fuse_floor, "why_not", lambda kind: "root only" if kind == "raw" else None)
+    assert report._metadata_backends([]) == (*default_backends(), "mount", "fuse-floor")
     monkeypatch.setattr(random_reads, "fuse_missing", lambda: "no /dev/fuse")
     assert report._metadata_backends(["juicefs"]) == default_backends()
