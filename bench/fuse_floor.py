@@ -92,9 +92,7 @@ def serve_mfusepy(mountpoint: str) -> None:
 
     tree = _Tree()
 
-    def fail(e: OSError) -> mfusepy.FuseOSError:
-        return mfusepy.FuseOSError(e.errno or errno.EIO)
-
+    # mfusepy answers an OSError raised here with its errno (EEXIST, ENOENT, ENOTEMPTY).
     class Floor(mfusepy.Operations):  # type: ignore[misc]
         use_ns = True
 
@@ -105,31 +103,19 @@ def serve_mfusepy(mountpoint: str) -> None:
             return node.attrs()
 
         def create(self, path: str, mode: int, fi: Any = None) -> int:
-            try:
-                tree.add(path, stat_mod.S_IFREG | (mode & 0o7777))
-            except OSError as e:
-                raise fail(e) from None
+            tree.add(path, stat_mod.S_IFREG | (mode & 0o7777))
             return 0
 
         def mkdir(self, path: str, mode: int) -> int:
-            try:
-                tree.add(path, stat_mod.S_IFDIR | (mode & 0o7777))
-            except OSError as e:
-                raise fail(e) from None
+            tree.add(path, stat_mod.S_IFDIR | (mode & 0o7777))
             return 0
 
         def unlink(self, path: str) -> int:
-            try:
-                tree.remove(path, directory=False)
-            except OSError as e:
-                raise fail(e) from None
+            tree.remove(path, directory=False)
             return 0
 
         def rmdir(self, path: str) -> int:
-            try:
-                tree.remove(path, directory=True)
-            except OSError as e:
-                raise fail(e) from None
+            tree.remove(path, directory=True)
             return 0
 
         def readdir(self, path: str, fh: int) -> list[tuple[str, dict[str, int], int]]:
