@@ -8,7 +8,7 @@ from types import TracebackType
 from tectonic_emu.errors import InvalidArgumentError
 from tectonic_emu.metadata import offloop
 from tectonic_emu.metadata._common import OnceTransaction, SerialStore, check_limit
-from tectonic_emu.metadata.kv import Transaction, prefix_end, read_only
+from tectonic_emu.metadata.kv import View, prefix_end
 
 
 class MemoryKV(SerialStore):
@@ -142,7 +142,7 @@ class _MemoryTransaction(OnceTransaction):
         self._undo.setdefault(key, old)
 
 
-class _MemoryThreadView(Transaction):
+class _MemoryThreadView(View):
     """A thread view of a MemoryKV (its class docstring): reads of the memory as it is,
     believed only if no transaction was open or began meanwhile, checked on entry and exit
     (an answer made of torn reads raises ``WouldWait`` in place of whatever it raised)."""
@@ -176,12 +176,6 @@ class _MemoryThreadView(Transaction):
         except (KeyError, IndexError):  # a key went while the list was walked
             self._check()
             raise
-
-    async def put(self, key: bytes, value: bytes) -> None:
-        raise read_only()
-
-    async def delete(self, key: bytes) -> None:
-        raise read_only()
 
 
 __all__ = ["MemoryKV"]

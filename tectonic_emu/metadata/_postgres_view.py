@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from tectonic_emu.metadata._common import check_limit, settled
-from tectonic_emu.metadata.kv import Transaction, read_only
+from tectonic_emu.metadata.kv import View
 
 _T = TypeVar("_T")
 
@@ -23,7 +23,7 @@ _BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 Call = Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]]
 
 
-class PostgresView(Transaction):
+class PostgresView(View):
     """``readers()`` checks the store may be used and returns its reader pool; ``call``
     awaits a job with its failures as OSError; ``statements`` is the table's SQL."""
 
@@ -79,12 +79,6 @@ class PostgresView(Transaction):
             lambda c: self._sql.scan(c, prefix, start, limit)
         )
         return rows
-
-    async def put(self, key: bytes, value: bytes) -> None:
-        raise read_only()
-
-    async def delete(self, key: bytes) -> None:
-        raise read_only()
 
 
 __all__ = ["PostgresView"]

@@ -25,12 +25,12 @@ from tectonic_emu.metadata import offloop
 from tectonic_emu.metadata._common import check_limit, settled
 from tectonic_emu.metadata._sqlite_conns import Gone, SQLiteThreads
 from tectonic_emu.metadata._sqlite_lease import Busy
-from tectonic_emu.metadata.kv import Transaction, read_only
+from tectonic_emu.metadata.kv import View
 
 _T = TypeVar("_T")
 
 
-class SQLiteView(Transaction):
+class SQLiteView(View):
     """A read-only view (``KVStore.view``): one read transaction, on a view connection of
     the loop's, or, if none is free or SQLite is busy at its first read, on the reader
     thread (one such view at a time)."""
@@ -108,14 +108,8 @@ class SQLiteView(Transaction):
         check_limit(limit)
         return await self._read(lambda db: sql.scan(db, prefix, start, limit))
 
-    async def put(self, key: bytes, value: bytes) -> None:
-        raise read_only()
 
-    async def delete(self, key: bytes) -> None:
-        raise read_only()
-
-
-class SQLiteThreadView(Transaction):
+class SQLiteThreadView(View):
     """A thread view (``KVStore.thread_view``, module docstring): entered and read only on
     the thread that made it, inside ``offloop.run_here``."""
 
@@ -158,12 +152,6 @@ class SQLiteThreadView(Transaction):
     ) -> list[tuple[bytes, bytes]]:
         check_limit(limit)
         return self._read(lambda db: sql.scan(db, prefix, start, limit))
-
-    async def put(self, key: bytes, value: bytes) -> None:
-        raise read_only()
-
-    async def delete(self, key: bytes) -> None:
-        raise read_only()
 
 
 def _begun(job: Callable[[sqlite3.Connection], _T]) -> Callable[[sqlite3.Connection], _T]:

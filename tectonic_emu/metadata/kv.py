@@ -126,7 +126,18 @@ class KVStore(abc.ABC):
         """Release the backend; the store must not be used afterwards."""
 
 
-class ReadOnly(Transaction):
+class View(Transaction):
+    """A transaction that only reads: ``put`` and ``delete`` raise ``OSError(EROFS)``. Every
+    backend's views and thread views are one."""
+
+    async def put(self, key: bytes, value: bytes) -> None:
+        raise read_only()
+
+    async def delete(self, key: bytes) -> None:
+        raise read_only()
+
+
+class ReadOnly(View):
     """A transaction (or any context giving one) whose writes are refused: the default
     ``KVStore.view``."""
 
@@ -160,16 +171,10 @@ class ReadOnly(Transaction):
     ) -> list[tuple[bytes, bytes]]:
         return await self._open().scan(prefix, start=start, limit=limit)
 
-    async def put(self, key: bytes, value: bytes) -> None:
-        raise read_only()
-
-    async def delete(self, key: bytes) -> None:
-        raise read_only()
-
 
 def read_only() -> OSError:
     """What a write into a view raises."""
     return OSError(errno.EROFS, "a metadata view is read-only")
 
 
-__all__ = ["KVStore", "ReadOnly", "Transaction", "prefix_end", "read_only"]
+__all__ = ["KVStore", "ReadOnly", "Transaction", "View", "prefix_end", "read_only"]
