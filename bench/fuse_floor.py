@@ -49,6 +49,26 @@ class _Node:
         nlink = 2 if self.children is not None else 1
         return {"st_mode": self.mode, "st_nlink": nlink, "st_size": 0, "st_ino": self.ino}
 
+    def add(self, name: str, ino: int, mode: int) -> _Node:
+        """A new entry in this directory; OSError ENOTDIR or EEXIST."""
+        if self.children is None:
+            raise OSError(errno.ENOTDIR, "not a directory", name)
+        if name in self.children:
+            raise OSError(errno.EEXIST, "exists", name)
+        node = self.children[name] = _Node(ino, mode)
+        return node
+
+    def remove(self, name: str, *, directory: bool) -> _Node:
+        """The entry taken out of this directory; OSError ENOENT, or ENOTEMPTY for a
+        ``directory`` that has entries."""
+        gone = (self.children or {}).get(name)
+        if gone is None or self.children is None:
+            raise OSError(errno.ENOENT, "no such name", name)
+        if directory and gone.children:
+            raise OSError(errno.ENOTEMPTY, "not empty", name)
+        del self.children[name]
+        return gone
+
 
 class _Tree:
     """Paths to nodes, for the mfusepy daemon (its high-level API names files by path)."""
@@ -65,26 +85,22 @@ class _Tree:
             node = node.children.get(part)
         return node
 
-    def add(self, path: str, mode: int) -> _Node:
+    def parent(self, path: str) -> tuple[_Node, str]:
+        """The directory holding ``path`` and its last name; OSError ENOENT."""
         parent, _, name = path.rpartition("/")
         where = self.find(parent or "/")
-        if where is None or where.children is None:
-            raise FileNotFoundError(errno.ENOENT, "no such directory", parent)
-        if name in where.children:
-            raise FileExistsError(errno.EEXIST, "exists", path)
-        node = where.children[name] = _Node(self.next, mode)
+        if where is None:
+            raise OSError(errno.ENOENT, "no such directory", parent)
+        return where, name
+
+    def add(self, path: str, mode: int) -> None:
+        where, name = self.parent(path)
+        where.add(name, self.next, mode)
         self.next += 1
-        return node
 
     def remove(self, path: str, *, directory: bool) -> None:
-        parent, _, name = path.rpartition("/")
-        where = self.find(parent or "/")
-        node = None if where is None or where.children is None else where.children.get(name)
-        if node is None or where is None or where.children is None:
-            raise FileNotFoundError(errno.ENOENT, "no such file", path)
-        if directory and node.children:
-            raise OSError(errno.ENOTEMPTY, "not empty", path)
-        del where.children[name]
+        where, name = self.parent(path)
+        where.remove(name, directory=directory)
 
 
 def serve_mfusepy(mountpoint: str) -> None:
@@ -236,27 +252,16 @@ class RawServer:
         elif op == GETATTR:
             self._reply(unique, _ATTR_OUT.pack(_TTL, 0, 0) + self._attr(node))
         elif op in (MKDIR, CREATE):
-            if node.children is None:
-                raise OSError(errno.ENOTDIR, "not a directory")
             if op == MKDIR:
                 mode, name = struct.unpack_from("<I", body)[0] | stat_mod.S_IFDIR, body[8:-1]
             else:
                 mode, name = struct.unpack_from("<4xI", body)[0] | stat_mod.S_IFREG, body[16:-1]
-            key = name.decode()
-            if key in node.children:
-                raise OSError(errno.EEXIST, "exists")
-            new = node.children[key] = self.nodes[self.next] = _Node(self.next, mode)
+            new = self.nodes[self.next] = node.add(name.decode(), self.next, mode)
             self.next += 1
             opened = _OPEN_OUT.pack(new.ino, 0, 0) if op == CREATE else b""
             self._reply(unique, self._entry(new) + opened)
         elif op in (UNLINK, RMDIR):
-            key = body[:-1].decode()
-            gone = (node.children or {}).get(key)
-            if gone is None:
-                raise OSError(errno.ENOENT, "no such name")
-            if op == RMDIR and gone.children:
-                raise OSError(errno.ENOTEMPTY, "not empty")
-            del node.children[key]  # type: ignore[union-attr]
+            gone = node.remove(body[:-1].decode(), directory=op == RMDIR)
             self.nodes.pop(gone.ino, None)
             self._reply(unique)
         elif op == OPENDIR:
