@@ -44,6 +44,7 @@ class SerialStore(KVStore):
         self._lock = asyncio.Lock()
         self._owner: asyncio.Task[Any] | None = None
         self._closed = False
+        self._waiting = 0  # tasks waiting for the lock
 
     def _closed_error(self) -> OSError:
         return OSError(errno.EBADF, "metadata store is closed", self._where)
@@ -59,7 +60,11 @@ class SerialStore(KVStore):
         task = self._check_not_owner()
         if self._closed:
             raise self._closed_error()
-        await self._lock.acquire()
+        self._waiting += 1
+        try:
+            await self._lock.acquire()
+        finally:
+            self._waiting -= 1
         if self._closed:
             self._lock.release()
             raise self._closed_error()

@@ -124,7 +124,9 @@ class SQLiteKV(SQLiteThreads):
         self._ticker: asyncio.TimerHandle | None = None  # renews the holder's lease
         self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlitekv-sync")
         self._log = GroupCommit(
-            lambda: asyncio.get_running_loop().run_in_executor(self._syncer, self._sync_wal)
+            lambda: asyncio.get_running_loop().run_in_executor(self._syncer, self._sync_wal),
+            flush_here=lambda: self._sync_wal(),
+            alone=lambda: self._waiting == 0,
         )
 
     @classmethod
