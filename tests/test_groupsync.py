@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from tectonic_emu import groupsync
 from tectonic_emu.groupsync import GroupCommit
 from tectonic_emu.metadata import SQLiteKV
+from tests.walsyncs import WalSyncs
 
 
 class Log:
@@ -179,15 +180,7 @@ def test_sqlite_lone_commits_flush_here_and_concurrent_ones_share(tmp_path: Path
 
     async def main() -> tuple[int, int, int]:
         kv = await SQLiteKV.open(tmp_path / "m.db")
-        calls = 0
-        sync_wal = kv._sync_wal
-
-        def counted() -> None:
-            nonlocal calls
-            calls += 1
-            sync_wal()
-
-        kv._sync_wal = counted  # type: ignore[method-assign]
+        syncs = WalSyncs(kv)
         try:
             for i in range(5):
                 async with kv.transaction() as t:
@@ -198,9 +191,9 @@ def test_sqlite_lone_commits_flush_here_and_concurrent_ones_share(tmp_path: Path
                 async with kv.transaction() as t:
                     await t.put(b"many%d" % i, b"v")
 
-            calls = 0
+            syncs.n = 0
             await asyncio.gather(*(put(i) for i in range(20)))
-            return lone_here, calls, len(await kv.scan(b""))
+            return lone_here, syncs.n, len(await kv.scan(b""))
         finally:
             await kv.close()
 

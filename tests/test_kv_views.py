@@ -16,6 +16,7 @@ import pytest
 from tectonic_emu.metadata import KVStore, SQLiteKV
 from tectonic_emu.metadata._sqlite_conns import CHECKPOINT_EVERY
 from tests.test_kv_contract import Durable, durable, put_all, run, store  # noqa: F401
+from tests.walsyncs import WalSyncs
 
 HOLD = 0.3  # seconds another connection holds a lock in the fallback tests
 
@@ -273,29 +274,21 @@ def test_a_create_is_made_durable_by_the_writers_first_durable_point(tmp_path: P
         async with Cluster.open(root) as cluster:
             kv = cluster.meta.kv
             assert isinstance(kv, SQLiteKV)
-            syncs = 0
-            real = kv._sync_wal
-
-            def counted() -> None:
-                nonlocal syncs
-                syncs += 1
-                real()
-
-            kv._sync_wal = counted  # type: ignore[method-assign]
+            syncs = WalSyncs(kv)
             client = cluster.client()
             w = await client.open_writer("/a")
-            assert syncs == 0 and kv._log.synced < kv._log.commits  # visible, not durable
+            assert syncs.n == 0 and kv._log.synced < kv._log.commits  # visible, not durable
             await w.flush()
-            assert syncs == 1 and kv._log.synced == kv._log.commits
+            assert syncs.n == 1 and kv._log.synced == kv._log.commits
             await w.close()
-            assert syncs == 2
+            assert syncs.n == 2
             w = await client.open_writer("/b")
             await w.close()
-            assert syncs == 3 and kv._log.synced == kv._log.commits
+            assert syncs.n == 3 and kv._log.synced == kv._log.commits
             v = await client.new_version("/b")
-            assert syncs == 3
+            assert syncs.n == 3
             await v.close()
-            assert syncs == 4 and kv._log.synced == kv._log.commits
+            assert syncs.n == 4 and kv._log.synced == kv._log.commits
             assert (await client.stat("/a")).sealed and (await client.stat("/b")).sealed
 
     asyncio.run(body())
