@@ -44,6 +44,7 @@ from tectonic_emu.namespace import Namespace, Stat
 from tectonic_emu.paths import join_path, split_path
 from tectonic_emu.reader import FileReader, blocks_in, read_blocks, regular
 from tectonic_emu.store import StoreView
+from tectonic_emu.tenancy import Tenants
 from tectonic_emu.writer import FileWriter, Replaced, VersionWriter, WriterOpener
 
 
@@ -81,6 +82,7 @@ class Client(Namespace):
         self.config = cluster.config
         self.meta = cluster.meta
         self.datapath = cluster.datapath
+        self.tenants = Tenants(self)  # (tectonic_emu/tenancy.py)
 
     async def layout(self, path: str) -> list[BlockLayout]:
         """A file's blocks with their chunk placements and chunk file paths."""
@@ -139,13 +141,16 @@ class Client(Namespace):
                 raise IsADirectoryError_("is a directory", join_path(parts))
             enc = self._encoding(encoding or inherited)
             file_id = new_id()
-            mode, uid, gid = attrs.born(await self._dir(m, parent), perms, is_dir=False)
+            pd = await self._dir(m, parent)
+            mode, uid, gid = attrs.born(pd, perms, is_dir=False)
             # Nameless until close: a crash before it leaves only garbage (collected later).
+            # Charged to the tenant of where it will be named, from now on.
             await m.files.put(
                 FileRecord(
-                    file_id, enc.name, 0, 0, False, token, None, None, now, now, 0, mode, uid, gid
+                    file_id, enc.name, 0, 0, False, token, None, None, now, now, 0, mode, uid,
+                    gid, tenant=pd.tenant,
                 )
-            )
+            )  # fmt: skip
         return VersionWriter(self, join_path(parts), file_id, token, enc, 0)
 
     async def publish(
@@ -164,6 +169,7 @@ class Client(Namespace):
             f = await m.files.get(file_id)
             if f is None or f.token != token:
                 raise FencedWriterError("file vanished while being written", join_path(parts))
+            await self._check_same_tenant(m, f.tenant, parent, join_path(parts))
             old = None if e is None or e.id == file_id else await m.files.get(e.id)
             if old is not None:  # a new version of the file: its mode and owners stay
                 f = replace(f, mode=old.mode, uid=old.uid, gid=old.gid)
@@ -197,7 +203,9 @@ class Client(Namespace):
                 raise NotFoundError(f"no file {file_id:016x}", path)
             enc = self._encoding(encoding or f.encoding)
             new = new_id()
-            await m.files.put(FileRecord(new, enc.name, 0, 0, False, token, None, None, now, now))
+            await m.files.put(
+                FileRecord(new, enc.name, 0, 0, False, token, None, None, now, now, tenant=f.tenant)
+            )
         return VersionWriter(self, path, new, token, enc, 0, into=file_id)
 
     async def publish_into(
@@ -294,11 +302,12 @@ class Client(Namespace):
             if e is None:
                 enc = self._encoding(encoding or inherited)
                 file_id = new_id()
-                mode, uid, gid = attrs.born(await self._dir(m, parent), perms, is_dir=False)
+                pd = await self._dir(m, parent)
+                mode, uid, gid = attrs.born(pd, perms, is_dir=False)
                 await m.files.put(
                     FileRecord(
                         file_id, enc.name, 0, 0, False, token, parent, parts[-1], now, now,
-                        0, mode, uid, gid,
+                        0, mode, uid, gid, tenant=pd.tenant,
                     )
                 )  # fmt: skip
                 await m.names.link(parent, Entry(parts[-1], "file", file_id))

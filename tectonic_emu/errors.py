@@ -174,6 +174,20 @@ class NoSpaceError(TectonicError):
     default_errno = _errno.ENOSPC
 
 
+class QuotaExceededError(TectonicError):
+    """A create or a write would take a tenant past its quota of files or bytes
+    (``tectonic_emu/metadata/tenants.py``); nothing of it is committed."""
+
+    default_errno = _errno.EDQUOT
+
+
+class CrossTenantError(TectonicError):
+    """A rename or a hard link would move a file or a directory into another tenant's
+    namespace, or out of its own (EXDEV, as across XFS project quotas: ``mv`` copies)."""
+
+    default_errno = _errno.EXDEV
+
+
 class DataUnavailableError(TectonicError):
     """Too few good chunks of a block survive to return its bytes. Never wrong bytes instead."""
 
@@ -221,6 +235,8 @@ def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
 
 __all__ = [
     "AlreadyExistsError",
+    "CrossTenantError",
+    "QuotaExceededError",
     "ArgumentTypeError",
     "AuthenticationError",
     "ChunkCorruptError",

@@ -17,6 +17,7 @@ from tectonic_emu.config import ClusterConfig
 from tectonic_emu.datapath import DataPath
 from tectonic_emu.errors import (
     AlreadyExistsError,
+    CrossTenantError,
     DirectoryNotEmptyError,
     InvalidArgumentError,
     InvalidPathError,
@@ -171,17 +172,34 @@ class Namespace:
                     continue
                 if not (last or parents):
                     raise NotFoundError("no such directory", sub)
-                new = new_id()
-                parent = await self._dir(m, dir_id)
                 asked = perms if last or perms is None else replace(perms, mode=DIR_MODE)
-                mode, uid, gid = attrs.born(parent, asked, is_dir=True)
-                enc = encoding if last else None
-                await m.names.put_dir(
-                    DirRecord(new, dir_id, name, enc, now, now, mode, uid, gid, None, 0)
+                dir_id = await self._new_dir(
+                    m, dir_id, name, asked, encoding if last else None, now
                 )
-                await m.names.link(dir_id, Entry(name, "dir", new))
-                await attrs.touch_dir(m, dir_id, now, subdirs_added=1)
-                dir_id = new
+
+    async def _new_dir(
+        self,
+        m: MetaTxn,
+        parent_id: int,
+        name: str,
+        perms: attrs.Perms | None,
+        encoding: str | None,
+        now: float,
+        *,
+        tenant: int | None = None,
+    ) -> int:
+        """Make directory ``name`` in ``parent_id`` (free there); its id. Its tenant is its
+        parent's, or ``tenant`` for a tenant's namespace (``tenancy.py``)."""
+        new = new_id()
+        parent = await self._dir(m, parent_id)
+        mode, uid, gid = attrs.born(parent, perms, is_dir=True)
+        t = parent.tenant if tenant is None else tenant
+        await m.names.put_dir(
+            DirRecord(new, parent_id, name, encoding, now, now, mode, uid, gid, None, 0, t)
+        )
+        await m.names.link(parent_id, Entry(name, "dir", new))
+        await attrs.touch_dir(m, parent_id, now, subdirs_added=1)
+        return new
 
     async def listdir(self, path: str = "/", *, prefix: str = "") -> list[str]:
         """Names in a directory, sorted; with ``prefix``, those that start with it (read as
@@ -363,10 +381,12 @@ class Namespace:
         now = clock.wall()
         async with self.meta.transaction() as m:
             parent, name = await self._free_name(m, path)
-            mode, uid, gid = attrs.born(await self._dir(m, parent), perms, is_dir=False)
+            pd = await self._dir(m, parent)
+            mode, uid, gid = attrs.born(pd, perms, is_dir=False)
             rec = FileRecord(
                 new_id(), self.config.encoding, 0, 0, True, None, parent, name, now, now, 0,
                 0o777 if kind == "symlink" else mode, uid, gid, None, 1, kind, target, rdev,
+                pd.tenant,
             )  # fmt: skip
             await m.files.put(rec)
             await m.names.link(parent, Entry(name, "file", rec.file_id))
@@ -384,6 +404,7 @@ class Namespace:
             parent, name = await self._free_name(m, dst)
             f = await m.files.get(e.id)
             assert f is not None
+            await self._check_same_tenant(m, f.tenant, parent, dst)
             await m.files.put(replace(f, nlink=f.nlink + 1, ctime=now))
             await m.names.link(parent, Entry(name, "file", e.id))
             await attrs.touch_dir(m, parent, now)
@@ -438,14 +459,19 @@ class Namespace:
             dirs_lost = 0  # subdirectories of the destination's parent replaced
             if se.kind == "dir":
                 await self._check_not_inside(m, d_parent, se.id, dst)
+            moved_tenant = await self._tenant_of(m, se)
+            if de is not None and de.id == se.id:
+                return
+            await self._check_same_tenant(m, moved_tenant, d_parent, dst)
+            if moved_tenant != (await self._dir(m, s_parent)).tenant:
+                raise CrossTenantError("a tenant's namespace stays where it was made", src)
             if de is not None:
-                if de.id == se.id:
-                    return
                 if de.kind == "dir":
                     if se.kind != "dir":
                         raise IsADirectoryError_("is a directory", join_path(dp))
                     if await m.names.entries(de.id, limit=1):
                         raise DirectoryNotEmptyError("directory not empty", join_path(dp))
+                    await self._check_not_namespace(m, de.id, join_path(dp))
                     await m.drop_dir(de.id)
                     dirs_lost = 1
                 else:
@@ -480,6 +506,25 @@ class Namespace:
                 return
             dir_id = (await self._dir(m, dir_id)).parent
 
+    async def _tenant_of(self, m: MetaTxn, e: Entry) -> int:
+        """The tenant a file or directory is charged to (0: none; ``tenants.py``)."""
+        if e.kind == "dir":
+            return (await self._dir(m, e.id)).tenant
+        f = await m.files.get(e.id)
+        assert f is not None, f"entry {e.name} has no file record"
+        return f.tenant
+
+    async def _check_same_tenant(self, m: MetaTxn, tenant: int, parent: int, path: str) -> None:
+        """CrossTenantError unless a name in ``parent`` keeps ``tenant``'s namespace."""
+        if (await self._dir(m, parent)).tenant != tenant:
+            raise CrossTenantError("a rename or a link across tenants' namespaces", path)
+
+    async def _check_not_namespace(self, m: MetaTxn, dir_id: int, path: str) -> None:
+        """NotPermittedError for a tenant's namespace directory: ``tenant rm`` removes it."""
+        d = await self._dir(m, dir_id)
+        if d.tenant and (await self._dir(m, d.parent)).tenant != d.tenant:
+            raise NotPermittedError("a tenant's namespace (tenant rm removes it)", path)
+
     async def delete(self, path: str, *, recursive: bool = False, keep: bool = False) -> None:
         """Remove a file, or a directory (empty unless ``recursive``). A writer of a deleted
         file is fenced. ``keep`` (files): its bytes stay readable by id until ``purge`` or
@@ -491,6 +536,7 @@ class Namespace:
         async with self.meta.transaction() as m:
             parent, e = await self._lookup(m, path)
             if e.kind == "dir":
+                await self._check_not_namespace(m, e.id, path)
                 if not recursive and await m.names.entries(e.id, limit=1):
                     raise DirectoryNotEmptyError("directory not empty", path)
                 garbage = await self._drop_tree(m, e.id)

@@ -28,6 +28,7 @@ from tectonic_emu.cli.demo import demo
 from tectonic_emu.cli.files import get, ls, mkdir, mv, put, rm, stat
 from tectonic_emu.cli.meta import meta_group
 from tectonic_emu.cli.serving import node_group, serve_cmd
+from tectonic_emu.cli.tenant import tenant_group
 from tectonic_emu.cli.upkeep import repair_cmd, scrub_cmd
 from tectonic_emu.config import parse_duration
 from tectonic_emu.errors import TectonicError
@@ -70,7 +71,7 @@ def cli() -> None:
 
 for _command in (cluster_group, put, get, ls, mkdir, mv, rm, stat, serve_cmd, node_group):
     cli.add_command(_command)
-for _command in (scrub_cmd, repair_cmd, demo, meta_group):
+for _command in (scrub_cmd, repair_cmd, demo, meta_group, tenant_group):
     cli.add_command(_command)
 
 

@@ -41,6 +41,7 @@ from tectonic_emu.metadata.records import (
     FileRecord,
     IntentRecord,
 )
+from tectonic_emu.metadata.tenants import TenantLayer
 
 _U64 = struct.Struct(">Q")
 _U16 = struct.Struct(">H")
@@ -104,8 +105,9 @@ class NameLayer:
     new file's mode, the parent's times); nothing else changes it while the transaction
     is open."""
 
-    def __init__(self, txn: Transaction) -> None:
+    def __init__(self, txn: Transaction, tenants: TenantLayer) -> None:
         self._txn = txn
+        self._tenants = tenants
         self._dirs: dict[int, DirRecord | None] = {}
 
     async def get_dir(self, dir_id: int) -> DirRecord | None:
@@ -116,11 +118,17 @@ class NameLayer:
         return rec
 
     async def put_dir(self, rec: DirRecord) -> None:
+        """Write a directory's record; a new one is charged to its tenant (``tenants.py``)."""
+        if rec.tenant and await self.get_dir(rec.dir_id) is None:
+            await self._tenants.charge(rec.tenant, 1, 0)
         self._dirs.pop(rec.dir_id, None)  # kept once the put went through
         await self._txn.put(dir_key(rec.dir_id), rec.encode())
         self._dirs[rec.dir_id] = rec
 
     async def delete_dir(self, dir_id: int) -> None:
+        old = await self.get_dir(dir_id)
+        if old is not None and old.tenant:
+            await self._tenants.charge(old.tenant, -1, 0)
         self._dirs.pop(dir_id, None)
         await self._txn.delete(dir_key(dir_id))
         self._dirs[dir_id] = None
@@ -150,20 +158,39 @@ class NameLayer:
 
 
 class FileLayer:
-    """File attributes and each file's ordered list of blocks."""
+    """File attributes and each file's ordered list of blocks. A tenant's file is charged
+    to it as it is made, grows, shrinks and goes (``tenants.py``), its record read for that
+    once per transaction and kept decoded, as the Name layer keeps directories'."""
 
-    def __init__(self, txn: Transaction) -> None:
+    def __init__(self, txn: Transaction, tenants: TenantLayer) -> None:
         self._txn = txn
+        self._tenants = tenants
+        self._kept: dict[int, FileRecord | None] = {}  # tenants' files read or written
 
     async def get(self, file_id: int) -> FileRecord | None:
+        if file_id in self._kept:
+            return self._kept[file_id]
         raw = await self._txn.get(file_key(file_id))
-        return None if raw is None else FileRecord.decode(file_id, raw)
+        rec = None if raw is None else FileRecord.decode(file_id, raw)
+        if rec is not None and rec.tenant:
+            self._kept[file_id] = rec
+        return rec
 
     async def put(self, rec: FileRecord) -> None:
+        if rec.tenant:  # (a file's tenant never changes: one without has none before)
+            old = await self.get(rec.file_id)
+            files = rec.named - (old is not None and old.named)
+            nbytes = rec.stored - (0 if old is None else old.stored)
+            await self._tenants.charge(rec.tenant, files, nbytes)
+            self._kept[rec.file_id] = rec
         await self._txn.put(file_key(rec.file_id), rec.encode())
 
     async def delete(self, file_id: int) -> list[BlockEntry]:
         """Remove the file and its block list; returns the blocks it had."""
+        old = await self.get(file_id)
+        if old is not None and old.tenant:
+            await self._tenants.charge(old.tenant, -old.named, -old.stored)
+            self._kept[file_id] = None
         blocks = await self.blocks(file_id)
         prefix = block_entry_prefix(file_id)
         for b in blocks:
@@ -268,11 +295,12 @@ class MetaTxn:
 
     def __init__(self, txn: Transaction) -> None:
         self.txn = txn
-        self.names = NameLayer(txn)
+        self.tenants = TenantLayer(txn)
+        self.names = NameLayer(txn, self.tenants)
 
     @functools.cached_property
     def files(self) -> FileLayer:
-        return FileLayer(self.txn)
+        return FileLayer(self.txn, self.tenants)
 
     @functools.cached_property
     def blocks(self) -> BlockLayer:
@@ -342,7 +370,9 @@ class Metadata:
     async def transaction(self, *, durable: bool = True) -> AsyncIterator[MetaTxn]:
         """A transaction over the layers (``durable``: see ``KVStore.transaction``)."""
         async with self.kv.transaction(durable=durable) as txn:
-            yield MetaTxn(txn)
+            m = MetaTxn(txn)
+            yield m
+            m.tenants.check()  # quotas, on what the transaction changed (``tenants.py``)
 
     def view(self) -> _View:
         """The layers in a read-only view of the last commit (``KVStore.view``): for stat,
@@ -389,6 +419,12 @@ class Metadata:
         async for key, raw in self.kv.iter_prefix(b"F"):
             if key.endswith(_FILE_ATTR) and len(key) == 12:
                 yield FileRecord.decode(_U64.unpack(key[3:11])[0], raw)
+
+    async def iter_dirs(self) -> AsyncIterator[DirRecord]:
+        """Every directory's record (in batches of separate transactions)."""
+        async for key, raw in self.kv.iter_prefix(b"N"):
+            if len(key) == 11:  # the bare key; longer ones are its entries
+                yield DirRecord.decode(_U64.unpack(key[3:])[0], raw)
 
     async def iter_intents(self) -> AsyncIterator[IntentRecord]:
         """Every announced, uncommitted chunk write (in batches of separate transactions)."""

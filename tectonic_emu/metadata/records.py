@@ -104,6 +104,7 @@ class DirRecord:
     # Its subdirectories (its nlink is 2 more); None: not counted yet (a record written
     # before they were counted: ``attrs.subdirs`` counts them the first time they matter).
     subdirs: int | None = None
+    tenant: int = 0  # the tenant whose namespace holds it (``tenants.py``); 0: none
 
     def encode(self) -> bytes:
         d: dict[str, Any] = {
@@ -112,6 +113,8 @@ class DirRecord:
         _put_attrs(d, self.mode, DIR_MODE, self.uid, self.gid, self.atime)
         if self.subdirs is not None:
             d["sd"] = self.subdirs
+        if self.tenant:
+            d["tn"] = self.tenant
         return _dump(d)
 
     @classmethod
@@ -126,6 +129,7 @@ class DirRecord:
             d["m"],
             *_attrs(d, DIR_MODE),
             d.get("sd"),
+            d.get("tn", 0),
         )
 
 
@@ -153,6 +157,18 @@ class FileRecord:
     kind: FileKind = "file"
     target: str | None = None  # a symlink's
     rdev: int = 0  # a device node's number
+    tenant: int = 0  # the tenant it is charged to (``tenants.py``), for its life; 0: none
+
+    @property
+    def stored(self) -> int:
+        """Bytes of it that are stored (its size less its holes): what a quota counts."""
+        return self.size - self.holes
+
+    @property
+    def named(self) -> bool:
+        """Whether it has a name: what a quota of files counts (a new version being
+        written, or an unlinked file still open, has none)."""
+        return self.parent is not None
 
     def encode(self) -> bytes:
         d: dict[str, Any] = {
@@ -177,6 +193,8 @@ class FileRecord:
             d["tg"] = self.target
         if self.rdev:
             d["rd"] = self.rdev
+        if self.tenant:
+            d["tn"] = self.tenant
         return _dump(d)
 
     @classmethod
@@ -199,6 +217,7 @@ class FileRecord:
             d.get("k", "file"),
             d.get("tg"),
             d.get("rd", 0),
+            d.get("tn", 0),
         )
 
 
