@@ -1,7 +1,7 @@
 """The README's walk-through runs as written.
 
-The code blocks under Quick start, Served, Mounted, Checkpoints and From Python run in the
-order they appear, as one bash script in a scratch directory (python blocks through
+The code blocks under Quick start, Served, Mounted, Checkpoints, From Python and Tenants run
+in the order they appear, as one bash script in a scratch directory (python blocks through
 ``python - <<EOF``), with this virtualenv's ``bin`` first on PATH, as a user's shell would have
 after ``source .venv/bin/activate``. Nothing in them is rewritten, so the README cannot drift
 from the code. Whatever the script leaves running (a served cluster, mounts) is stopped after.
@@ -20,7 +20,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
-RUN = ("Quick start", "Served", "Mounted", "Checkpoints", "From Python")
+RUN = ("Quick start", "Served", "Mounted", "Checkpoints", "From Python", "Tenants")
 
 
 def readme_blocks(text: str) -> list[tuple[str, str, str]]:
