@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,9 @@ class ClusterStatus:
     block_size: int
     sync: bool
     served: bool = False
+    # Each tenant's usage and quotas (docs/tenants.md): name, files_used, bytes_used,
+    # quota_files, quota_bytes (None: no limit).
+    tenants: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,6 +118,12 @@ async def cluster_status(
         if f.parent is not None:
             files += 1
             logical += f.size
+    async with meta.view() as m:
+        tenants = [
+            {"name": t.name, "files_used": t.files_used, "bytes_used": t.bytes_used,
+             "quota_files": t.quota_files, "quota_bytes": t.quota_bytes}
+            for t in sorted(await m.tenants.all(), key=lambda t: t.name)
+        ]  # fmt: skip
     return ClusterStatus(
         str(path),
         node_status,
@@ -127,6 +136,7 @@ async def cluster_status(
         config.block_size,
         config.sync,
         served,
+        tenants,
     )
 
 

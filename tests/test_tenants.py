@@ -278,6 +278,17 @@ def test_cli_tenant_commands(tmp_path: Path) -> None:
     ]
     res = call("tenant", "ls")
     assert res.exit_code == 0 and all(len(line) <= 80 for line in res.output.splitlines())
+    res = call("cluster", "status", "--json")
+    assert json.loads(res.output)["tenants"] == [
+        {
+            "name": "ml",
+            "files_used": 2,
+            "bytes_used": 0,
+            "quota_files": None,
+            "quota_bytes": 1 << 20,
+        }
+    ]
+    assert "tenant ml: 2 files, 0 B" in call("cluster", "status").output
     for bad in (("--files", "-3"), ("--files", "lots"), ("--bytes", "much")):
         res = call("tenant", "quota", "ml", *bad)
         assert res.exit_code != 0

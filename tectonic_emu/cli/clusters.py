@@ -228,6 +228,10 @@ def cluster_status(cluster_dir: Path, as_json: bool) -> None:
         f"files {st.files}  blocks {st.blocks}  below redundancy {st.blocks_below_redundancy}\n"
         f"logical {human_bytes(st.logical_bytes)}  physical {human_bytes(st.physical_bytes)}"
     )
+    for t in st.tenants:  # (`tenant ls` has their namespaces and quotas)
+        out_console.print(
+            f"tenant {t['name']}: {t['files_used']:,} files, {human_bytes(t['bytes_used'])}"
+        )
 
 
 __all__ = ["cluster_group"]
