@@ -158,23 +158,20 @@ class NameLayer:
 
 
 class FileLayer:
-    """File attributes and each file's ordered list of blocks. A tenant's file is charged
-    to it as it is made, grows, shrinks and goes (``tenants.py``), its record read for that
-    once per transaction and kept decoded, as the Name layer keeps directories'."""
+    """File attributes and each file's ordered list of blocks. Records are read once per
+    transaction and kept decoded (a rename or a commit reads one more than once); a
+    tenant's file is charged to it as it is made, grows, shrinks and goes (``tenants.py``)."""
 
     def __init__(self, txn: Transaction, tenants: TenantLayer) -> None:
         self._txn = txn
         self._tenants = tenants
-        self._kept: dict[int, FileRecord | None] = {}  # tenants' files read or written
+        self._kept: dict[int, FileRecord | None] = {}
 
     async def get(self, file_id: int) -> FileRecord | None:
-        if file_id in self._kept:
-            return self._kept[file_id]
-        raw = await self._txn.get(file_key(file_id))
-        rec = None if raw is None else FileRecord.decode(file_id, raw)
-        if rec is not None and rec.tenant:
-            self._kept[file_id] = rec
-        return rec
+        if file_id not in self._kept:
+            raw = await self._txn.get(file_key(file_id))
+            self._kept[file_id] = None if raw is None else FileRecord.decode(file_id, raw)
+        return self._kept[file_id]
 
     async def put(self, rec: FileRecord) -> None:
         if rec.tenant:  # (a file's tenant never changes: one without has none before)
@@ -182,20 +179,22 @@ class FileLayer:
             files = rec.named - (old is not None and old.named)
             nbytes = rec.stored - (0 if old is None else old.stored)
             await self._tenants.charge(rec.tenant, files, nbytes)
-            self._kept[rec.file_id] = rec
+        self._kept.pop(rec.file_id, None)  # kept once the put went through
         await self._txn.put(file_key(rec.file_id), rec.encode())
+        self._kept[rec.file_id] = rec
 
     async def delete(self, file_id: int) -> list[BlockEntry]:
         """Remove the file and its block list; returns the blocks it had."""
         old = await self.get(file_id)
         if old is not None and old.tenant:
             await self._tenants.charge(old.tenant, -old.named, -old.stored)
-            self._kept[file_id] = None
         blocks = await self.blocks(file_id)
         prefix = block_entry_prefix(file_id)
         for b in blocks:
             await self._txn.delete(prefix + _U64.pack(b.block_no))
+        self._kept.pop(file_id, None)
         await self._txn.delete(file_key(file_id))
+        self._kept[file_id] = None
         return blocks
 
     async def set_blocks(self, file_id: int, entries: list[BlockEntry]) -> list[BlockEntry]:
