@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fuse_mount.mount import is_mounted, unmount
 from tectonic_emu import Cluster
-from tests.test_fuse import mount_for_test, watchdog  # noqa: F401 (the fixture)
+from tests.test_fuse import _mounted, watchdog  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
@@ -38,18 +37,11 @@ async def _in_cluster(root: Path, what: str) -> object:
 
 @pytest.fixture(scope="module")
 def mounted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
-    base = tmp_path_factory.mktemp("tenants-fuse")
-    root, mnt = base / "cluster", base / "mnt"
-    Cluster.create(root, nodes=3, encoding="r1", block_size=BLOCK)
-    asyncio.run(_in_cluster(root, "create"))
-    mnt.mkdir()
-    proc = mount_for_test(root, mnt, log=base / "mount.log")
-    try:
-        yield root, mnt
-    finally:
-        if is_mounted(mnt):
-            unmount(mnt)
-        proc.wait(30)
+    def prepare(root: Path) -> None:
+        asyncio.run(_in_cluster(root, "create"))
+
+    with _mounted(tmp_path_factory, "tenants-fuse", nodes=3, encoding="r1", prepare=prepare) as m:
+        yield m
 
 
 def test_quotas_and_namespaces_through_the_mount(mounted: tuple[Path, Path]) -> None:
