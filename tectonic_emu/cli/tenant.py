@@ -26,7 +26,7 @@ def tenant_group() -> None:
     \b
     Example:
       export TECTONIC_EMU_CLUSTER=/tmp/c1
-      tectonic-emu tenant create llama /ckpt/llama /data/llama --bytes 2TiB
+      tectonic-emu tenant create llama /ckpt/llama /llama-data --bytes 2TiB
       tectonic-emu tenant ls
       tectonic-emu tenant quota llama --files 1000000
     """
