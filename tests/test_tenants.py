@@ -36,15 +36,27 @@ from tectonic_emu.errors import (
     NotPermittedError,
     QuotaExceededError,
 )
+from tests.conftest import fresh_table
 
 T = TypeVar("T")
 BLOCK = 64 << 10
 
 
-def _cluster(tmp_path: Path) -> Path:
+def _cluster(tmp_path: Path, metadata: str = "") -> Path:
+    """A fresh r1 cluster of 64 KiB blocks, its metadata in SQLite (or at a PostgreSQL
+    URL, in a table of its own)."""
     root = tmp_path / "cluster"
-    Cluster.create(root, nodes=3, encoding="r1", block_size=BLOCK)
+    more = {"metadata": metadata, "metadata_table": fresh_table()} if metadata else {}
+    Cluster.create(root, nodes=3, encoding="r1", block_size=BLOCK, **more)  # type: ignore[arg-type]
     return root
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def root(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """A cluster on each metadata backend (the charges are the layers', the same on both)."""
+    if request.param == "sqlite":
+        return _cluster(tmp_path)
+    return _cluster(tmp_path, request.getfixturevalue("postgres_url"))
 
 
 @asynccontextmanager
@@ -93,7 +105,7 @@ def test_usage_counts_named_files_directories_and_stored_bytes(tmp_path: Path) -
     assert seen[3] == (5, 1010)  # sub, deeper and a2 gone; a stays
 
 
-def test_a_create_past_the_files_quota_is_edquot_and_changes_nothing(tmp_path: Path) -> None:
+def test_a_create_past_the_files_quota_is_edquot_and_changes_nothing(root: Path) -> None:
     async def body(c: Client) -> None:
         await c.tenants.create("t", ["/t"], quota_files=3)
         await c.write_file("/t/a", b"1")
@@ -114,11 +126,11 @@ def test_a_create_past_the_files_quota_is_edquot_and_changes_nothing(tmp_path: P
         assert await c.read_file("/t/a") == b"rewritten"
         assert await _usage(c, "t") == (3, 9)
 
-    _run(_cluster(tmp_path), body)
+    _run(root, body)
 
 
 def test_a_write_past_the_bytes_quota_fails_at_its_block_and_keeps_the_rest(
-    tmp_path: Path,
+    root: Path,
 ) -> None:
     """A writer's blocks commit one by one: the one that would cross the quota fails with
     EDQUOT, its chunks deleted; the blocks before it stay the file's, readable; a whole-file
@@ -144,7 +156,7 @@ def test_a_write_past_the_bytes_quota_fails_at_its_block_and_keeps_the_rest(
         await c.write_file("/t/keep", b"n" * (2 * BLOCK))
         assert await _usage(c, "t") == (2, 2 * BLOCK)
 
-    _run(_cluster(tmp_path), body)
+    _run(root, body)
 
 
 def test_a_quota_lowered_below_usage_lets_it_shrink_only(tmp_path: Path) -> None:
