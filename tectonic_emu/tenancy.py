@@ -24,8 +24,7 @@ from tectonic_emu.errors import (
     NotFoundError,
 )
 from tectonic_emu.metadata.layers import MetaTxn, new_id
-from tectonic_emu.metadata.records import ROOT_DIR_ID
-from tectonic_emu.metadata.tenants import TenantRecord
+from tectonic_emu.metadata.records import ROOT_DIR_ID, TenantRecord
 from tectonic_emu.namespace import Namespace
 from tectonic_emu.paths import join_path, split_path
 
@@ -121,9 +120,9 @@ class Tenants:
                         m, parent, parts[-1], None, None, now, tenant=rec.tenant_id
                     )
                 )
-            rec = await self._record(m, name)
-            await m.tenants.put(replace(rec, namespaces=tuple(made)))
-            return await self._view(m, await self._record(m, name))
+            rec = replace(await self._record(m, name), namespaces=tuple(made))  # charged
+            await m.tenants.update(rec)
+            return await self._view(m, rec)
 
     async def list(self) -> list[Tenant]:
         """Every tenant, by name."""
@@ -155,7 +154,7 @@ class Tenants:
                 quota_files=rec.quota_files if files == "keep" else qf,
                 quota_bytes=rec.quota_bytes if nbytes == "keep" else qb,
             )
-            await m.tenants.put(rec)
+            await m.tenants.update(rec)
             return await self._view(m, rec)
 
     async def remove(self, name: str) -> None:

@@ -337,6 +337,32 @@ class IntentRecord:
 REPAIR_OWNER = "repair-"  # the prefix of repair's intents' owners (writer tokens are hex)
 
 
+@dataclass(frozen=True, slots=True)
+class TenantRecord:
+    """A tenant (``tenants.py``): its name, the directory ids of its namespaces, its quotas
+    (None: no limit) and what it uses."""
+
+    tenant_id: int
+    name: str
+    namespaces: tuple[int, ...]
+    quota_files: int | None
+    quota_bytes: int | None
+    files_used: int = 0
+    bytes_used: int = 0
+
+    def encode(self) -> bytes:
+        d: dict[str, Any] = {
+            "n": self.name, "ns": list(self.namespaces), "qf": self.quota_files,
+            "qb": self.quota_bytes, "f": self.files_used, "b": self.bytes_used,
+        }  # fmt: skip
+        return _dump(d)
+
+    @classmethod
+    def decode(cls, tenant_id: int, raw: bytes) -> TenantRecord:
+        d = _load(raw)
+        return cls(tenant_id, d["n"], tuple(d["ns"]), d["qf"], d["qb"], d["f"], d["b"])
+
+
 __all__ = [
     "DIR_MODE",
     "FILE_MODE",
@@ -352,5 +378,6 @@ __all__ = [
     "FileKind",
     "FileRecord",
     "SPECIAL_KINDS",
+    "TenantRecord",
     "IntentRecord",
 ]

@@ -31,13 +31,12 @@ Keys (beside the layers' in ``layers.py``)::
 
 from __future__ import annotations
 
-import json
 import struct
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 from tectonic_emu.errors import QuotaExceededError
 from tectonic_emu.metadata.kv import Transaction
+from tectonic_emu.metadata.records import TenantRecord
 
 _U64 = struct.Struct(">Q")
 TENANT_TAG = b"T"
@@ -50,32 +49,6 @@ def tenant_key(tenant_id: int) -> bytes:
 
 def name_key(name: str) -> bytes:
     return NAME_TAG + name.encode()
-
-
-@dataclass(frozen=True, slots=True)
-class TenantRecord:
-    """A tenant: its name, the directory ids of its namespaces, its quotas (None: no limit)
-    and what it uses."""
-
-    tenant_id: int
-    name: str
-    namespaces: tuple[int, ...]
-    quota_files: int | None
-    quota_bytes: int | None
-    files_used: int = 0
-    bytes_used: int = 0
-
-    def encode(self) -> bytes:
-        d: dict[str, Any] = {
-            "n": self.name, "ns": list(self.namespaces), "qf": self.quota_files,
-            "qb": self.quota_bytes, "f": self.files_used, "b": self.bytes_used,
-        }  # fmt: skip
-        return json.dumps(d, separators=(",", ":")).encode()
-
-    @classmethod
-    def decode(cls, tenant_id: int, raw: bytes) -> TenantRecord:
-        d = json.loads(raw)
-        return cls(tenant_id, d["n"], tuple(d["ns"]), d["qf"], d["qb"], d["f"], d["b"])
 
 
 class TenantLayer:
@@ -102,8 +75,13 @@ class TenantLayer:
         return [TenantRecord.decode(_U64.unpack(k[1:])[0], v) for k, v in rows]
 
     async def put(self, rec: TenantRecord) -> None:
-        await self._txn.put(tenant_key(rec.tenant_id), rec.encode())
+        """Write a new tenant's record and its name's entry."""
+        await self.update(rec)
         await self._txn.put(name_key(rec.name), _U64.pack(rec.tenant_id))
+
+    async def update(self, rec: TenantRecord) -> None:
+        """Write a tenant's changed record (usage, quotas, namespaces; never its name)."""
+        await self._txn.put(tenant_key(rec.tenant_id), rec.encode())
         self._kept[rec.tenant_id] = rec
 
     async def delete(self, rec: TenantRecord) -> None:
@@ -121,7 +99,7 @@ class TenantLayer:
         if rec is None:
             return
         self._before.setdefault(tenant_id, rec)
-        await self.put(
+        await self.update(
             replace(rec, files_used=rec.files_used + files, bytes_used=rec.bytes_used + nbytes)
         )
 
@@ -150,4 +128,4 @@ def _over(used: int, quota: int | None) -> bool:
     return quota is not None and used > quota
 
 
-__all__ = ["TenantLayer", "TenantRecord", "name_key", "tenant_key"]
+__all__ = ["TenantLayer", "name_key", "tenant_key"]
