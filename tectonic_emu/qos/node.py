@@ -1,0 +1,77 @@
+"""A storage node's schedulers: one ``FairQueue`` per disk, and what they counted.
+
+Served nodes (``chunkstore/server.py``), embedded clusters (``ScheduledNode``) and the
+projection's model servers (``sim/node.py``) each hold one ``NodeQos`` and run every disk
+request through ``serving``. The request's group is the running task's (``groups.current``),
+which a served node sets from the request's frame.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from tectonic_emu.errors import InvalidArgumentError
+from tectonic_emu.qos.fairqueue import LOCAL_DISK, Costs, FairQueue, Ticket
+from tectonic_emu.qos.groups import current
+from tectonic_emu.qos.stats import GroupStats
+
+#: Requests in service per disk at once. Four is enough to keep this machine's disk and a
+#: node's eight I/O threads busy (``bench store`` with one group) and keeps the wait of a gold
+#: request behind bronze ones to a fraction of one of those.
+DEPTH = 4
+
+
+class NodeQos:
+    """The schedulers of one node with ``disks`` disks (``fair=False``: first come first
+    served, still counted per group)."""
+
+    def __init__(
+        self, disks: int, *, depth: int = DEPTH, costs: Costs = LOCAL_DISK, fair: bool = True
+    ) -> None:
+        self.depth = depth
+        self.fair = fair
+        self.queues = [
+            FairQueue(depth, costs=costs, fair=fair, name=f"disk{d}") for d in range(disks)
+        ]
+
+    def disk(self, n: int) -> FairQueue:
+        if not 0 <= n < len(self.queues):
+            raise InvalidArgumentError(f"no disk {n} (the node has {len(self.queues)})")
+        return self.queues[n]
+
+    def serving(
+        self, disk: int, nbytes: int | None, *, write: bool
+    ) -> contextlib.AbstractAsyncContextManager[Ticket]:
+        """A slot on ``disk`` for one request of the current group (``FairQueue.serving``)."""
+        return self.disk(disk).serving(current(), nbytes, write=write)
+
+    def by_group(self) -> dict[str, GroupStats]:
+        """Every disk's figures, merged per group."""
+        merged: dict[str, GroupStats] = {}
+        for q in self.queues:
+            for name, s in q.stats.items():
+                merged.setdefault(name, GroupStats(s.klass)).merge(s)
+        return merged
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything counted, per disk and group (``GroupStats.from_dict`` reads it back)."""
+        return {
+            "fair": self.fair,
+            "depth": self.depth,
+            "disks": [{g: s.to_dict() for g, s in q.stats.items()} for q in self.queues],
+        }
+
+
+def merged(snapshots: list[dict[str, Any]]) -> dict[str, GroupStats]:
+    """Per group, the figures of every disk of every node's ``to_dict``."""
+    out: dict[str, GroupStats] = {}
+    for snap in snapshots:
+        for disk in snap["disks"]:
+            for name, raw in disk.items():
+                s = GroupStats.from_dict(raw)
+                out.setdefault(name, GroupStats(s.klass)).merge(s)
+    return out
+
+
+__all__ = ["DEPTH", "NodeQos", "merged"]
