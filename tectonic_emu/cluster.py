@@ -113,11 +113,11 @@ def _check_create_args(args: dict[str, Any]) -> None:
     """Types of ``Cluster.create``'s arguments: one line naming the one that is wrong."""
     where = "Cluster.create"
     path_arg(where, "path", args["path"])
-    for name in ("nodes", "disks_per_node", "block_size", "backup_keep"):
+    for name in ("nodes", "disks_per_node", "block_size", "backup_keep", "qos_depth"):
         int_arg(where, name, args[name])
     for name in ("sync", "exist_ok"):
         bool_arg(where, name, args[name])
-    for name in ("encoding", "compression", "metadata", "metadata_table"):
+    for name in ("encoding", "compression", "metadata", "metadata_table", "qos"):
         str_arg(where, name, args[name])
     for name in ("nic_gbps", "rtt_ms", "loss", "backup_interval"):
         number_arg(where, name, args[name])
@@ -203,6 +203,8 @@ class Cluster:
         nic_gbps: float = 0.0,
         rtt_ms: float = 0.0,
         loss: float = 0.0,
+        qos: str = "fair",
+        qos_depth: int = 4,
         backup_interval: float = 3600.0,
         backup_keep: int = 24,
         exist_ok: bool = False,
@@ -220,7 +222,9 @@ class Cluster:
         ``host:port`` per node, where ``tectonic-emu node serve --node N`` runs node N on its
         own host, for a cluster that spans hosts (``docs/deploy.md``). ``nic_gbps``,
         ``rtt_ms``, ``loss``: the emulated network between the hosts of a served or
-        multi-host cluster (``chunkstore/netem.py``). ``backup_interval``: seconds between
+        multi-host cluster (``chunkstore/netem.py``). ``qos``, ``qos_depth``: how served
+        nodes share each disk between TrafficGroups (``ClusterConfig.qos``,
+        docs/qos.md). ``backup_interval``: seconds between
         metadata backups onto the nodes (0: none), of which the newest ``backup_keep`` are
         kept (``services/backup.py``).
 
@@ -249,6 +253,8 @@ class Cluster:
             nic_gbps=nic_gbps,
             rtt_ms=rtt_ms,
             loss=loss,
+            qos=qos,
+            qos_depth=qos_depth,
             backup_interval=backup_interval,
             backup_keep=backup_keep,
             cluster_id=secrets.token_hex(8),

@@ -12,9 +12,11 @@ from typing import Literal
 from tectonic_emu.chunkstore.netem import LinkModel
 from tectonic_emu.coding import Encoding
 from tectonic_emu.errors import ClusterNotFoundError, InvalidArgumentError
+from tectonic_emu.qos.node import NodeQos
 from tectonic_emu.resources import human_bytes
 
 CONFIG_FILE = "cluster.json"
+QOS_MODES = ("fair", "fifo", "off")
 METADATA_FILE = "metadata.db"
 FORMAT_VERSION = 1
 
@@ -33,6 +35,14 @@ Compression = Literal["auto", "zstd", "none"]
 # Nodes a cluster may have: room for a projection of Meta's 7,500 storage servers
 # (docs/simulate.md), with a bound that still catches a typo.
 MAX_NODES = 16384
+
+
+def check_qos(mode: str, depth: int) -> str:
+    if mode not in QOS_MODES:
+        raise InvalidArgumentError(f"qos is one of {', '.join(QOS_MODES)}, not {mode!r}")
+    if not 1 <= depth <= 1024:
+        raise InvalidArgumentError(f"a fair queue's depth is 1..1024, not {depth}")
+    return mode
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +76,11 @@ class ClusterConfig:
     # Metadata backups (services/backup.py) onto the cluster's own nodes: every
     # backup_interval seconds (0: off), the newest backup_keep kept. cluster_id names the
     # cluster in its metadata too, so that a lost or foreign metadata store is refused.
+    # How served nodes share each disk between TrafficGroups (tectonic_emu/qos): "fair"
+    # (weighted fair queueing in disk time), "fifo" (first come first served, still counted
+    # per group) or "off" (no scheduler); qos_depth requests in service per disk at once.
+    qos: str = "fair"
+    qos_depth: int = 4
     backup_interval: float = 3600.0
     backup_keep: int = 24
     cluster_id: str = ""
@@ -87,6 +102,7 @@ class ClusterConfig:
                 f"compression must be auto, zstd or none, not {self.compression!r}"
             )
         object.__setattr__(self, "node_addresses", tuple(self.node_addresses))  # from JSON
+        check_qos(self.qos, self.qos_depth)
         if not 0 <= self.backup_interval <= MAX_DURATION:
             raise InvalidArgumentError(
                 f"backup interval must be 0 (off) to a year, not {self.backup_interval}"
@@ -123,6 +139,14 @@ class ClusterConfig:
             raise InvalidArgumentError(
                 f"default encoding {enc} needs {enc.width} nodes, the cluster has {self.nodes}"
             )
+
+    def node_qos(self, mode: str | None = None) -> NodeQos | None:
+        """A served node's schedulers, as configured (``mode``: "fair", "fifo" or "off" in
+        place of the configuration's)."""
+        mode = check_qos(mode or self.qos, self.qos_depth)
+        if mode == "off":
+            return None
+        return NodeQos(self.disks_per_node, depth=self.qos_depth, fair=mode == "fair")
 
     @property
     def link(self) -> LinkModel:

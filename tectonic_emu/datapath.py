@@ -37,7 +37,7 @@ from tectonic_emu.blockread import BlockReader
 from tectonic_emu.blockwrite import MAX_STRAGGLERS, BlockWriter, new_chunk_id
 from tectonic_emu.chunkstore.base import StorageNode
 from tectonic_emu.coding import Encoding, codec_for
-from tectonic_emu.coding.synthetic import Payload
+from tectonic_emu.coding.synthetic import Payload, nbytes
 from tectonic_emu.config import Compression
 from tectonic_emu.errors import InvalidArgumentError, NotEnoughNodesError
 from tectonic_emu.hedging import (
@@ -51,6 +51,7 @@ from tectonic_emu.hedging import (
 )
 from tectonic_emu.metadata.records import BlockRecord, ChunkPlacement
 from tectonic_emu.placement import Placement, Target
+from tectonic_emu.qos.pacing import Pacing
 
 
 class DataPath:
@@ -97,6 +98,8 @@ class DataPath:
             self._stats, percentile=hedge_percentile, share=hedge_share, enabled=hedge_reads
         )
         self._reader = BlockReader(nodes, self._hedging, cpu=cpu, rng=self._rng)
+        # Each paced TrafficGroup's bucket in this client (``qos/pacing.py``).
+        self.pacing = Pacing()
 
     # -- the cluster -------------------------------------------------------------------------
     @property
@@ -225,6 +228,7 @@ class DataPath:
         any of its chunk writes runs (``BlockWriter.write_block``). ``sync=False``: the
         chunks are written but durable only once their disks are synced (``sync_chunks``).
         """
+        await self.pacing.take(nbytes(block))
         return await self._writer.write_block(
             enc, block, block_id=block_id, file_id=file_id, holds=holds, sync=sync
         )
@@ -281,6 +285,7 @@ class DataPath:
     # -- read --------------------------------------------------------------------------------
     async def fetch_chunk(self, c: ChunkPlacement) -> Payload:
         """One chunk's raw (decompressed) bytes, checked end to end against the Block layer."""
+        await self.pacing.take(c.stored_len)
         return await self._reader.fetch_chunk(c)
 
     async def scrub_chunk(self, c: ChunkPlacement) -> Payload:
@@ -290,6 +295,7 @@ class DataPath:
     async def fetch_chunk_into(self, c: ChunkPlacement, dest: memoryview) -> memoryview:
         """``fetch_chunk`` for an uncompressed chunk, received straight into ``dest`` (exactly
         its length); returns ``dest``."""
+        await self.pacing.take(dest.nbytes)
         return await self._reader.fetch_chunk_into(c, dest)
 
     async def read_range(
@@ -298,6 +304,7 @@ class DataPath:
         """Pieces ``(offset in the block, bytes)`` that together cover [lo, hi) of a block;
         with ``into`` (``hi - lo`` bytes), the bytes land there instead and the list is empty.
         Reed-Solomon ranges fetch only the data chunks they overlap (``BlockReader``)."""
+        await self.pacing.take(hi - lo)
         return await self._reader.read_range(rec, lo, hi, into=into)
 
     async def read_block(
@@ -311,6 +318,7 @@ class DataPath:
 
         ``have``: chunks already fetched and checked; ``failed``: indexes not to try again.
         """
+        await self.pacing.take(rec.length)
         return await self._reader.read_block(rec, have=have, failed=failed)
 
     # -- hedged reads ------------------------------------------------------------------------

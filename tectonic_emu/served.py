@@ -72,14 +72,18 @@ async def run_node(
     delay: float = 0.0,
     buffers: int = 8,
     secret_file: Path | None = None,
+    qos: str | None = None,
+    metrics_port: int | None = None,
     ready: asyncio.Event | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
     """Serve node ``n`` of the cluster at ``root`` until SIGTERM/SIGINT (or ``stop``).
     ``host`` and ``port`` default to the node's address in the configuration (a cluster
     across hosts), else to 127.0.0.1 and any free port. ``secret_file``: the cluster secret
-    (default ``root/secret``). Raises AuthenticationError when it is missing or open to
-    others."""
+    (default ``root/secret``). ``qos``: "fair", "fifo" or "off" in place of the
+    configuration's (``ClusterConfig.qos``). ``metrics_port``: serve the node's figures to
+    Prometheus there (``qos/metrics.py``). Raises AuthenticationError when the secret is
+    missing or open to others."""
     from tectonic_emu.chunkstore import LocalNode
     from tectonic_emu.chunkstore.server import NodeServer
 
@@ -112,8 +116,13 @@ async def run_node(
         buffers=buffers,
         delay=delay,
         link=config.link,
+        qos=config.node_qos(qos),
     )
     bound_host, bound_port = await server.start(host, port)
+    if metrics_port is not None:
+        from tectonic_emu.qos.metrics import serve_metrics
+
+        serve_metrics(server.qos, n, host=host, port=metrics_port)
     advertised = socket.getfqdn() if bound_host in ("0.0.0.0", "::") else bound_host
     me = NodeAddress(n, advertised, bound_port, os.getpid(), socket.gethostname(), time.time())
     write_address(root, me)
@@ -146,6 +155,8 @@ class ServeOptions:
     scrub_rate: float = 50e6  # bytes per second a scrub pass reads at most
     gc_grace: float = 600.0
     backup_interval: float | None = None  # seconds between metadata backups; None: config's
+    qos: str | None = None  # "fair", "fifo" or "off" for every node; None: the config's
+    metrics_port: int | None = None  # node n serves Prometheus at metrics_port + n
 
 
 def _die_with_parent() -> None:
@@ -174,6 +185,10 @@ class Supervisor:
         if not self.config.node_addresses:  # else each binds to its configured address
             cmd += ["--host", self.options.host]
         cmd += ["--buffers", str(self.options.buffers)]
+        if self.options.qos is not None:
+            cmd += ["--qos", self.options.qos]
+        if self.options.metrics_port is not None:
+            cmd += ["--metrics-port", str(self.options.metrics_port + n)]
         if self.options.slow.get(n):
             cmd += ["--slow", f"{self.options.slow[n]}"]
         return cmd

@@ -18,6 +18,7 @@ from tectonic_emu.metadata.layers import Metadata
 from tectonic_emu.metadata.records import BlockRecord
 from tectonic_emu.nodectl import STOP_MARKER, node_dir, read_address
 from tectonic_emu.placement import spread_is_short
+from tectonic_emu.qos.node import merged
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +53,34 @@ class ClusterStatus:
     # Each tenant's usage and quotas (docs/tenants.md): name, files_used, bytes_used,
     # quota_files, quota_bytes (None: no limit).
     tenants: list[dict[str, Any]] = field(default_factory=list)
+    # What the served nodes' fair queues counted (docs/qos.md): per node, its mode ("fair":
+    # None without a scheduler) and each group's figures; "groups", them merged over nodes.
+    qos: dict[str, Any] = field(default_factory=lambda: {"nodes": [], "groups": {}})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+async def qos_status(nodes: Sequence[StorageNode]) -> dict[str, Any]:
+    """Each served node's scheduler figures, and every group's over all of them."""
+    per_node: list[dict[str, Any]] = []
+    snapshots: list[dict[str, Any]] = []
+    for node in nodes:
+        if not isinstance(node, RemoteNode) or not node.available:
+            continue
+        try:
+            snap = await node.qos_stats()
+        except NodeUnavailableError:
+            continue
+        if snap is None:
+            per_node.append({"node": node.node_id, "fair": None, "depth": None, "groups": {}})
+            continue
+        snapshots.append(snap)
+        groups = {g: s.summary() for g, s in merged([snap]).items()}
+        per_node.append(
+            {"node": node.node_id, "fair": snap["fair"], "depth": snap["depth"], "groups": groups}
+        )
+    return {"nodes": per_node, "groups": {g: s.summary() for g, s in merged(snapshots).items()}}
 
 
 async def cluster_status(
@@ -137,6 +163,7 @@ async def cluster_status(
         config.sync,
         served,
         tenants,
+        await qos_status(nodes),
     )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tectonic_emu.chunkstore import LocalNode
 from tectonic_emu.chunkstore.server import NodeServer
+from tectonic_emu.qos import NodeQos
 
 # The cluster secret of test nodes: clients pass it to ``RemoteNode(..., secret=SECRET)``.
 SECRET = bytes(range(32))
@@ -25,6 +26,7 @@ class ThreadedNodeServer:
         buffers: int = 4,
         sync: bool = True,
         secret: bytes = SECRET,
+        qos: bool = True,
     ) -> None:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -33,7 +35,13 @@ class ThreadedNodeServer:
         self.local = node
 
         async def start() -> tuple[NodeServer, tuple[str, int]]:
-            server = NodeServer(node, secret=secret, max_payload=max_payload, buffers=buffers)
+            server = NodeServer(
+                node,
+                secret=secret,
+                max_payload=max_payload,
+                buffers=buffers,
+                qos=NodeQos(disks) if qos else None,  # served nodes' default: fair queues
+            )
             return server, await server.start("127.0.0.1", 0)
 
         self.server, self.address = asyncio.run_coroutine_threadsafe(start(), self.loop).result()

@@ -57,6 +57,7 @@ from tectonic_emu.errors import (
     InvalidArgumentError,
     NodeUnavailableError,
 )
+from tectonic_emu.qos import NodeQos
 from tectonic_emu.sim.devices import FLASH, Disk
 from tectonic_emu.sim.fabric import Fabric, FabricModel
 from tectonic_emu.sim.node import ModelNode, ModelServer
@@ -87,7 +88,9 @@ def make_node(kind: str, root: Path) -> StorageNode:
     if kind == "model":  # a projection's node, on a real loop here: its charges are sleeps
         fabric = Fabric(FabricModel(nic_gbps=100.0, rtt=1e-4))
         client, host = fabric.add_rack(2)
-        return ModelNode(ModelServer(7, host, [Disk(FLASH) for _ in range(DISKS)]), client, fabric)
+        disks = [Disk(FLASH) for _ in range(DISKS)]
+        scheduled = NodeQos(DISKS, costs=FLASH.costs())  # as a projection with --qos fair
+        return ModelNode(ModelServer(7, host, disks, qos=scheduled), client, fabric)
     return FaultyNode(LocalNode(root, node_id=7, disks=DISKS, sync=False))
 
 

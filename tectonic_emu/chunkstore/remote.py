@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from tectonic_emu.chunkstore import auth, wire
 from tectonic_emu.chunkstore._connection import (
@@ -51,6 +53,7 @@ from tectonic_emu.errors import (
     reason,
     retrieved,
 )
+from tectonic_emu.qos import groups as qos
 
 log = logging.getLogger(__name__)
 
@@ -251,10 +254,16 @@ class RemoteNode(StorageNode):
         )
         conn.pending[request_id] = Call(op, future, into)
         size = payload.nbytes if payload is not None else 0
+        meta, group_len = wire.with_group(meta, qos.current())
         try:
             await conn.send(
                 wire.pack_header(
-                    op, request_id, meta, payload_len=size, payload_crc32c=payload_crc32c
+                    op,
+                    request_id,
+                    meta,
+                    payload_len=size,
+                    payload_crc32c=payload_crc32c,
+                    status=group_len,
                 ),
                 payload,
             )
@@ -399,6 +408,13 @@ class RemoteNode(StorageNode):
         h, _, payload = await self.call(Op.USAGE)
         self._check_listing(h, payload)
         return wire.unpack_usage(payload)
+
+    async def qos_stats(self) -> dict[str, Any] | None:
+        """What the node's fair queues counted (``NodeQos.to_dict``; None: it has none)."""
+        h, _, payload = await self.call(Op.QOS_STATS)
+        self._check_listing(h, payload)
+        got: dict[str, Any] | None = json.loads(bytes(payload))
+        return got
 
     def _check_listing(self, h: Header, payload: memoryview) -> None:
         # The header's CRC32C is authenticated: it covers the payload where tags do not.

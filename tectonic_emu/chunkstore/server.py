@@ -24,6 +24,7 @@ import asyncio
 import collections
 import contextlib
 import errno
+import json
 import logging
 import mmap
 import os
@@ -39,6 +40,9 @@ from tectonic_emu.chunkstore.netem import LinkModel, Pacer, ReadGate
 from tectonic_emu.chunkstore.wire import HEADER_SIZE, MAX_META, FrameError, Header, Op
 from tectonic_emu.coding import crc32c
 from tectonic_emu.errors import ChunkCorruptError, InvalidArgumentError, NoSpaceError
+from tectonic_emu.qos import groups as traffic
+from tectonic_emu.qos.fairqueue import Ticket
+from tectonic_emu.qos.node import NodeQos
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +93,8 @@ class NodeServer:
     ``delay`` seconds are added before every reply but PING's (a slow node, for studying tail
     latency; ``SET_DELAY`` changes it at run time). ``secret``: the cluster's 32-byte secret,
     which every client must prove it knows (``auth.py``). ``tls``: a server context, to speak
-    TLS on every connection."""
+    TLS on every connection. ``qos``: the fair queues of the node's disks (``tectonic_emu/qos``),
+    through which every disk request goes in the TrafficGroup its frame names."""
 
     def __init__(
         self,
@@ -102,8 +107,11 @@ class NodeServer:
         delay: float = 0.0,
         link: LinkModel | None = None,
         tls: ssl.SSLContext | None = None,
+        qos: NodeQos | None = None,
     ) -> None:
         self.node = node
+        # Each disk's fair queue between TrafficGroups (``tectonic_emu/qos``; None: none).
+        self.qos = qos
         self.tls = tls  # encrypt every connection (``tectonic_emu/tls.py``)
         self.secret = auth.check_secret(secret)
         self.refusals = auth.RefusalLog(log, f"node {node.node_id}")
@@ -159,6 +167,23 @@ class NodeServer:
         self.pool.close()
 
     # -- requests ----------------------------------------------------------------------------
+    def scheduled(self, h: Header, meta: bytes) -> contextlib.AbstractAsyncContextManager[Any]:
+        """A slot on the request's disk, in the request's group, held until its reply has
+        gone (a whole-chunk read is read from the disk as it is sent); for an op that uses
+        no disk, or a disk the node lacks (the op's own check answers it), nothing."""
+        kind = _DISK_OPS.get(h.op)
+        if self.qos is None or kind is None or len(meta) < wire.DISK.size:
+            return contextlib.nullcontext()
+        (disk,) = wire.DISK.unpack_from(meta)
+        if disk >= len(self.qos.queues):
+            return contextlib.nullcontext()
+        write, nbytes = kind
+        if h.op in (Op.WRITE, Op.WRITE_UNSYNCED):
+            nbytes = h.payload_len
+        elif h.op == Op.READ_RANGE and len(meta) >= wire.DISK_RANGE.size:
+            nbytes = wire.DISK_RANGE.unpack_from(meta)[2]
+        return self.qos.serving(disk, nbytes, write=write)
+
     def _free_bytes(self) -> int:
         now = time.monotonic()
         if now - self._free_cache[0] > 1.0:
@@ -224,6 +249,10 @@ class NodeServer:
             (disk,), _ = wire.unpack_chunk_ref(meta)
             listing = wire.pack_list(await node.list_chunks(disk))
             return b"", listing, crc32c(listing)
+        if h.op == Op.QOS_STATS:
+            snapshot = self.qos.to_dict() if self.qos is not None else None
+            body = json.dumps(snapshot).encode()
+            return b"", body, crc32c(body)
         if h.op == Op.USAGE:
             usage = wire.pack_usage(await node.usage())
             return b"", usage, crc32c(usage)
@@ -239,6 +268,18 @@ class NodeServer:
             self.delay = delay
             return b"", b"", 0
         raise InvalidArgumentError(f"op {h.op} not served")  # unreachable: checked in header
+
+
+# Ops that hold a disk slot: (a write?, bytes; None: known once read). Writes' bytes are
+# their payload's, a range read's its length; a sync or a delete costs one operation.
+_DISK_OPS: dict[int, tuple[bool, int | None]] = {
+    Op.WRITE: (True, 0),
+    Op.WRITE_UNSYNCED: (True, 0),
+    Op.READ: (False, None),
+    Op.READ_RANGE: (False, 0),
+    Op.SYNC: (True, 0),
+    Op.DELETE: (True, 0),
+}
 
 
 class _BadPayload(ChunkCorruptError):
@@ -292,7 +333,9 @@ class _Connection(asyncio.BufferedProtocol):
         self._state = _HELLO
         self._got = 0
         self._h: Header | None = None
-        self._meta = b""
+        self._meta = b""  # as received (the tag covers it)
+        self._op_meta = b""  # without the TrafficGroup (``wire.split_group``)
+        self._group = traffic.DEFAULT
         self._payload: mmap.mmap | None = None
         self._paused = False  # backpressure: no buffer, or too many requests running
         self._last_rx = time.monotonic()  # a byte arrived, or reading resumed
@@ -436,8 +479,7 @@ class _Connection(asyncio.BufferedProtocol):
         if self._state == _META and self._h is not None and self._got == self._h.meta_len:
             meta = memoryview(self._meta_buf)[: self._h.meta_len]
             wire.check_meta(self._header_buf, meta)
-            if self._h.status != 0:
-                raise FrameError("a request carries a status")
+            self._group, self._op_meta = wire.split_group(self._h.status, bytes(meta))
             if self._h.payload_len and self._h.op not in (Op.WRITE, Op.WRITE_UNSYNCED):
                 raise FrameError(f"op {Op(self._h.op).name} takes no payload")
             self._meta = bytes(meta)
@@ -482,10 +524,11 @@ class _Connection(asyncio.BufferedProtocol):
 
     def _dispatch(self, payload: mmap.mmap | None, unchecked: _Unchecked | None = None) -> None:
         assert self._h is not None
-        h, meta = self._h, self._meta
+        h, meta, group = self._h, self._op_meta, self._group
         self._payload = None
         self._state, self._got, self._h = _HEADER, 0, None
-        task = asyncio.get_running_loop().create_task(self._run(h, meta, payload, unchecked))
+        with traffic.using(group):  # the task's context: its disk requests are the group's
+            task = asyncio.get_running_loop().create_task(self._run(h, meta, payload, unchecked))
         self.tasks.add(task)
         task.add_done_callback(self._done)
         if len(self.tasks) >= MAX_INFLIGHT:
@@ -517,6 +560,17 @@ class _Connection(asyncio.BufferedProtocol):
     async def _run(
         self, h: Header, meta: bytes, payload: mmap.mmap | None, unchecked: _Unchecked | None
     ) -> None:
+        async with self.server.scheduled(h, meta) as ticket:
+            await self._serve(h, meta, payload, unchecked, ticket)
+
+    async def _serve(
+        self,
+        h: Header,
+        meta: bytes,
+        payload: mmap.mmap | None,
+        unchecked: _Unchecked | None,
+        ticket: Ticket | None,
+    ) -> None:
         server = self.server
         status, reply_meta, reply_crc = 0, b"", 0
         reply_payload: BytesLike | FilePayload = b""
@@ -526,6 +580,8 @@ class _Connection(asyncio.BufferedProtocol):
                 if unchecked is not None and not await self._tag_holds(unchecked, view):
                     return
                 reply_meta, reply_payload, reply_crc = await server.handle(h, meta, view)
+                if ticket is not None and isinstance(reply_payload, FilePayload):
+                    ticket.nbytes = reply_payload.count  # a whole chunk, read as it is sent
             finally:
                 if view is not None:
                     view.release()

@@ -7,7 +7,8 @@ Every message, request or reply, is one frame: a 32-byte header, a *meta* sectio
          0    2 magic          b"TW"
          2    1 version        1
          3    1 op             Op (a reply carries the op of its request)
-         4    2 status         0 in requests and successful replies; an errno in error replies
+         4    2 status         in requests, the bytes of TrafficGroup at the meta's end (0:
+                              none); 0 in successful replies; an errno in error replies
          6    2 meta_len       bytes of meta after the header (<= 4096)
          8    8 request_id     chosen by the client, echoed in the reply
         16    8 payload_len    bytes of payload after the meta (<= the node's max_payload)
@@ -40,11 +41,13 @@ from tectonic_emu.errors import (
     NodeUnavailableError,
     TectonicError,
 )
+from tectonic_emu.qos.groups import DEFAULT, TrafficGroup
 
 MAGIC = b"TW"
 VERSION = 1
 HEADER_SIZE = 32
 MAX_META = 4096
+MAX_GROUP = 128  # bytes of a request's TrafficGroup (``with_group``)
 
 _HEADER = struct.Struct("<2sBBHHQQI")  # bytes 0..27, covered by the header CRC
 _CRC = struct.Struct("<I")
@@ -66,6 +69,7 @@ class Op(enum.IntEnum):
     READ_RANGE = 10
     WRITE_UNSYNCED = 11  # as WRITE, but durable only once a SYNC of its disk returns
     SYNC = 12  # meta: DISK; every chunk written to the disk before it made durable
+    QOS_STATS = 13  # reply payload: JSON of the node's fair queues' figures (qos/node.py)
 
 
 # Meta and payload layouts, by name as docs/wire-protocol.md uses them.
@@ -153,6 +157,28 @@ def unpack_chunk_ref(meta: bytes, fixed: struct.Struct = DISK) -> tuple[tuple[in
     except UnicodeDecodeError:
         raise FrameError("chunk id is not ASCII") from None
     return fixed.unpack_from(meta), chunk_id
+
+
+def with_group(meta: bytes, group: TrafficGroup) -> tuple[bytes, int]:
+    """A request's meta with its TrafficGroup at the end, and the ``status`` that says how
+    long that is (the default group is not sent: status 0)."""
+    if group is DEFAULT:
+        return meta, 0
+    raw = group.encode()
+    return meta + raw, len(raw)
+
+
+def split_group(status: int, meta: bytes) -> tuple[TrafficGroup, bytes]:
+    """A request's TrafficGroup and its op's meta (``with_group``). FrameError when the
+    group does not parse: the frame is not one this protocol writes."""
+    if status == 0:
+        return DEFAULT, meta
+    if status > min(len(meta), MAX_GROUP):
+        raise FrameError(f"a traffic group of {status} bytes in a meta of {len(meta)}")
+    try:
+        return TrafficGroup.decode(meta[-status:]), meta[:-status]
+    except InvalidArgumentError as e:
+        raise FrameError(str(e)) from None
 
 
 def pack_info(info: ChunkInfo) -> bytes:
@@ -321,5 +347,7 @@ __all__ = [
     "error_from_reply",
     "error_status",
     "pack_header",
+    "split_group",
     "unpack_header",
+    "with_group",
 ]

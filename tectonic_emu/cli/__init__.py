@@ -32,6 +32,7 @@ from tectonic_emu.cli.tenant import tenant_group
 from tectonic_emu.cli.upkeep import repair_cmd, scrub_cmd
 from tectonic_emu.config import parse_duration
 from tectonic_emu.errors import TectonicError
+from tectonic_emu.qos.groups import TrafficGroup, set_process_group
 
 
 class LazyGroup(click.Group):
@@ -57,7 +58,16 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="tectonic-emu")
-def cli() -> None:
+@click.option(
+    "--group",
+    envvar="TECTONIC_EMU_GROUP",
+    default=None,
+    metavar="NAME[:CLASS[:SHARE[:RATE]]]",
+    help="The traffic group of this command's requests: CLASS gold, silver or bronze, SHARE "
+    "within the class, RATE in bytes/s per client (docs/qos.md) [default: "
+    "$TECTONIC_EMU_GROUP, else default:silver].",
+)
+def cli(group: str | None) -> None:
     """tectonic-emu: a Tectonic-style store for studying AI-training storage.
 
     \b
@@ -65,8 +75,11 @@ def cli() -> None:
       export TECTONIC_EMU_CLUSTER=/tmp/c1
       tectonic-emu cluster create --nodes 9 --encoding rs-6-3
       tectonic-emu put model.bin /ckpt/model.bin
+      tectonic-emu --group backup:bronze:1:200e6 get /ckpt/model.bin copy.bin
       tectonic-emu cluster status --json
     """
+    if group is not None:
+        set_process_group(TrafficGroup.parse(group))
 
 
 for _command in (cluster_group, put, get, ls, mkdir, mv, rm, stat, serve_cmd, node_group):

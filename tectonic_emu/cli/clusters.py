@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import click
 from rich import box
@@ -97,6 +98,21 @@ def cluster_group() -> None:
     help="Emulated network: probability that a 1,448-byte TCP segment is lost (TCP resends it).",
 )
 @click.option(
+    "--qos",
+    type=click.Choice(["fair", "fifo", "off"]),
+    default="fair",
+    show_default=True,
+    help="How served nodes share each disk between traffic groups: weighted fair queueing, "
+    "first come first served, or no scheduler (docs/qos.md).",
+)
+@click.option(
+    "--qos-depth",
+    type=click.IntRange(1, 1024),
+    default=4,
+    show_default=True,
+    help="Requests each disk serves at once; the rest wait in its fair queue.",
+)
+@click.option(
     "--metadata-table",
     default="tectonic_kv",
     show_default=True,
@@ -131,6 +147,8 @@ def cluster_create(
     nic_gbps: float,
     rtt_ms: float,
     loss: float,
+    qos: str,
+    qos_depth: int,
     metadata_table: str,
     backup_interval: str,
     backup_keep: int,
@@ -162,6 +180,8 @@ def cluster_create(
         nic_gbps=nic_gbps,
         rtt_ms=rtt_ms,
         loss=loss,
+        qos=qos,
+        qos_depth=qos_depth,
         backup_interval=parse_duration(backup_interval),
         backup_keep=backup_keep,
         tls=tls,
@@ -190,6 +210,9 @@ def cluster_status(cluster_dir: Path, as_json: bool) -> None:
     \b
     Example:
       tectonic-emu cluster status --cluster /tmp/c1 --json
+    
+    A served cluster's status also shows each traffic group's requests on the nodes'
+    disks: bytes, disk time charged, queueing delay and latency (docs/qos.md).
     """
     st = run(with_cluster(cluster_dir, lambda c: c.status()))
     if as_json:
@@ -232,6 +255,27 @@ def cluster_status(cluster_dir: Path, as_json: bool) -> None:
         out_console.print(
             f"tenant {t['name']}: {t['files_used']:,} files, {human_bytes(t['bytes_used'])}"
         )
+    groups = st.qos["groups"]
+    if groups:
+        out_console.print(_qos_table(groups))
+
+
+def _qos_table(groups: dict[str, dict[str, Any]]) -> Table:
+    """Each traffic group's requests over every served node (80 columns)."""
+    table = Table(title="traffic groups (served nodes' disks)", box=box.SIMPLE_HEAD)
+    for col in ("group", "class", "requests", "bytes", "disk s", "wait p99", "p99 ms"):
+        table.add_column(col, justify="left" if col in ("group", "class") else "right")
+    for name, g in sorted(groups.items()):
+        table.add_row(
+            name,
+            g["class"],
+            f"{g['ops']:,}",
+            human_bytes(g["bytes"]),
+            f"{g['charged_s']:.2f}",
+            f"{g['wait_p99_ms']:.1f}",
+            f"{g['latency_p99_ms']:.1f}",
+        )
+    return table
 
 
 __all__ = ["cluster_group"]

@@ -89,6 +89,19 @@ def _setup_logging() -> None:
     help="Return once every node is live; the log goes to DIR/serve.log.",
 )
 @click.option("--stop", is_flag=True, help="Stop the cluster's serve (and its nodes) and return.")
+@click.option(
+    "--qos",
+    type=click.Choice(["fair", "fifo", "off"]),
+    default=None,
+    help="How nodes share each disk between traffic groups (docs/qos.md) "
+    "[default: the cluster's, `cluster create --qos`].",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve each node's figures to Prometheus at http://HOST:PORT+N/metrics (node N).",
+)
 def serve_cmd(
     cluster_dir: Path,
     host: str,
@@ -102,6 +115,8 @@ def serve_cmd(
     backup_interval: str | None,
     background: bool,
     stop: bool,
+    qos: str | None,
+    metrics_port: int | None,
 ) -> None:
     """Serve the cluster: one process per storage node on TCP, plus repair and scrub.
 
@@ -111,6 +126,7 @@ def serve_cmd(
     \b
     Example:
       tectonic-emu serve --cluster /tmp/c1 --repair-after 60s --background
+      tectonic-emu serve --cluster /tmp/c1 --qos fifo --metrics-port 9100 --background
       tectonic-emu cluster status --cluster /tmp/c1
       tectonic-emu node kill --cluster /tmp/c1 3
       tectonic-emu serve --cluster /tmp/c1 --stop
@@ -131,6 +147,8 @@ def serve_cmd(
         scrub_rate=float(parse_size(scrub_rate)),
         gc_grace=parse_duration(gc_grace),
         backup_interval=None if backup_interval is None else parse_duration(backup_interval),
+        qos=qos,
+        metrics_port=metrics_port,
     )
     if background:
         log = cluster_dir / "serve.log"
@@ -143,6 +161,10 @@ def serve_cmd(
         raw |= {"scrub_interval": scrub_interval, "scrub_rate": scrub_rate, "gc_grace": gc_grace}
         if backup_interval is not None:
             raw["backup_interval"] = backup_interval
+        if qos is not None:
+            raw["qos"] = qos
+        if metrics_port is not None:
+            raw["metrics_port"] = metrics_port
         serving = Serving(cluster_dir, log=log, detach=True, **raw).start()
         assert serving.proc is not None
         click.echo(
@@ -189,6 +211,19 @@ def node_group() -> None:
     help="The cluster secret file (mode 0600) [default: DIR/secret].",
 )
 @buffers_option
+@click.option(
+    "--qos",
+    type=click.Choice(["fair", "fifo", "off"]),
+    default=None,
+    help="How nodes share each disk between traffic groups (docs/qos.md) "
+    "[default: the cluster's, `cluster create --qos`].",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve the node's figures to Prometheus at http://HOST:PORT/metrics.",
+)
 def node_serve(
     cluster_dir: Path,
     node: int,
@@ -197,6 +232,8 @@ def node_serve(
     slow: str,
     secret_file: Path | None,
     buffers: int,
+    qos: str | None,
+    metrics_port: int | None,
 ) -> None:
     """Serve one storage node in this process (`serve` starts these for every node).
 
@@ -224,6 +261,8 @@ def node_serve(
             delay=parse_duration(slow),
             buffers=buffers,
             secret_file=secret_file,
+            qos=qos,
+            metrics_port=metrics_port,
         )
     )
 

@@ -18,10 +18,11 @@ from pathlib import Path
 from tectonic_emu import clock
 from tectonic_emu.cluster import Cluster
 from tectonic_emu.coding.work import Tally
-from tectonic_emu.config import ClusterConfig
+from tectonic_emu.config import ClusterConfig, check_qos
 from tectonic_emu.metadata import MemoryKV
 from tectonic_emu.metadata.layers import Metadata
 from tectonic_emu.offload import InlineExecutor
+from tectonic_emu.qos.node import NodeQos
 from tectonic_emu.sim.cpu import CpuModel, HostCpu
 from tectonic_emu.sim.devices import Disk, DiskModel
 from tectonic_emu.sim.fabric import Fabric, FabricModel, Host
@@ -47,6 +48,11 @@ class Hardware:
     # An embedded cluster: the nodes live in the one client host's process, so every
     # server's disks are one device and the servers' CPU work is that host's.
     embedded: bool = False
+    # How each server shares its disks between TrafficGroups, as a served node does
+    # (``ClusterConfig.qos``): "fair", "fifo" or "off" (no scheduler: the projections
+    # before issue 23), with ``qos_depth`` requests in service per disk.
+    qos: str = "off"
+    qos_depth: int = 32
 
     @property
     def devices(self) -> int:
@@ -75,7 +81,7 @@ class ModelCluster:
                 disks = [
                     device or Disk(hardware.disk, name=f"n{n}d{d}") for d in range(hardware.disks)
                 ]
-                self.servers.append(ModelServer(n, host, disks))
+                self.servers.append(ModelServer(n, host, disks, qos=self._node_qos()))
         self.kv: MemoryKV | ModelKV = (
             MemoryKV()
             if hardware.metadata is None
@@ -84,6 +90,13 @@ class ModelCluster:
         self.meta = Metadata(self.kv)
         self.cpus: dict[Host, Tally] = {}  # each client host's CPU
         self._rooted = False
+
+    def _node_qos(self) -> NodeQos | None:
+        hw = self.hardware
+        if check_qos(hw.qos, hw.qos_depth) == "off":
+            return None
+        costs = hw.disk.costs()
+        return NodeQos(hw.disks, depth=hw.qos_depth, costs=costs, fair=hw.qos == "fair")
 
     def add_clients(self, hosts: int, *, per_rack: int = 16, processes: int = 1) -> list[Host]:
         """``hosts`` client hosts, in racks of ``per_rack`` apart from the servers', each

@@ -23,6 +23,7 @@ import asyncio
 import math
 from dataclasses import dataclass
 
+from tectonic_emu.qos.fairqueue import Costs
 from tectonic_emu.sim.resources import Resource, SharedResource
 
 
@@ -54,6 +55,16 @@ class DiskModel:
                 raise ValueError(f"{self.name}: {field} must be 0 or more, not {value}")
         if self.queue_depth < 1:
             raise ValueError(f"{self.name}: queue depth must be at least 1")
+
+    def costs(self) -> Costs:
+        """What a fair queue charges for this device's operations (``qos/fairqueue.py``):
+        its seek and one operation's share of its IOPS, plus bytes over bandwidth."""
+        return Costs(
+            read_bw=self.read_bw,
+            write_bw=self.write_bw,
+            read_op_s=self.seek + 1.0 / self.read_iops,
+            write_op_s=self.seek + 1.0 / self.write_iops,
+        )
 
     def service(self, nbytes: int, *, write: bool) -> float:
         """Device-seconds one operation of ``nbytes`` takes."""

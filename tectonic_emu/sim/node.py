@@ -22,6 +22,7 @@ node.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar, overload
 
@@ -38,6 +39,8 @@ from tectonic_emu.chunkstore.base import (
 from tectonic_emu.coding import work
 from tectonic_emu.coding.synthetic import nbytes
 from tectonic_emu.errors import InvalidArgumentError, NodeUnavailableError
+from tectonic_emu.qos.fairqueue import Ticket
+from tectonic_emu.qos.node import NodeQos
 from tectonic_emu.sim.devices import Disk
 from tectonic_emu.sim.fabric import Fabric, Host
 
@@ -51,13 +54,21 @@ class ModelServer:
     ``Cluster.set_node_delay`` does a real node."""
 
     def __init__(
-        self, node_id: int, host: Host, disks: Sequence[Disk], *, capacity: int = 1 << 50
+        self,
+        node_id: int,
+        host: Host,
+        disks: Sequence[Disk],
+        *,
+        capacity: int = 1 << 50,
+        qos: NodeQos | None = None,
     ) -> None:
         if not disks:
             raise InvalidArgumentError(f"server {node_id} needs at least one disk")
         self.node_id = node_id
         self.host = host
         self.disks = list(disks)
+        # Each disk's fair queue between TrafficGroups, as a served node's (None: none).
+        self.qos = qos
         self.store = MemoryNode(node_id, len(self.disks), capacity=capacity)
         self.available = True
         self.delay = 0.0  # seconds added to every call (a slow server)
@@ -69,6 +80,15 @@ class ModelServer:
             with self.cpu.on_thread():  # a node's I/O threads
                 self.cpu.add(kind, nbytes)
             await self.cpu.settle()
+
+    def scheduled(
+        self, disk: int, nbytes: int | None, *, write: bool
+    ) -> contextlib.AbstractAsyncContextManager[Ticket | None]:
+        """A slot on ``disk`` for the current TrafficGroup, as ``NodeServer.scheduled``
+        holds one (nothing without a scheduler)."""
+        if self.qos is None:
+            return contextlib.nullcontext()
+        return self.qos.serving(disk, nbytes, write=write)
 
     def disk(self, n: int) -> Disk:
         if not 0 <= n < len(self.disks):
@@ -162,9 +182,10 @@ class ModelNode(StorageNode):
             # node computes its piece checksums and checks the payload against the writer's
             # checksum combined from them, in one pass (chunkstore/_format.py
             # ``head_of(check=True)``; a second pass, over the whole payload, until 2026-12-07).
-            await self.server.spend("crc32c-pieces", n)
-            await self.server.disk(disk).write(n)
-            await store.write_chunk(disk, chunk_id, payload, crc32c=crc32c, flags=flags)
+            async with self.server.scheduled(disk, n, write=True):
+                await self.server.spend("crc32c-pieces", n)
+                await self.server.disk(disk).write(n)
+                await store.write_chunk(disk, chunk_id, payload, crc32c=crc32c, flags=flags)
 
         await self._call(answer, sent=n)
 
@@ -178,8 +199,9 @@ class ModelNode(StorageNode):
             # the other, a projected 16-rank load on this machine spent 86 ms a chunk on
             # the device, then 43 ms more copying, where the real one overlaps them.
             n = info.stored_len
-            await asyncio.gather(self.server.disk(disk).read(n), self.server.spend("copy", n))
-            return await store.read_chunk(disk, chunk_id)
+            async with self.server.scheduled(disk, n, write=False):
+                await asyncio.gather(self.server.disk(disk).read(n), self.server.spend("copy", n))
+                return await store.read_chunk(disk, chunk_id)
 
         return await self._call(answer, back=lambda got: got[1].stored_len)
 
@@ -195,10 +217,11 @@ class ModelNode(StorageNode):
             check_range(offset, length, info.stored_len, chunk_id)
             first, last = offset // PIECE_SIZE, -(-(offset + length) // PIECE_SIZE)
             covered = max(0, min(last * PIECE_SIZE, info.stored_len) - first * PIECE_SIZE)
-            await self.server.disk(disk).read(covered)
-            await self.server.spend("crc32c-pieces", covered)
-            await self.server.spend("copy", covered)
-            return await store.read_chunk_range(disk, chunk_id, offset, length)
+            async with self.server.scheduled(disk, covered, write=False):
+                await self.server.disk(disk).read(covered)
+                await self.server.spend("crc32c-pieces", covered)
+                await self.server.spend("copy", covered)
+                return await store.read_chunk_range(disk, chunk_id, offset, length)
 
         return await self._call(answer, back=lambda _: length)
 
@@ -207,8 +230,9 @@ class ModelNode(StorageNode):
         device holds (``Disk.flush``), as a ``syncfs`` behind them does."""
 
         async def answer() -> None:
-            await self.server.disk(disk).flush(0)
-            await self.server.store.sync_disk(disk)
+            async with self.server.scheduled(disk, 0, write=True):
+                await self.server.disk(disk).flush(0)
+                await self.server.store.sync_disk(disk)
 
         await self._call(answer)
 

@@ -1,0 +1,179 @@
+"""TrafficGroups on served nodes: the group travels in each frame, the node's fair queue
+serves gold ahead of queued bronze work (and does not without fairness), each group is
+counted, and the counts reach ``cluster status --json`` and Prometheus."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import google_crc32c
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tectonic_emu import Cluster, qos
+from tectonic_emu.chunkstore import wire
+from tectonic_emu.chunkstore.remote import RemoteNode, fixed_address
+from tectonic_emu.chunkstore.wire import FrameError
+from tectonic_emu.errors import InvalidArgumentError
+from tectonic_emu.served import Serving
+
+from .conftest import SMALL_BLOCK
+from .node_thread import SECRET, ThreadedNodeServer
+from .test_cli import fails, ok_json
+
+GOLD = qos.TrafficGroup("loader", "gold")
+BRONZE = qos.TrafficGroup("ckpt", "bronze")
+CHUNK = b"x" * (64 << 10)
+
+
+def test_the_group_travels_at_the_end_of_the_meta() -> None:
+    meta, n = wire.with_group(b"\x01\x00chunk", BRONZE)
+    assert n == len(b"ckpt:bronze:1") and meta.endswith(b"ckpt:bronze:1")
+    assert wire.split_group(n, meta) == (BRONZE, b"\x01\x00chunk")
+    assert wire.with_group(b"m", qos.DEFAULT) == (b"m", 0)
+    assert wire.split_group(0, b"m") == (qos.DEFAULT, b"m")
+    for status, meta in ((20, b"short"), (13, b"\x01\x00ckpt:bronzy:1"), (200, b"x" * 300)):
+        with pytest.raises(FrameError):
+            wire.split_group(status, meta)
+
+
+@pytest.fixture
+def slow_node(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ThreadedNodeServer]:
+    """A served node of one disk, one request in service at a time, each taking 30 ms."""
+    srv = ThreadedNodeServer(tmp_path / "node", disks=1, max_payload=1 << 20)
+    fair = getattr(request, "param", True)
+    assert srv.server.qos is not None
+    srv.server.qos.queues[0] = qos.FairQueue(1, fair=fair)
+    srv.server.qos.fair = fair
+    asyncio.run_coroutine_threadsafe(
+        srv.local.write_chunk(0, "c0", CHUNK, crc32c=google_crc32c.value(CHUNK)), srv.loop
+    ).result()
+    srv.local.delay = 0.03
+    yield srv
+    srv.stop()
+
+
+async def _reads_in_order(srv: ThreadedNodeServer) -> list[str]:
+    """Bronze sends 20 reads; once they are queued, gold sends 4 on its own connection.
+    Returns the groups in the order their replies came."""
+    done: list[str] = []
+    nodes = [RemoteNode(7, 1, fixed_address(*srv.address), secret=SECRET) for _ in range(2)]
+
+    async def read(node: RemoteNode, group: qos.TrafficGroup) -> None:
+        with qos.using(group):
+            await node.read_chunk(0, "c0")
+        done.append(group.name)
+
+    try:
+        bronze = [asyncio.ensure_future(read(nodes[0], BRONZE)) for _ in range(20)]
+        for _ in range(2000):  # until half of them wait in the node's queue (10 s at most)
+            if srv.server.qos is None or srv.server.qos.queues[0].waiting >= 10:
+                break
+            await asyncio.sleep(0.005)
+        await asyncio.gather(*(read(nodes[1], GOLD) for _ in range(4)), *bronze)
+    finally:
+        for n in nodes:
+            await n.close()
+    return done
+
+
+def test_gold_overtakes_queued_bronze(slow_node: ThreadedNodeServer) -> None:
+    done = asyncio.run(_reads_in_order(slow_node))
+    # Each gold read goes in at the next free slot: all four are done before half of the
+    # bronze reads (at most one bronze read in service when each came).
+    assert max(i for i, g in enumerate(done) if g == "loader") < 14, done
+    stats = _settled(slow_node, 24)
+    assert (stats["loader"].ops, stats["loader"].klass) == (4, "gold")
+    assert (stats["ckpt"].ops, stats["ckpt"].bytes) == (20, 20 * len(CHUNK))
+    assert stats["loader"].wait.quantile(0.99) < stats["ckpt"].wait.quantile(0.99)
+
+
+def _settled(srv: ThreadedNodeServer, ops: int) -> dict[str, qos.GroupStats]:
+    """The node's figures once it has counted ``ops`` requests (a request is counted just
+    after its reply has gone)."""
+    assert srv.server.qos is not None
+    for _ in range(1000):
+        stats = srv.server.qos.by_group()
+        if sum(s.ops for s in stats.values()) >= ops:
+            return stats
+        time.sleep(0.01)
+    raise AssertionError(f"the node counted {stats}")
+
+
+@pytest.mark.parametrize("slow_node", [False], indirect=True)
+def test_without_fairness_gold_waits_its_turn(slow_node: ThreadedNodeServer) -> None:
+    done = asyncio.run(_reads_in_order(slow_node))
+    assert min(i for i, g in enumerate(done) if g == "loader") >= 10, done
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_served_cluster_counts_groups_in_status_and_prometheus(tmp_path: Path) -> None:
+    root = tmp_path / "c"
+    Cluster.create(root, nodes=3, disks_per_node=1, encoding="r3", block_size=SMALL_BLOCK)
+    port = _free_port()
+    data = os.urandom(3 * SMALL_BLOCK)
+
+    async def work() -> None:
+        async with Cluster.open(root) as c:
+            with qos.using(GOLD):
+                await c.client().write_file("/f", data)
+            with qos.using(BRONZE):
+                assert await c.client().read_file("/f") == data
+
+    with Serving(root, repair_interval=0, metrics_port=port):
+        asyncio.run(work())
+        status = ok_json("cluster", "status", "--cluster", str(root))
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    groups = status["qos"]["groups"]
+    assert groups["loader"]["class"] == "gold" and groups["ckpt"]["class"] == "bronze"
+    assert groups["loader"]["bytes"] >= 3 * len(data)  # three replicas written
+    assert groups["ckpt"]["bytes"] >= len(data)
+    assert [n["fair"] for n in status["qos"]["nodes"]] == [True, True, True]
+    families = {f.name: f for f in text_string_to_metric_families(text.decode())}
+    requests = families["tectonic_qos_requests"].samples
+    assert {(s.labels["group"], s.labels["class"]) for s in requests} >= {
+        ("loader", "gold"),
+        ("ckpt", "bronze"),
+    }
+    assert {s.labels["node"] for s in requests} >= {"0"}  # port + 0 is node 0's
+    assert "tectonic_qos_wait_seconds" in families
+
+
+def test_qos_modes_from_config_and_serve(tmp_path: Path) -> None:
+    root = tmp_path / "c"
+    Cluster.create(root, nodes=1, disks_per_node=1, encoding="r1", qos="fifo", qos_depth=2)
+    with Serving(root, repair_interval=0):
+        status = ok_json("cluster", "status", "--cluster", str(root))
+        assert [(n["fair"], n["depth"]) for n in status["qos"]["nodes"]] == [(False, 2)]
+    with Serving(root, repair_interval=0, qos="off"):
+        status = ok_json("cluster", "status", "--cluster", str(root))
+        assert [n["fair"] for n in status["qos"]["nodes"]] == [None]
+
+
+def test_bad_groups_and_modes_get_one_line(tmp_path: Path) -> None:
+    fails("--group", "Loader:gold", "ls", "--cluster", str(tmp_path), mentions="group's name")
+    fails("--group", "a:platinum", "ls", "--cluster", str(tmp_path), mentions="traffic class")
+    fails("cluster", "create", "--cluster", str(tmp_path / "c"), "--qos", "wfq", mentions="wfq")
+    with pytest.raises(InvalidArgumentError, match="qos is one of"):
+        Cluster.create(tmp_path / "d", nodes=1, encoding="r1", qos="lottery")
+
+
+def test_status_json_is_plain(tmp_path: Path) -> None:
+    """An embedded cluster has no node schedulers: status says so, in JSON that loads."""
+    root = tmp_path / "c"
+    Cluster.create(root, nodes=1, disks_per_node=1, encoding="r1")
+    status = ok_json("cluster", "status", "--cluster", str(root))
+    assert status["qos"] == {"nodes": [], "groups": {}}
+    json.dumps(status)
