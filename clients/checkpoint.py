@@ -65,6 +65,7 @@ from tectonic_emu.argcheck import (
 )
 from tectonic_emu.client import Client
 from tectonic_emu.errors import InvalidArgumentError
+from tectonic_emu.qos.groups import TrafficGroup, grouped
 
 
 class Checkpointer:
@@ -73,7 +74,9 @@ class Checkpointer:
     One instance serves every rank of its process; other processes (and hosts) make their own
     over the same cluster. Use it as an async context manager, or ``await close()``.
     ``shared``: decoded manifests to share with the other Checkpointers of ``root`` in this
-    process, as a projection's hosts do (``clients/ckpt_catalog.py``).
+    process, as a projection's hosts do (``clients/ckpt_catalog.py``). ``group``: the
+    TrafficGroup of its saves and loads (``tectonic_emu/qos``; None: the caller's), such as
+    a bronze one so that a checkpoint burst does not starve the data loaders.
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class Checkpointer:
         part_bytes: int = PART_BYTES,
         writers: int = WRITERS,
         shared: SharedIndexes | None = None,
+        group: TrafficGroup | None = None,
     ) -> None:
         with _as_checkpoint_error():
             where = "Checkpointer"
@@ -105,6 +109,7 @@ class Checkpointer:
         if keep_last is not None and keep_last < 1:
             raise CheckpointError(f"keep_last must be at least 1, not {keep_last}")
         self.client = client
+        self.group = group
         self.root = root.rstrip("/") or "/"
         self.world_size = world_size
         self.encoding = encoding
@@ -168,6 +173,7 @@ class Checkpointer:
         self._saver.forget_steps()
 
     # -- saving ------------------------------------------------------------------------------
+    @grouped
     async def save(
         self, step: int, rank: int, state: Mapping[str, Value], *, incremental: bool = False
     ) -> SaveResult:
@@ -190,6 +196,7 @@ class Checkpointer:
         _check_save("save", step, state, incremental)
         return await self._saver.save(step, rank, state, incremental=incremental)
 
+    @grouped
     async def save_async(
         self, step: int, rank: int, state: Mapping[str, Value], *, incremental: bool = False
     ) -> PendingSave:
@@ -198,6 +205,7 @@ class Checkpointer:
         _check_save("save_async", step, state, incremental)
         return await self._saver.save_async(step, rank, state, incremental=incremental)
 
+    @grouped
     async def save_many(
         self,
         step: int,
@@ -240,6 +248,7 @@ class Checkpointer:
             optional_int_arg("manifest", "step", step)
         return await self._catalog.manifest(step)
 
+    @grouped
     async def load(
         self,
         rank: int,
@@ -279,6 +288,7 @@ class Checkpointer:
             optional_int_arg("load", "world_size", world_size)
         return await self._loader.load(rank, step, world_size, into=into, names=names)
 
+    @grouped
     async def read(
         self, step: int, name: str, index: Any = None, *, rank: int | None = None
     ) -> Value:
@@ -291,6 +301,7 @@ class Checkpointer:
             optional_int_arg("read", "rank", rank)
         return await self._loader.read(step, name, index, rank=rank)
 
+    @grouped
     async def load_many(
         self,
         ranks: Sequence[int],
@@ -312,6 +323,7 @@ class Checkpointer:
         Raises what ``load`` raises; nothing is returned unless every part read checks."""
         return await self._loader.load_many(ranks, step, into=into, names=names)
 
+    @grouped
     async def verify(
         self, step: int | None = None, *, progress: Callable[[int], None] | None = None
     ) -> Manifest:
@@ -320,6 +332,7 @@ class Checkpointer:
         return await self._loader.verify(step, progress=progress)
 
     # -- deleting ----------------------------------------------------------------------------
+    @grouped
     async def delete(self, step: int) -> None:
         """Delete a committed checkpoint (its manifest first, then the data files no other
         checkpoint references). Raises CheckpointNotFoundError, for a retired step too (it

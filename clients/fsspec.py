@@ -62,6 +62,7 @@ from tectonic_emu.errors import (
     first_error,
 )
 from tectonic_emu.localfile import atomic_output
+from tectonic_emu.qos.groups import TrafficGroup
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -185,7 +186,9 @@ class TectonicFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec ships
 
     ``cluster``: the cluster directory (``Cluster.create``); it may come from the URL instead.
     ``auto_mkdir``: writes create missing parent directories (as object stores behave).
-    ``batch_size``: files in flight in batch operations. ``asynchronous``/``loop``: fsspec's.
+    ``batch_size``: files in flight in batch operations. ``group``: the TrafficGroup of its
+    requests to served nodes, as ``TrafficGroup`` or ``"NAME[:CLASS[:SHARE[:RATE]]]"``
+    (docs/qos.md; None: the process's). ``asynchronous``/``loop``: fsspec's.
     Instances are cached by fsspec per arguments and pickle by those arguments; a copy in
     another process (or a forked child) opens the cluster itself on first use.
     """
@@ -201,6 +204,7 @@ class TectonicFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec ships
         *,
         auto_mkdir: bool = True,
         batch_size: int | None = None,
+        group: str | TrafficGroup | None = None,
         asynchronous: bool = False,
         loop: asyncio.AbstractEventLoop | None = None,
         **storage_options: Any,
@@ -218,7 +222,10 @@ class TectonicFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec ships
         )
         self.cluster_dir = os.path.abspath(os.fspath(cluster))
         self.auto_mkdir = auto_mkdir
-        self._session = Session(self.cluster_dir)
+        if isinstance(group, str):
+            group = TrafficGroup.parse(group)
+        self.group = group
+        self._session = Session(self.cluster_dir, group)
         weakref.finalize(self, close_session, self._session)
 
     # -- URLs, loop and lifecycle --------------------------------------------------------------

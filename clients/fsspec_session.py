@@ -11,6 +11,7 @@ import os
 from contextlib import AsyncExitStack
 
 from tectonic_emu import Client, Cluster
+from tectonic_emu.qos.groups import TrafficGroup
 
 CLOSE_TIMEOUT = 30.0  # seconds a garbage-collected filesystem waits for its cluster to close
 
@@ -19,8 +20,9 @@ class Session:
     """The cluster, open on one event loop from first use until ``close``. A forked child
     forgets its parent's session (its threads and SQLite connection are not the child's)."""
 
-    def __init__(self, cluster_dir: str) -> None:
+    def __init__(self, cluster_dir: str, group: TrafficGroup | None = None) -> None:
         self.cluster_dir = cluster_dir
+        self.group = group  # the TrafficGroup of every request (``Cluster.use_group``)
         self.pid = os.getpid()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._lock: asyncio.Lock | None = None
@@ -55,6 +57,7 @@ class Session:
                 if self._client is None:
                     stack = AsyncExitStack()
                     cluster = await stack.enter_async_context(Cluster.open(self.cluster_dir))
+                    cluster.use_group(self.group)
                     self._stack, self._client = stack, cluster.client()
         return self._client
 

@@ -48,6 +48,7 @@ from tectonic_emu.coding import work
 from tectonic_emu.coding.synthetic import Synthetic, joined, sliced
 from tectonic_emu.errors import InvalidArgumentError, NotFoundError
 from tectonic_emu.paths import join_path, split_path
+from tectonic_emu.qos.groups import TrafficGroup, grouped
 
 WINDOW_BYTES = 16 << 20  # default shuffle window (buffer) of a stream, in the dataset's rows
 READ_CHUNKS = 2  # a stream reads this many chunks of the store at a time (a smaller shard whole)
@@ -331,8 +332,10 @@ class ShardStream:
     A task keeps ``prefetch`` batches ready and another reads READAHEAD pieces ahead of the
     shuffle buffer while the consumer works; ``prefetch=0`` reads on demand, nothing ahead.
     Reads are of whole chunks of the store, each read once, at most READS_IN_FLIGHT per
-    client (all its streams together). ``state_dict()`` and ``ShardStream(..., state=...)``
-    resume exactly after the last batch handed out. Use ``async with`` or ``aclose()``.
+    client (all its streams together), in the TrafficGroup ``group`` (None: the caller's;
+    a data loader's is a gold one, docs/qos.md). ``state_dict()`` and
+    ``ShardStream(..., state=...)`` resume exactly after the last batch handed out. Use
+    ``async with`` or ``aclose()``.
 
     Raises DatasetCorruptError, DatasetIncompleteError, InvalidArgumentError (arguments, or a
     state of another stream or dataset) and the store's errors. After an error, a cancelled
@@ -352,9 +355,11 @@ class ShardStream:
         prefetch: int = 2,
         shuffle_rows: int | None = None,
         state: Mapping[str, Any] | None = None,
+        group: TrafficGroup | None = None,
     ) -> None:
         _check_args(rank, world_size, batch_size, seed, epoch, prefetch, shuffle_rows)
         self.client, self.path = client, join_path(split_path(path))
+        self.group = group
         self.rank, self.world_size, self.batch_size = rank, world_size, batch_size
         self.seed, self.epoch, self.prefetch = seed, epoch, prefetch
         self.stats = StreamStats()
@@ -396,6 +401,7 @@ class ShardStream:
             "position": self._position,
         }
 
+    @grouped
     async def open(self) -> Self:
         """Read the index and plan the epoch (the first batch does it otherwise)."""
         if self._plan is not None or self._ended is not None:
@@ -437,6 +443,7 @@ class ShardStream:
     def __aiter__(self) -> Self:
         return self
 
+    @grouped
     async def __anext__(self) -> pa.RecordBatch:
         start = clock.monotonic()
         try:

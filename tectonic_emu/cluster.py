@@ -68,6 +68,7 @@ from tectonic_emu.nodectl import (
 )
 from tectonic_emu.offload import run_apart
 from tectonic_emu.owner import take_ownership
+from tectonic_emu.qos.groups import TrafficGroup
 from tectonic_emu.secret import create_secret, load_secret, secret_path
 from tectonic_emu.services.backup import backup_due, prune, take_backup
 from tectonic_emu.status import (
@@ -436,6 +437,14 @@ class Cluster:
         if not 0 <= n < len(self.nodes):
             raise InvalidArgumentError(f"no node {n}; nodes are 0..{len(self.nodes) - 1}")
         return self.nodes[n]
+
+    def use_group(self, group: TrafficGroup | None) -> None:
+        """Tag this process's requests to served nodes with ``group`` wherever no
+        ``qos.using`` names another (None: back to the process's group). The fsspec
+        filesystem's ``group`` option sets it."""
+        for node in self.nodes:
+            if isinstance(node, RemoteNode):
+                node.group = group
 
     def stop_node(self, n: int) -> None:
         """Take node ``n`` out of service: it answers nothing until ``start_node``.

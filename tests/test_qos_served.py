@@ -26,7 +26,7 @@ from tectonic_emu.served import Serving
 
 from .conftest import SMALL_BLOCK
 from .node_thread import SECRET, ThreadedNodeServer
-from .test_cli import fails, ok_json
+from .test_cli import fails, ok, ok_json
 
 GOLD = qos.TrafficGroup("loader", "gold")
 BRONZE = qos.TrafficGroup("ckpt", "bronze")
@@ -177,3 +177,42 @@ def test_status_json_is_plain(tmp_path: Path) -> None:
     status = ok_json("cluster", "status", "--cluster", str(root))
     assert status["qos"] == {"nodes": [], "groups": {}}
     json.dumps(status)
+
+
+def test_every_client_names_its_group(tmp_path: Path) -> None:
+    """A Checkpointer, a ShardStream, an fsspec filesystem and a command each tag their
+    requests with the group they were given."""
+    import fsspec
+    import numpy as np
+
+    from clients.checkpoint import Checkpointer
+    from clients.dataset import generate
+    from clients.shardstream import ShardStream
+
+    root = tmp_path / "c"
+    Cluster.create(root, nodes=3, disks_per_node=1, encoding="r3", block_size=SMALL_BLOCK)
+
+    async def work() -> None:
+        async with Cluster.open(root) as c:
+            client = c.client()
+            await generate(client, "resnet50", 0.0005, "/data")
+            async with Checkpointer(client, "/ckpt", world_size=1, group=BRONZE) as ck:
+                await ck.save(1, 0, {"w": np.arange(50_000, dtype=np.float32)})
+            stream = ShardStream(
+                client, "/data", rank=0, world_size=1, batch_size=4, seed=1, epoch=0, group=GOLD
+            )
+            async with stream:
+                assert sum([b.num_rows async for b in stream]) > 0
+
+    with Serving(root, repair_interval=0):
+        asyncio.run(work())
+        fs = fsspec.filesystem("tectonic", cluster=str(root), group="notebook:silver:2")
+        fs.pipe("/nb/x", os.urandom(3 * SMALL_BLOCK))
+        fs.close()
+        (tmp_path / "f").write_bytes(b"y" * SMALL_BLOCK)
+        ok("--group", "cli:bronze", "put", "--cluster", str(root), str(tmp_path / "f"), "/f")
+        groups = ok_json("cluster", "status", "--cluster", str(root))["qos"]["groups"]
+    classes = {name: g["class"] for name, g in groups.items()}
+    assert classes["ckpt"] == "bronze" and classes["loader"] == "gold"
+    assert classes["notebook"] == "silver" and classes["cli"] == "bronze"
+    assert groups["loader"]["ops"] > 0 and groups["ckpt"]["ops"] >= 3  # (chunks compress)

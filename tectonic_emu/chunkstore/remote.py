@@ -97,6 +97,9 @@ class RemoteNode(StorageNode):
         pacer: Pacer | None = None,
     ) -> None:
         self.node_id = node_id
+        # The TrafficGroup of this client's requests where no ``qos.using`` names one
+        # (``Cluster.use_group``); None: the process's.
+        self.group: qos.TrafficGroup | None = None
         self._secret = auth.check_secret(secret)
         self.payload_tags = payload_tags
         self.tls = tls
@@ -254,7 +257,8 @@ class RemoteNode(StorageNode):
         )
         conn.pending[request_id] = Call(op, future, into)
         size = payload.nbytes if payload is not None else 0
-        meta, group_len = wire.with_group(meta, qos.current())
+        group = qos.explicit() or self.group or qos.current()
+        meta, group_len = wire.with_group(meta, group)
         try:
             await conn.send(
                 wire.pack_header(

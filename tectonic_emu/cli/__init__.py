@@ -7,6 +7,7 @@ fuse_mount, clients) add command groups through the ``tectonic_emu.commands`` en
 
 from __future__ import annotations
 
+import os
 import sys
 from importlib.metadata import entry_points
 
@@ -80,6 +81,7 @@ def cli(group: str | None) -> None:
     """
     if group is not None:
         set_process_group(TrafficGroup.parse(group))
+        os.environ["TECTONIC_EMU_GROUP"] = group  # what this command starts runs in it too
 
 
 for _command in (cluster_group, put, get, ls, mkdir, mv, rm, stat, serve_cmd, node_group):

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from tectonic_emu.errors import InvalidArgumentError
 
@@ -114,6 +115,11 @@ def current() -> TrafficGroup:
     return _current.get() or _process
 
 
+def explicit() -> TrafficGroup | None:
+    """The group a ``using`` around the running task names, if any."""
+    return _current.get()
+
+
 def set_process_group(group: TrafficGroup) -> None:
     """The group of every request this process makes outside ``using`` (the command line's
     ``--group``: a mount's FUSE threads and every command's tasks)."""
@@ -134,4 +140,36 @@ def using(group: TrafficGroup | None) -> Iterator[TrafficGroup]:
         _current.reset(token)
 
 
-__all__ = ["CLASSES", "DEFAULT", "TrafficGroup", "current", "set_process_group", "using"]
+class HasGroup(Protocol):
+    group: TrafficGroup | None
+
+
+S = TypeVar("S", bound=HasGroup)
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def grouped(
+    method: Callable[Concatenate[S, P], Awaitable[T]],
+) -> Callable[Concatenate[S, P], Coroutine[Any, Any, T]]:
+    """An async method that runs in its object's ``group`` (None: the caller's), as a
+    ``Checkpointer`` or a ``ShardStream`` made with ``group=`` does."""
+
+    async def run(self: S, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        with using(self.group):
+            return await method(self, *args, **kwargs)
+
+    functools.update_wrapper(run, method)
+    return run
+
+
+__all__ = [
+    "CLASSES",
+    "DEFAULT",
+    "TrafficGroup",
+    "current",
+    "explicit",
+    "grouped",
+    "set_process_group",
+    "using",
+]
