@@ -23,7 +23,16 @@ from bench.cli_common import (
     plot_option,
     run_bench,
 )
-from bench.cli_storage import fuse, hedge, metadata_cmd, net, posix, random_cmd, store
+from bench.cli_storage import (
+    fuse,
+    hedge,
+    metadata_cmd,
+    net,
+    posix,
+    qos_cmd,
+    random_cmd,
+    store,
+)
 
 
 @click.group()
@@ -49,6 +58,7 @@ SCHEMA_MODULES = (
     "sim",
     "posix",
     "random_reads",
+    "qos",
 )
 
 
@@ -164,6 +174,7 @@ for command in (
     metadata_cmd,
     scale_cmd,
     sim_cmd,
+    qos_cmd,
 ):
     bench.add_command(command)
 

@@ -376,3 +376,56 @@ def random_cmd(
 
 
 __all__ = ["fuse", "hedge", "metadata_cmd", "net", "posix", "random_cmd", "store"]
+
+
+@click.command("qos")
+@click.option(
+    "--disk-model",
+    type=click.Choice(["hdd", "flash", "none"]),
+    default="hdd",
+    show_default=True,
+    help="The nodes' disks as this modelled device, in real time (none: the disk as it is).",
+)
+@click.option("--depth", default=2, show_default=True, help="Requests in service per disk.")
+@click.option("--accelerators", default=2, show_default=True, help="Gold emulated h100s.")
+@click.option("--checkpoint", "checkpoint_size", default="1GiB", show_default=True)
+@click.option("--ranks", default=8, show_default=True, help="Ranks saving the checkpoint.")
+@click.option("--records", default=300, show_default=True, help="Dataset records (4.6 MB).")
+@click.option("--rounds", default=3, show_default=True, help="Rounds of every case.")
+@dir_option("Where the cluster goes.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@plot_option
+def qos_cmd(
+    disk_model: str,
+    depth: int,
+    accelerators: int,
+    checkpoint_size: str,
+    ranks: int,
+    records: int,
+    rounds: int,
+    directory: Path,
+    as_json: bool,
+    plot_dir: Path | None,
+) -> None:
+    """A bronze checkpoint burst beside a gold data loader on a served cluster: alone,
+    together with no scheduler, first come first served, and fair-queued (docs/qos.md).
+
+    \b
+    Example:
+      tectonic-emu bench qos --disk-model hdd --rounds 3 --json
+    """
+    from bench import qos as mod
+
+    result = run_bench(
+        "qos",
+        mod.run_qos_bench,
+        directory=directory,
+        disk_model=disk_model,
+        depth=depth,
+        accelerators=accelerators,
+        checkpoint_bytes=parse_size(checkpoint_size),
+        ranks=ranks,
+        records=records,
+        rounds=rounds,
+    )
+    emit(result, as_json, plot_dir, mod)

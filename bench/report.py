@@ -152,6 +152,23 @@ BENCHES: tuple[BenchRun, ...] = (
         "Served clusters with one node slowed: writes and reads with and without hedging.",
     ),
     BenchRun(
+        "qos",
+        "qos",
+        "run_qos_bench",
+        "tectonic-emu bench qos --disk-model hdd --rounds 3",
+        {"disk_model": "hdd", "rounds": 3},
+        {
+            "disk_model": "hdd",
+            "rounds": 1,
+            "records": 12,
+            "checkpoint_bytes": 64 << 20,
+            "alone_s": 3.0,
+        },
+        "A bronze multi-rank checkpoint burst beside a gold data loader on a served cluster "
+        "(issue 23): alone, together with no scheduler, first come first served, and with "
+        "weighted fair queueing on the nodes' disks (an HDD model each, in real time).",
+    ),
+    BenchRun(
         "train",
         "train",
         "run_train_bench",

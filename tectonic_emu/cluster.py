@@ -118,7 +118,7 @@ def _check_create_args(args: dict[str, Any]) -> None:
         int_arg(where, name, args[name])
     for name in ("sync", "exist_ok"):
         bool_arg(where, name, args[name])
-    for name in ("encoding", "compression", "metadata", "metadata_table", "qos"):
+    for name in ("encoding", "compression", "metadata", "metadata_table", "qos", "disk_model"):
         str_arg(where, name, args[name])
     for name in ("nic_gbps", "rtt_ms", "loss", "backup_interval"):
         number_arg(where, name, args[name])
@@ -206,6 +206,7 @@ class Cluster:
         loss: float = 0.0,
         qos: str = "fair",
         qos_depth: int = 4,
+        disk_model: str = "",
         backup_interval: float = 3600.0,
         backup_keep: int = 24,
         exist_ok: bool = False,
@@ -225,7 +226,8 @@ class Cluster:
         ``rtt_ms``, ``loss``: the emulated network between the hosts of a served or
         multi-host cluster (``chunkstore/netem.py``). ``qos``, ``qos_depth``: how served
         nodes share each disk between TrafficGroups (``ClusterConfig.qos``,
-        docs/qos.md). ``backup_interval``: seconds between
+        docs/qos.md); ``disk_model``: served nodes' disks take a modelled device's time
+        (``ClusterConfig.disk_model``). ``backup_interval``: seconds between
         metadata backups onto the nodes (0: none), of which the newest ``backup_keep`` are
         kept (``services/backup.py``).
 
@@ -256,6 +258,7 @@ class Cluster:
             loss=loss,
             qos=qos,
             qos_depth=qos_depth,
+            disk_model=disk_model,
             backup_interval=backup_interval,
             backup_keep=backup_keep,
             cluster_id=secrets.token_hex(8),

@@ -12,8 +12,11 @@ from typing import Literal
 from tectonic_emu.chunkstore.netem import LinkModel
 from tectonic_emu.coding import Encoding
 from tectonic_emu.errors import ClusterNotFoundError, InvalidArgumentError
+from tectonic_emu.qos.fairqueue import LOCAL_DISK
 from tectonic_emu.qos.node import NodeQos
 from tectonic_emu.resources import human_bytes
+from tectonic_emu.sim.devices import PRESETS as DISK_PRESETS
+from tectonic_emu.sim.devices import Disk
 
 CONFIG_FILE = "cluster.json"
 QOS_MODES = ("fair", "fifo", "off")
@@ -81,6 +84,10 @@ class ClusterConfig:
     # per group) or "off" (no scheduler); qos_depth requests in service per disk at once.
     qos: str = "fair"
     qos_depth: int = 4
+    # Served nodes' disks as a modelled device in real time (sim/devices.py PRESETS: "hdd",
+    # "flash"): every disk request also takes the device's time, so a cluster on this
+    # machine's one disk behaves as nodes of such devices would. "": the disks as they are.
+    disk_model: str = ""
     backup_interval: float = 3600.0
     backup_keep: int = 24
     cluster_id: str = ""
@@ -103,6 +110,10 @@ class ClusterConfig:
             )
         object.__setattr__(self, "node_addresses", tuple(self.node_addresses))  # from JSON
         check_qos(self.qos, self.qos_depth)
+        if self.disk_model and self.disk_model not in DISK_PRESETS:
+            raise InvalidArgumentError(
+                f"a disk model is one of {', '.join(DISK_PRESETS)}, not {self.disk_model!r}"
+            )
         if not 0 <= self.backup_interval <= MAX_DURATION:
             raise InvalidArgumentError(
                 f"backup interval must be 0 (off) to a year, not {self.backup_interval}"
@@ -146,7 +157,15 @@ class ClusterConfig:
         mode = check_qos(mode or self.qos, self.qos_depth)
         if mode == "off":
             return None
-        return NodeQos(self.disks_per_node, depth=self.qos_depth, fair=mode == "fair")
+        costs = DISK_PRESETS[self.disk_model].costs() if self.disk_model else LOCAL_DISK
+        return NodeQos(self.disks_per_node, depth=self.qos_depth, costs=costs, fair=mode == "fair")
+
+    def node_devices(self, node: int) -> list[Disk]:
+        """A served node's emulated devices, one per disk (none without ``disk_model``)."""
+        if not self.disk_model:
+            return []
+        model = DISK_PRESETS[self.disk_model]
+        return [Disk(model, name=f"n{node}d{d}") for d in range(self.disks_per_node)]
 
     @property
     def link(self) -> LinkModel:

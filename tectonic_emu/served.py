@@ -117,6 +117,7 @@ async def run_node(
         delay=delay,
         link=config.link,
         qos=config.node_qos(qos),
+        devices=config.node_devices(n),
     )
     bound_host, bound_port = await server.start(host, port)
     if metrics_port is not None:

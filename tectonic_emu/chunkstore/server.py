@@ -30,6 +30,7 @@ import mmap
 import os
 import ssl
 import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,7 @@ from tectonic_emu.errors import ChunkCorruptError, InvalidArgumentError, NoSpace
 from tectonic_emu.qos import groups as traffic
 from tectonic_emu.qos.fairqueue import Ticket
 from tectonic_emu.qos.node import NodeQos
+from tectonic_emu.sim.devices import Disk
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +96,8 @@ class NodeServer:
     latency; ``SET_DELAY`` changes it at run time). ``secret``: the cluster's 32-byte secret,
     which every client must prove it knows (``auth.py``). ``tls``: a server context, to speak
     TLS on every connection. ``qos``: the fair queues of the node's disks (``tectonic_emu/qos``),
-    through which every disk request goes in the TrafficGroup its frame names."""
+    through which every disk request goes in the TrafficGroup its frame names. ``devices``:
+    a modelled device per disk, whose time every disk request also takes."""
 
     def __init__(
         self,
@@ -108,10 +111,14 @@ class NodeServer:
         link: LinkModel | None = None,
         tls: ssl.SSLContext | None = None,
         qos: NodeQos | None = None,
+        devices: Sequence[Disk] = (),
     ) -> None:
         self.node = node
         # Each disk's fair queue between TrafficGroups (``tectonic_emu/qos``; None: none).
         self.qos = qos
+        # Each disk's emulated device (``sim/devices.py`` in real time), or none: a request
+        # then takes at least the modelled device's time (``cluster create --disk-model``).
+        self.devices = list(devices)
         self.tls = tls  # encrypt every connection (``tectonic_emu/tls.py``)
         self.secret = auth.check_secret(secret)
         self.refusals = auth.RefusalLog(log, f"node {node.node_id}")
@@ -169,20 +176,55 @@ class NodeServer:
     # -- requests ----------------------------------------------------------------------------
     def scheduled(self, h: Header, meta: bytes) -> contextlib.AbstractAsyncContextManager[Any]:
         """A slot on the request's disk, in the request's group, held until its reply has
-        gone (a whole-chunk read is read from the disk as it is sent); for an op that uses
-        no disk, or a disk the node lacks (the op's own check answers it), nothing."""
+        gone (a whole-chunk read is read from the disk as it is sent), and the emulated
+        device's time for it; for an op that uses no disk, or a disk the node lacks (the
+        op's own check answers it), nothing."""
         kind = _DISK_OPS.get(h.op)
-        if self.qos is None or kind is None or len(meta) < wire.DISK.size:
+        if kind is None or len(meta) < wire.DISK.size or (self.qos is None and not self.devices):
             return contextlib.nullcontext()
         (disk,) = wire.DISK.unpack_from(meta)
-        if disk >= len(self.qos.queues):
+        if disk >= self.node.disks:
             return contextlib.nullcontext()
         write, nbytes = kind
         if h.op in (Op.WRITE, Op.WRITE_UNSYNCED):
             nbytes = h.payload_len
         elif h.op == Op.READ_RANGE and len(meta) >= wire.DISK_RANGE.size:
             nbytes = wire.DISK_RANGE.unpack_from(meta)[2]
-        return self.qos.serving(disk, nbytes, write=write)
+        return self._held(disk, nbytes, write=write, sync=h.op == Op.SYNC)
+
+    @contextlib.asynccontextmanager
+    async def _held(
+        self, disk: int, nbytes: int | None, *, write: bool, sync: bool
+    ) -> AsyncIterator[Ticket]:
+        """The disk's slot (when scheduled), then the request; an emulated device's time runs
+        beside it, and the request is done when both are (a size known only once read, a
+        whole chunk's, is charged after)."""
+        if self.qos is not None:
+            slot = self.qos.serving(disk, nbytes, write=write)
+        else:
+            slot = contextlib.nullcontext(Ticket(traffic.current(), write, nbytes or 0, 0.0, 0.0))
+        async with slot as ticket:
+            device = self.devices[disk] if self.devices else None
+            charge: asyncio.Future[None] | None = None
+            if device is not None and nbytes is not None:
+                use = (
+                    device.flush(0)
+                    if sync
+                    else device.write(nbytes)
+                    if write
+                    else device.read(nbytes)
+                )
+                charge = asyncio.ensure_future(use)
+            try:
+                yield ticket
+            except BaseException:
+                if charge is not None:
+                    charge.cancel()
+                raise
+            if charge is not None:
+                await charge
+            elif device is not None:
+                await device.read(ticket.nbytes)
 
     def _free_bytes(self) -> int:
         now = time.monotonic()

@@ -113,6 +113,13 @@ def cluster_group() -> None:
     help="Requests each disk serves at once; the rest wait in its fair queue.",
 )
 @click.option(
+    "--disk-model",
+    type=click.Choice(["", "hdd", "flash"]),
+    default="",
+    help="Served nodes' disks take this modelled device's time as well (docs/qos.md; "
+    "docs/simulate.md has the figures) [default: the disks as they are].",
+)
+@click.option(
     "--metadata-table",
     default="tectonic_kv",
     show_default=True,
@@ -149,6 +156,7 @@ def cluster_create(
     loss: float,
     qos: str,
     qos_depth: int,
+    disk_model: str,
     metadata_table: str,
     backup_interval: str,
     backup_keep: int,
@@ -182,6 +190,7 @@ def cluster_create(
         loss=loss,
         qos=qos,
         qos_depth=qos_depth,
+        disk_model=disk_model,
         backup_interval=parse_duration(backup_interval),
         backup_keep=backup_keep,
         tls=tls,
