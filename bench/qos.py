@@ -15,7 +15,8 @@ Figures: the loader's MB/s and AU over the burst (the checkpoint's save, start t
 the checkpoint's seconds and GB/s; each class's share of the disks' time over the burst
 (the nodes' charges). Targets (issue 23): with fair queueing the loader keeps >= 90% of its
 solo throughput during the burst, and the checkpoint gets >= 80% of what the loader leaves
-(its solo throughput times the bronze share of disk time); without, the loss shows.
+(its solo throughput times the share of the disks' time the loader leaves when alone);
+without, the loss shows.
 
 The nodes' disks take a modelled device's time (``--disk-model``, default ``hdd``: each
 node one disk of ``sim/devices.py``'s HDD, in real time) so that, as on a cluster, the
@@ -56,6 +57,7 @@ COMPUTE_S = UNET3D.accelerator("h100").computation_time
 BATCH = UNET3D.accelerator("h100").batch_size
 LEAD_S = 4.0  # the loader runs this long before the burst (its warm-up and steady state)
 GOLD, BRONZE = "loader:gold", "ckpt:bronze"
+NODES = 3  # of one disk each
 
 
 @dataclass(slots=True)
@@ -69,6 +71,9 @@ class Phase:
     checkpoint_gb_s: float | None = None
     gold_share: float | None = None  # of the disks' time charged over the burst
     bronze_share: float | None = None
+    # Alone: the share of the disks' time the loader's requests were charged (their
+    # modelled device-seconds per second, over the 3 disks).
+    loader_disk_use: float | None = None
 
 
 @dataclass(slots=True)
@@ -86,7 +91,8 @@ class QosBench:
     gold_kept: float  # loader MB/s, together with fair queueing / alone
     gold_kept_fifo: float
     gold_kept_off: float
-    bronze_of_leftover: float  # checkpoint GB/s with fair queueing / (alone x bronze share)
+    # checkpoint GB/s with fair queueing / (its GB/s alone x (1 - the loader's disk use))
+    bronze_of_leftover: float
     loadavg: list[float]
     cpu_count: int = field(default_factory=lambda: os.cpu_count() or 0)
 
@@ -168,12 +174,15 @@ async def _case(s: _Setup, case: str, alone_s: float) -> Phase:
     with Serving(s.root, repair_interval=0, qos=mode):
         loader = None if case == "checkpoint alone" else _loader(s)
         if case == "loader alone":
-            await asyncio.sleep(alone_s)
+            await asyncio.sleep(LEAD_S / 2)  # its start-up
+            lo, before = time.monotonic(), await _charged(s.root)
+            await asyncio.sleep(max(alone_s - LEAD_S / 2, 1.0))
+            hi, after = time.monotonic(), await _charged(s.root)
             steps = (await asyncio.to_thread(_result, loader, "loader"))["steps"]
-            first = min((st[2] for st in steps), default=0.0)
-            last = max((st[2] for st in steps), default=0.0)
-            mb, au = loader_figures(steps, first + LEAD_S / 2, last, s.accelerators)
+            mb, au = loader_figures(steps, lo, hi, s.accelerators)
             phase.loader_mb_s, phase.loader_au = mb, au
+            used = after.get("loader", 0.0) - before.get("loader", 0.0)
+            phase.loader_disk_use = round(used / ((hi - lo) * NODES), 4)
             return phase
         ckpt, charged = await _burst(s, LEAD_S if loader is not None else 1.0)
         began, ended = ckpt["began"], ckpt["ended"]
@@ -223,7 +232,7 @@ async def run_qos_bench(
         root = work / "cluster"
         model = "" if disk_model == "none" else disk_model
         Cluster.create(
-            root, nodes=3, disks_per_node=1, encoding="r3", qos_depth=depth, disk_model=model
+            root, nodes=NODES, disks_per_node=1, encoding="r3", qos_depth=depth, disk_model=model
         )
         shaped = dataclasses.replace(UNET3D, files=math.ceil(records * 32))
         step("writing the dataset")
@@ -240,10 +249,8 @@ async def run_qos_bench(
         median = {case: _median(phases, case) for case in CASES}
         alone, ckpt_alone = median["loader alone"], median["checkpoint alone"]
         fair = median["together, fair"]
-        share = fair.bronze_share
-        leftover = (
-            ckpt_alone.checkpoint_gb_s * share if ckpt_alone.checkpoint_gb_s and share else None
-        )
+        use, solo = alone.loader_disk_use, ckpt_alone.checkpoint_gb_s
+        leftover = solo * (1 - use) if solo and use is not None and use < 1 else None
         return QosBench(
             disk_model=disk_model,
             depth=depth,
@@ -291,6 +298,8 @@ def table(res: QosBench) -> Table:
         t,
         "loader MB/s and AU over the burst (alone: its steady state); gold, bronze: each "
         "class's share of the disks' time charged over the burst.",
+        f"The loader alone used {_cell(res.median['loader alone'].loader_disk_use, '.0%')} "
+        "of the disks' time.",
         f"gold kept: {res.gold_kept:.0%} with fair queueing (target >= 90%), "
         f"{res.gold_kept_fifo:.0%} fifo, {res.gold_kept_off:.0%} with no scheduler.",
         f"bronze got {res.bronze_of_leftover:.0%} of what the loader left (target >= 80%).",

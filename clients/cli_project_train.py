@@ -32,6 +32,7 @@ PROJECTION_ONLY = (
     "checkpoint_scale",
     "encoding",
     "plot_dir",
+    "qos",
 )
 
 _OPTIONS = (
@@ -85,6 +86,15 @@ _OPTIONS = (
         help="Projection: the dataset's and checkpoints' encoding (r3, rs-9-6...).",
     ),
     click.option(
+        "--qos",
+        type=click.Choice(["fair", "fifo", "off"]),
+        default=None,
+        help="Projection: the data loaders are a gold traffic group, the checkpoints a "
+        "bronze one, and each server's disks are fair-queued between them (fair), served "
+        "first come first served through the same slots (fifo), or not scheduled (off) "
+        "[default: off, as before issue 23].",
+    ),
+    click.option(
         "--plot",
         "plot_dir",
         type=click.Path(file_okay=False, path_type=Path),
@@ -106,6 +116,8 @@ def run_projection(o: dict[str, Any], as_json: bool) -> None:
     hw = preset.hardware
     if o["servers"] is not None:
         hw = dataclasses.replace(hw, servers=o["servers"])
+    if o["qos"] is not None:
+        hw = dataclasses.replace(hw, qos=o["qos"])
     try:
         sc = train_scenario(
             preset,
@@ -148,9 +160,10 @@ def report(p: TrainProjection, preset: str) -> None:
         if p.checkpoint
         else ""
     )
+    qos = f"; disks {'fair-queued' if p.qos == 'fair' else p.qos}" if p.qos != "off" else ""
     click.echo(
         f"{p.workload} on {p.accelerators} x {r.accelerator} ({p.hosts} hosts), {p.servers} "
-        f"servers, {p.encoding}: {p.dataset_bytes / gb:,.1f} GB of data{ckpt}"
+        f"servers, {p.encoding}: {p.dataset_bytes / gb:,.1f} GB of data{ckpt}{qos}"
     )
     verdict = "meets" if r.passed else "misses"
     click.echo(

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -35,12 +36,18 @@ from clients.projection import ROOT, SAMPLE_S, Preset, Progress, model_clients, 
 from clients.ranks import Job, ProcessInfo
 from clients.simulate import Bursts, TrainReport, train
 from clients.workloads import workload_named
-from tectonic_emu import clock, entropy
+from tectonic_emu import clock, entropy, qos
 from tectonic_emu.coding import Encoding
 from tectonic_emu.errors import InvalidArgumentError
+from tectonic_emu.qos.node import merge_groups
 from tectonic_emu.sim.cluster import Hardware
+from tectonic_emu.sim.node import ModelServer
 
 DATASET = "/datasets/projected"
+# The traffic groups of a projection (docs/qos.md): what the servers' fair queues share
+# between when the hardware's ``qos`` is "fair".
+LOADERS = qos.TrafficGroup("loaders", "gold")
+CHECKPOINTS = qos.TrafficGroup("checkpoints", "bronze")
 WRITES = 64  # dataset shards host 0 stores at once
 
 
@@ -102,6 +109,10 @@ class TrainProjection:
     # (s since the run's start, GB/s read, GB/s written) on the disks, per SAMPLE_S
     disks: tuple[tuple[float, float, float], ...]
     wall_s: float = field(compare=False)
+    qos: str = "off"  # how the servers' disks were shared between loaders and checkpoints
+    # With a scheduler (qos fair or fifo): each group's figures over every server's disks
+    # (``GroupStats.summary``: requests, bytes, disk time charged, waits).
+    groups: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -143,7 +154,14 @@ async def _run(sc: TrainScenario, progress: Progress | None) -> TrainProjection:
         plan = checkpoint_plan(sc.checkpoint, sc.accelerators, sc.checkpoint_scale)
         shared = SharedIndexes()
         ckpts = [
-            Checkpointer(c, ROOT, world_size=sc.accelerators, encoding=sc.encoding, shared=shared)
+            Checkpointer(
+                c,
+                ROOT,
+                world_size=sc.accelerators,
+                encoding=sc.encoding,
+                shared=shared,
+                group=CHECKPOINTS,
+            )
             for c in clients
         ]
         bursts = Bursts(
@@ -168,20 +186,21 @@ async def _run(sc: TrainScenario, progress: Progress | None) -> TrainProjection:
     job = Job(clients[0], "projected", ranks_per_process=sc.accelerators, process=ProcessInfo(0, 1))
     sampler = asyncio.ensure_future(sample())
     try:
-        report = await train(
-            clients[0],
-            DATASET,
-            workload=wl.name,
-            accelerators=sc.accelerators,
-            accelerator=acc.name,
-            seed=sc.seed,
-            prefetch=sc.prefetch,
-            job=job,
-            source_name="projected",
-            sources=lambda r: clients[host(r)],
-            within=lambda r: mc.cpus[hosts[host(r)]].active(),
-            bursts=bursts,
-        )
+        with qos.using(LOADERS):  # the ranks' streams; their checkpoints are CHECKPOINTS'
+            report = await train(
+                clients[0],
+                DATASET,
+                workload=wl.name,
+                accelerators=sc.accelerators,
+                accelerator=acc.name,
+                seed=sc.seed,
+                prefetch=sc.prefetch,
+                job=job,
+                source_name="projected",
+                sources=lambda r: clients[host(r)],
+                within=lambda r: mc.cpus[hosts[host(r)]].active(),
+                bursts=bursts,
+            )
     finally:
         sampler.cancel()
     return TrainProjection(
@@ -198,7 +217,14 @@ async def _run(sc: TrainScenario, progress: Progress | None) -> TrainProjection:
         report=report,
         disks=tuple(samples_out),
         wall_s=0.0,
+        qos=sc.hardware.qos,
+        groups=_groups(mc.servers),
     )
+
+
+def _groups(servers: Sequence[ModelServer]) -> dict[str, dict[str, Any]]:
+    merged = merge_groups(s.qos.by_group() for s in servers if s.qos is not None)
+    return {name: stats.summary() for name, stats in sorted(merged.items())}
 
 
 def project_train(sc: TrainScenario, progress: Progress | None = None) -> TrainProjection:

@@ -18,7 +18,7 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from bench import ckpt, fuse, hedge, store, train
+from bench import ckpt, fuse, hedge, qos, store, train
 from clients.simulate import TrainReport
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -137,6 +137,32 @@ def _set(path: tuple[Any, ...], value: Any) -> Callable[[dict[str, Any]], None]:
     return mutate
 
 
+def qos_result() -> qos.QosBench:
+    phases = [
+        qos.Phase("loader alone", 180.0, 0.96),
+        qos.Phase("checkpoint alone", None, None, 4.6, 0.22, 0.0, 1.0),
+        qos.Phase("together, off", 176.0, 0.94, 3.6, 0.28),
+        qos.Phase("together, fifo", 110.0, 0.6, 5.6, 0.18, 0.3, 0.7),
+        qos.Phase("together, fair", 178.0, 0.95, 6.8, 0.15, 0.24, 0.76),
+    ]
+    return qos.QosBench(
+        disk_model="hdd",
+        depth=2,
+        accelerators=2,
+        checkpoint_bytes=1 << 30,
+        checkpoint_ranks=8,
+        dataset_bytes=1_400_000_000,
+        rounds=1,
+        phases=phases,
+        median={p.case: p for p in phases},
+        gold_kept=0.989,
+        gold_kept_fifo=0.611,
+        gold_kept_off=0.978,
+        bronze_of_leftover=0.897,
+        loadavg=[1.0, 1.2, 1.1],
+    )
+
+
 @dataclass(frozen=True)
 class Shape:
     module: ModuleType
@@ -174,6 +200,13 @@ SHAPES = {
         ("bench ckpt: 1GiB over 1024 ranks, rs-6-3", "save (synchronized)", "0.86", "(0.07x)"),
         _set(("ranks",), "1024"),
         ("ckpt-throughput.png",),
+    ),
+    "qos": Shape(
+        qos,
+        qos_result,
+        ("together, fair", "178", "95.0%", "gold kept: 99% with fair queueing", "24%"),
+        _set(("phases", 0, "loader_mb_s"), "fast"),
+        ("qos.png",),
     ),
     "train": Shape(
         train,
@@ -277,7 +310,19 @@ def test_committed_store_json_validates() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["store", "hedge", "fuse", "ckpt", "train", "checkpoint", "metadata", "scale", "net", "sim"],
+    [
+        "store",
+        "hedge",
+        "fuse",
+        "ckpt",
+        "train",
+        "checkpoint",
+        "metadata",
+        "scale",
+        "net",
+        "sim",
+        "qos",
+    ],
 )
 def test_committed_schema_is_the_code_schema(name: str) -> None:
     """docs/schemas/ is the documented JSON: a change in the code must be made there too

@@ -112,6 +112,22 @@ def test_checkpoint_bursts_dip_the_au_and_the_run_is_deterministic(async_save: b
     assert json.dumps(p) == json.dumps(_small(async_save=async_save))
 
 
+def test_servers_fair_queue_loaders_and_checkpoints_when_asked() -> None:
+    """With ``--qos fair`` the model servers run the real fair queues: the ranks' streams
+    are the gold group, their checkpoints the bronze one, each counted on the disks; without
+    it, no scheduler and no figures (the projections before issue 23)."""
+    hw = dataclasses.replace(SMALL.hardware, qos="fair")
+    fair = _small(async_save=True, hardware=hw)
+    assert fair["qos"] == "fair"
+    groups = fair["groups"]
+    assert isinstance(groups, dict)
+    assert groups["loaders"]["class"] == "gold" and groups["checkpoints"]["class"] == "bronze"
+    assert groups["loaders"]["bytes"] > 0 and groups["checkpoints"]["bytes"] > 0
+    assert json.dumps(fair) == json.dumps(_small(async_save=True, hardware=hw))
+    off = _small(async_save=True)
+    assert off["qos"] == "off" and off["groups"] == {}
+
+
 def test_training_without_checkpoints_has_no_bursts() -> None:
     sc = train_scenario(SMALL, "resnet50", 8, steps=4, scale=0.1)
     r = project_train(sc).report

@@ -1,10 +1,11 @@
 """The README's walk-through runs as written.
 
-The code blocks under Quick start, Served, Mounted, Checkpoints, From Python and Tenants run
-in the order they appear, as one bash script in a scratch directory (python blocks through
-``python - <<EOF``), with this virtualenv's ``bin`` first on PATH, as a user's shell would have
-after ``source .venv/bin/activate``. Nothing in them is rewritten, so the README cannot drift
-from the code. Whatever the script leaves running (a served cluster, mounts) is stopped after.
+The code blocks under Quick start, Served, Mounted, Checkpoints, From Python, Tenants and
+Traffic groups run in the order they appear, as one bash script in a scratch directory
+(python blocks through ``python - <<EOF``), with this virtualenv's ``bin`` first on PATH, as
+a user's shell would have after ``source .venv/bin/activate``. Nothing in them is
+rewritten, so the README cannot drift from the code. Whatever the script leaves running (a
+served cluster, mounts) is stopped after.
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
-RUN = ("Quick start", "Served", "Mounted", "Checkpoints", "From Python", "Tenants")
+RUN = (
+    "Quick start",
+    "Served",
+    "Mounted",
+    "Checkpoints",
+    "From Python",
+    "Tenants",
+    "Traffic groups",
+)
 
 
 def readme_blocks(text: str) -> list[tuple[str, str, str]]:

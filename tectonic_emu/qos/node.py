@@ -9,6 +9,7 @@ which a served node sets from the request's frame.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tectonic_emu.errors import InvalidArgumentError
@@ -48,11 +49,7 @@ class NodeQos:
 
     def by_group(self) -> dict[str, GroupStats]:
         """Every disk's figures, merged per group."""
-        merged: dict[str, GroupStats] = {}
-        for q in self.queues:
-            for name, s in q.stats.items():
-                merged.setdefault(name, GroupStats(s.klass)).merge(s)
-        return merged
+        return merge_groups(q.stats for q in self.queues)
 
     def to_dict(self) -> dict[str, Any]:
         """Everything counted, per disk and group (``GroupStats.from_dict`` reads it back)."""
@@ -63,15 +60,22 @@ class NodeQos:
         }
 
 
-def merged(snapshots: list[dict[str, Any]]) -> dict[str, GroupStats]:
-    """Per group, the figures of every disk of every node's ``to_dict``."""
+def merge_groups(tables: Iterable[Mapping[str, GroupStats]]) -> dict[str, GroupStats]:
+    """Per group, the sum of its figures in every table (a disk's, a node's)."""
     out: dict[str, GroupStats] = {}
-    for snap in snapshots:
-        for disk in snap["disks"]:
-            for name, raw in disk.items():
-                s = GroupStats.from_dict(raw)
-                out.setdefault(name, GroupStats(s.klass)).merge(s)
+    for table in tables:
+        for name, s in table.items():
+            out.setdefault(name, GroupStats(s.klass)).merge(s)
     return out
 
 
-__all__ = ["DEPTH", "NodeQos", "merged"]
+def merged(snapshots: list[dict[str, Any]]) -> dict[str, GroupStats]:
+    """Per group, the figures of every disk of every node's ``to_dict``."""
+    return merge_groups(
+        {name: GroupStats.from_dict(raw) for name, raw in disk.items()}
+        for snap in snapshots
+        for disk in snap["disks"]
+    )
+
+
+__all__ = ["DEPTH", "NodeQos", "merge_groups", "merged"]
