@@ -351,6 +351,8 @@ def simulate_train(
       tectonic-emu simulate train --cluster /tmp/c1 --workload unet3d --data /data/u -n 4
       tectonic-emu simulate train --preset small-flash --workload resnet50 -n 64 \\
           --steps 30 --checkpoint llama3-8b --every 10
+      tectonic-emu simulate train --preset small-flash --workload unet3d -n 64 --steps 30 \\
+          --checkpoint llama3-8b --every 10 --async --qos fair --checkpoint-rate 1GB
     """
     from clients.ranks import Job, ProcessInfo, launch
     from clients.simulate import TrainReport, train

@@ -18,6 +18,7 @@ from clients.ckpt_models import MODELS
 from clients.projection import PRESETS, THIS_MACHINE, this_machine
 from clients.projection_train import TrainProjection, project_train, train_scenario
 from tectonic_emu.cli import print_json, progress_bar
+from tectonic_emu.config import parse_size
 from tectonic_emu.errors import InvalidArgumentError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -33,6 +34,7 @@ PROJECTION_ONLY = (
     "encoding",
     "plot_dir",
     "qos",
+    "checkpoint_rate",
 )
 
 _OPTIONS = (
@@ -95,6 +97,14 @@ _OPTIONS = (
         "[default: off, as before issue 23].",
     ),
     click.option(
+        "--checkpoint-rate",
+        default="0",
+        show_default=True,
+        metavar="BYTES",
+        help="Projection: pace each host's checkpoint writes to this many bytes per second "
+        "(the bronze group's client-side rate, docs/qos.md; 0: not paced), e.g. 1GB.",
+    ),
+    click.option(
         "--plot",
         "plot_dir",
         type=click.Path(file_okay=False, path_type=Path),
@@ -134,6 +144,7 @@ def run_projection(o: dict[str, Any], as_json: bool) -> None:
             async_save=o["async_save"],
             checkpoint_scale=o["checkpoint_scale"],
             seed=o["seed"],
+            checkpoint_rate=float(parse_size(o["checkpoint_rate"])),
         )
         what = f"projecting {sc.accelerators} x {sc.workload}"
         with progress_bar(None) as bar:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -58,7 +59,8 @@ class TrainScenario:
     ``hardware``, ``ranks_per_host`` to a client host; the dataset and the checkpoints are
     stored with ``encoding``. With ``checkpoint``, that model's checkpoint (its files times
     ``checkpoint_scale``) is saved after every ``every``-th step, ``save_async`` if
-    ``async_save``."""
+    ``async_save``, each host's checkpoint writes paced to ``checkpoint_rate`` bytes/s (0:
+    not paced)."""
 
     workload: str
     accelerators: int
@@ -77,6 +79,9 @@ class TrainScenario:
     async_save: bool = False
     checkpoint_scale: float = 1.0
     seed: int = 1
+    # Bytes/s each client host's checkpoint writes are paced to (the bronze group's rate,
+    # docs/qos.md); 0: not paced.
+    checkpoint_rate: float = 0.0
 
 
 def train_scenario(preset: Preset, workload: str, accelerators: int, **kw: Any) -> TrainScenario:
@@ -160,7 +165,7 @@ async def _run(sc: TrainScenario, progress: Progress | None) -> TrainProjection:
                 world_size=sc.accelerators,
                 encoding=sc.encoding,
                 shared=shared,
-                group=CHECKPOINTS,
+                group=dataclasses.replace(CHECKPOINTS, rate=sc.checkpoint_rate),
             )
             for c in clients
         ]
@@ -234,6 +239,10 @@ def project_train(sc: TrainScenario, progress: Progress | None = None) -> TrainP
         raise InvalidArgumentError(
             "a projection needs at least one accelerator, rank per host and step, and "
             "checkpoints every 1 or more steps"
+        )
+    if not (math.isfinite(sc.checkpoint_rate) and sc.checkpoint_rate >= 0):
+        raise InvalidArgumentError(
+            f"a checkpoint rate is 0 or more bytes/s, not {sc.checkpoint_rate}"
         )
     if not 0 < sc.scale <= 1:
         raise InvalidArgumentError(f"--scale is in (0, 1], not {sc.scale}")
