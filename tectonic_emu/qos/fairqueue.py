@@ -127,7 +127,7 @@ class FairQueue:
     ) -> AsyncIterator[Ticket]:
         """Hold a slot for one request of ``group`` of ``nbytes`` (None: not known yet; the
         body sets ``ticket.nbytes``). Raises what the body raises; a cancelled wait leaves
-        the queue as it was, but for the group's tag, which keeps the charge."""
+        the queue as it was (a request is charged when it is let in)."""
         if nbytes is None:
             guess = self._mean_read.get(group.name, 0.0)
             ticket = Ticket(group, write, 0, self.costs.of(int(guess), write=write), 0.0)
@@ -167,7 +167,9 @@ class FairQueue:
         name = group.name if self.fair else ""
         flow = self._flows.get(name)
         if flow is None:
-            flow = self._flows[name] = _Flow(name, group.weight if self.fair else 1.0)
+            flow = self._flows[name] = _Flow(name, 1.0)
+        if self.fair:
+            flow.weight = group.weight  # (a group's share may change between requests)
         return flow
 
     def _dispatch(self, flow: _Flow, start: float, ticket: Ticket) -> None:

@@ -1,9 +1,10 @@
 """A storage node's schedulers: one ``FairQueue`` per disk, and what they counted.
 
-Served nodes (``chunkstore/server.py``), embedded clusters (``ScheduledNode``) and the
-projection's model servers (``sim/node.py``) each hold one ``NodeQos`` and run every disk
-request through ``serving``. The request's group is the running task's (``groups.current``),
-which a served node sets from the request's frame.
+Served nodes (``chunkstore/server.py``) and the projection's model servers (``sim/node.py``)
+each hold one ``NodeQos`` and run every disk request through ``serving``. The request's
+group is the running task's (``groups.current``), which a served node sets from the
+request's frame. (Embedded clusters have none: each process opens the nodes' directories
+itself, and no one queue would see all of a disk's requests.)
 """
 
 from __future__ import annotations
