@@ -21,6 +21,7 @@ from tectonic_emu.cli.common import (
 from tectonic_emu.cluster import Cluster
 from tectonic_emu.config import (
     DEFAULT_BLOCK_SIZE,
+    QOS_MODES,
     parse_duration,
     parse_node_addresses,
     parse_size,
@@ -99,7 +100,7 @@ def cluster_group() -> None:
 )
 @click.option(
     "--qos",
-    type=click.Choice(["fair", "fifo", "off"]),
+    type=click.Choice(QOS_MODES),
     default="fair",
     show_default=True,
     help="How served nodes share each disk between traffic groups: weighted fair queueing, "

@@ -21,6 +21,7 @@ from rich.progress import (
 )
 
 from tectonic_emu.cluster import Cluster
+from tectonic_emu.config import QOS_MODES
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -78,6 +79,14 @@ async def with_cluster(path: Path, fn: Callable[[Cluster], Awaitable[T]]) -> T:
     async with Cluster.open(path) as cluster:
         return await fn(cluster)
 
+
+qos_mode_option = click.option(
+    "--qos",
+    type=click.Choice(QOS_MODES),
+    default=None,
+    help="How nodes share each disk between traffic groups (docs/qos.md) "
+    "[default: the cluster's, `cluster create --qos`].",
+)
 
 buffers_option = click.option(
     "--buffers",

@@ -14,6 +14,7 @@ from tectonic_emu.cli.common import (
     cluster_option,
     json_option,
     print_json,
+    qos_mode_option,
     run,
     with_cluster,
 )
@@ -89,13 +90,7 @@ def _setup_logging() -> None:
     help="Return once every node is live; the log goes to DIR/serve.log.",
 )
 @click.option("--stop", is_flag=True, help="Stop the cluster's serve (and its nodes) and return.")
-@click.option(
-    "--qos",
-    type=click.Choice(["fair", "fifo", "off"]),
-    default=None,
-    help="How nodes share each disk between traffic groups (docs/qos.md) "
-    "[default: the cluster's, `cluster create --qos`].",
-)
+@qos_mode_option
 @click.option(
     "--metrics-port",
     type=click.IntRange(1, 65535),
@@ -211,13 +206,7 @@ def node_group() -> None:
     help="The cluster secret file (mode 0600) [default: DIR/secret].",
 )
 @buffers_option
-@click.option(
-    "--qos",
-    type=click.Choice(["fair", "fifo", "off"]),
-    default=None,
-    help="How nodes share each disk between traffic groups (docs/qos.md) "
-    "[default: the cluster's, `cluster create --qos`].",
-)
+@qos_mode_option
 @click.option(
     "--metrics-port",
     type=click.IntRange(1, 65535),
