@@ -256,3 +256,26 @@ def test_the_group_is_inherited_by_tasks() -> None:
         return seen
 
     assert clock.run_virtual(main()) == ["loader", "default", "default"]
+
+
+def test_pacing_holds_a_group_to_its_rate_and_leaves_others_alone() -> None:
+    """A paced group's blocks go at its rate after a burst of ``BURST_S`` of it; a group
+    without a rate, or outside any ``using``, waits for nothing."""
+    from tectonic_emu.qos.pacing import BURST_S, Pacing
+
+    async def main() -> tuple[float, float, float]:
+        pacing = Pacing()
+        slow = TrafficGroup("ckpt", "bronze", rate=100.0)
+        t0 = clock.monotonic()
+        with using(slow):
+            await asyncio.gather(*(pacing.take(10) for _ in range(50)))  # 500 bytes
+        paced = clock.monotonic() - t0
+        t1 = clock.monotonic()
+        with using(GOLD):
+            await asyncio.gather(*(pacing.take(10**9) for _ in range(5)))
+        await pacing.take(10**9)
+        return paced, clock.monotonic() - t1, pacing.waited_s
+
+    paced, unpaced, waited = clock.run_virtual(main())
+    assert paced == pytest.approx(500 / 100.0 - BURST_S)
+    assert unpaced == 0.0 and waited > 0

@@ -216,3 +216,33 @@ def test_every_client_names_its_group(tmp_path: Path) -> None:
     assert classes["ckpt"] == "bronze" and classes["loader"] == "gold"
     assert classes["notebook"] == "silver" and classes["cli"] == "bronze"
     assert groups["loader"]["ops"] > 0 and groups["ckpt"]["ops"] >= 3  # (chunks compress)
+
+
+def test_an_emulated_disk_takes_each_request(tmp_path: Path) -> None:
+    """With a modelled device per disk (``--disk-model``), every disk request of a served
+    node is also charged to the device: its counters see the writes and the reads."""
+    from tectonic_emu.sim.devices import HDD, Disk
+
+    srv = ThreadedNodeServer(tmp_path / "node", disks=1, max_payload=1 << 20)
+    device = Disk(HDD)
+    srv.server.devices = [device]
+
+    async def work() -> None:
+        node = RemoteNode(7, 1, fixed_address(*srv.address), secret=SECRET)
+        try:
+            with qos.using(BRONZE):
+                await node.write_chunk(0, "c1", CHUNK, crc32c=google_crc32c.value(CHUNK))
+            with qos.using(GOLD):
+                data, _ = await node.read_chunk(0, "c1")
+                assert bytes(data) == CHUNK
+                await node.read_chunk_range(0, "c1", 0, 4096)
+        finally:
+            await node.close()
+
+    try:
+        asyncio.run(work())
+        stats = _settled(srv, 3)
+    finally:
+        srv.stop()
+    assert device.bytes_written == len(CHUNK) and device.bytes_read >= len(CHUNK) + 4096
+    assert device.ops == 3 and stats["ckpt"].ops == 1 and stats["loader"].ops == 2
