@@ -158,7 +158,13 @@ class ClusterConfig:
         if mode == "off":
             return None
         costs = DISK_PRESETS[self.disk_model].costs() if self.disk_model else LOCAL_DISK
-        return NodeQos(self.disks_per_node, depth=self.qos_depth, costs=costs, fair=mode == "fair")
+        return NodeQos(
+            self.disks_per_node,
+            depth=self.qos_depth,
+            costs=costs,
+            fair=mode == "fair",
+            nic_rate=self.nic_gbps * 1e9 / 8,
+        )
 
     def node_devices(self, node: int) -> list[Disk]:
         """A served node's emulated devices, one per disk (none without ``disk_model``)."""

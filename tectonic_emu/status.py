@@ -19,6 +19,7 @@ from tectonic_emu.metadata.records import BlockRecord
 from tectonic_emu.nodectl import STOP_MARKER, node_dir, read_address
 from tectonic_emu.placement import spread_is_short
 from tectonic_emu.qos.node import merged
+from tectonic_emu.qos.stats import GroupStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +55,8 @@ class ClusterStatus:
     # quota_files, quota_bytes (None: no limit).
     tenants: list[dict[str, Any]] = field(default_factory=list)
     # What the served nodes' fair queues counted (docs/qos.md): per node, its mode ("fair":
-    # None without a scheduler) and each group's figures; "groups", them merged over nodes.
+    # None without a scheduler), each group's figures on its disks and, with an emulated
+    # NIC, on its replies ("nic"); "groups", the disks' merged over nodes.
     qos: dict[str, Any] = field(default_factory=lambda: {"nodes": [], "groups": {}})
 
     def to_dict(self) -> dict[str, Any]:
@@ -77,8 +79,10 @@ async def qos_status(nodes: Sequence[StorageNode]) -> dict[str, Any]:
             continue
         snapshots.append(snap)
         groups = {g: s.summary() for g, s in merged([snap]).items()}
+        nic = {g: GroupStats.from_dict(raw).summary() for g, raw in snap.get("nic", {}).items()}
         per_node.append(
             {"node": node.node_id, "fair": snap["fair"], "depth": snap["depth"], "groups": groups}
+            | ({"nic": nic} if nic else {})
         )
     return {"nodes": per_node, "groups": {g: s.summary() for g, s in merged(snapshots).items()}}
 

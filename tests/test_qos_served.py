@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tectonic_emu import Cluster, qos
 from tectonic_emu.chunkstore import wire
+from tectonic_emu.chunkstore.netem import LinkModel, Pacer
 from tectonic_emu.chunkstore.remote import RemoteNode, fixed_address
 from tectonic_emu.chunkstore.wire import FrameError
 from tectonic_emu.errors import InvalidArgumentError
@@ -61,8 +62,8 @@ def slow_node(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Thread
 
 
 async def _reads_in_order(srv: ThreadedNodeServer) -> list[str]:
-    """Bronze sends 20 reads; once they are queued, gold sends 4 on its own connection.
-    Returns the groups in the order their replies came."""
+    """Bronze sends 20 reads; once half of them wait for the disk, gold sends 4 on its own
+    connection. Returns the groups in the order their replies came."""
     done: list[str] = []
     nodes = [RemoteNode(7, 1, fixed_address(*srv.address), secret=SECRET) for _ in range(2)]
 
@@ -111,6 +112,31 @@ def _settled(srv: ThreadedNodeServer, ops: int) -> dict[str, qos.GroupStats]:
 def test_without_fairness_gold_waits_its_turn(slow_node: ThreadedNodeServer) -> None:
     done = asyncio.run(_reads_in_order(slow_node))
     assert min(i for i, g in enumerate(done) if g == "loader") >= 10, done
+
+
+@pytest.mark.parametrize("fair", [True, False])
+def test_an_emulated_nic_sends_gold_replies_first(tmp_path: Path, fair: bool) -> None:
+    """On a node whose NIC is emulated (12.5 MB/s), the line is what reads wait for: each
+    holds its disk slot until its reply has gone, so bronze's queue up at the disk and the
+    NIC's queue holds a few replies more. Gold's replies go ahead of bronze's queued ones,
+    through both queues, and do not without fairness."""
+    srv = ThreadedNodeServer(tmp_path / "node", disks=1, max_payload=1 << 20)
+    srv.server.pacer = Pacer.of(LinkModel(gbps=0.1), chunk=1 << 20)
+    srv.server.qos = qos.NodeQos(1, fair=fair, nic_rate=0.1e9 / 8)
+    asyncio.run_coroutine_threadsafe(
+        srv.local.write_chunk(0, "c0", CHUNK, crc32c=google_crc32c.value(CHUNK)), srv.loop
+    ).result()
+    try:
+        done = asyncio.run(_reads_in_order(srv))
+        stats = srv.server.qos.nic.stats if srv.server.qos.nic is not None else {}
+    finally:
+        srv.stop()
+    gold = [i for i, g in enumerate(done) if g == "loader"]
+    if fair:
+        assert max(gold) < 14, done
+        assert stats["loader"].klass == "gold" and stats["loader"].ops == 4
+    else:
+        assert min(gold) >= 10, done
 
 
 def _free_port() -> int:

@@ -226,6 +226,13 @@ class NodeServer:
             elif device is not None:
                 await device.read(ticket.nbytes)
 
+    def sending(self, nbytes: int) -> contextlib.AbstractAsyncContextManager[Any]:
+        """A turn on the node's emulated NIC for a reply frame of ``nbytes``, in the
+        request's group, when the node has one and schedules it (``NodeQos.nic``)."""
+        if self.qos is None or self.qos.nic is None:
+            return contextlib.nullcontext()
+        return self.qos.nic.serving(traffic.current(), nbytes, write=False)
+
     def _free_bytes(self) -> int:
         now = time.monotonic()
         if now - self._free_cache[0] > 1.0:
@@ -642,16 +649,18 @@ class _Connection(asyncio.BufferedProtocol):
         try:
             if server.delay and h.op not in (Op.PING, Op.SET_DELAY):
                 await asyncio.sleep(server.delay)
-            if server.pacer is not None:
-                size = (
-                    reply_payload.count
-                    if isinstance(reply_payload, FilePayload)
-                    else memoryview(reply_payload).nbytes
-                )
-                await server.pacer.before_send(HEADER_SIZE + len(reply_meta) + size)
-            if self.closed or self._transport is None:
-                return
-            await self._reply(h, status, reply_meta, reply_payload, reply_crc)
+            size = (
+                reply_payload.count
+                if isinstance(reply_payload, FilePayload)
+                else memoryview(reply_payload).nbytes
+            )
+            frame = HEADER_SIZE + len(reply_meta) + size
+            async with server.sending(frame):
+                if server.pacer is not None:
+                    await server.pacer.before_send(frame)
+                if self.closed or self._transport is None:
+                    return
+                await self._reply(h, status, reply_meta, reply_payload, reply_crc)
         finally:
             if isinstance(reply_payload, FilePayload):
                 server.node.close_read(reply_payload.fd)  # its pages dropped, as in the node

@@ -1,6 +1,7 @@
 """A served node's figures for Prometheus (``serve --metrics-port``), so Grafana can watch
-a run: per TrafficGroup and disk, requests, bytes, disk time charged and held, and the
-queueing delay and latency as histograms (their buckets are ``stats.BOUNDS``).
+a run: per TrafficGroup and disk (``disk="nic"``: an emulated NIC's replies), requests,
+bytes, time charged and held, and the queueing delay and latency as histograms (their
+buckets are ``stats.BOUNDS``).
 
 The collector reads the node's ``NodeQos`` when scraped, from prometheus_client's HTTP
 thread; each read copies a queue's table at once (one C call under the GIL), so a scrape
@@ -56,9 +57,12 @@ class NodeCollector(Collector):
         latency = HistogramMetricFamily(
             "tectonic_qos_latency_seconds", "Queueing and service", labels=LABELS
         )
-        for disk, queue in enumerate(self.qos.queues):
+        queues = [(str(d), q) for d, q in enumerate(self.qos.queues)]
+        if self.qos.nic is not None:
+            queues.append(("nic", self.qos.nic))  # an emulated NIC's replies
+        for disk, queue in queues:
             for group, s in list(queue.stats.items()):
-                labels = [str(self.node_id), str(disk), group, s.klass]
+                labels = [str(self.node_id), disk, group, s.klass]
                 ops.add_metric(labels, s.ops)
                 nbytes.add_metric(labels, s.bytes)
                 charged.add_metric(labels, s.charged_s)

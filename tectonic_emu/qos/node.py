@@ -24,18 +24,36 @@ from tectonic_emu.qos.stats import GroupStats
 DEPTH = 4
 
 
+#: Reply frames on an emulated NIC at once: one on the line, one being handed to the socket.
+NIC_DEPTH = 2
+
+
 class NodeQos:
     """The schedulers of one node with ``disks`` disks (``fair=False``: first come first
-    served, still counted per group)."""
+    served, still counted per group), and with ``nic_rate`` (bytes/s, an emulated NIC's,
+    ``netem.py``), one for the replies it sends: a reply's turn on the line is its group's
+    too, charged its bytes over the rate. (What a node receives is not scheduled: a frame's
+    group is known only once its header is in, and the receiving side can only stop reading
+    a connection.)"""
 
     def __init__(
-        self, disks: int, *, depth: int = DEPTH, costs: Costs = LOCAL_DISK, fair: bool = True
+        self,
+        disks: int,
+        *,
+        depth: int = DEPTH,
+        costs: Costs = LOCAL_DISK,
+        fair: bool = True,
+        nic_rate: float = 0.0,
     ) -> None:
         self.depth = depth
         self.fair = fair
         self.queues = [
             FairQueue(depth, costs=costs, fair=fair, name=f"disk{d}") for d in range(disks)
         ]
+        self.nic: FairQueue | None = None
+        if nic_rate > 0:
+            line = Costs(read_bw=nic_rate, write_bw=nic_rate, read_op_s=0.0, write_op_s=0.0)
+            self.nic = FairQueue(NIC_DEPTH, costs=line, fair=fair, name="nic")
 
     def disk(self, n: int) -> FairQueue:
         if not 0 <= n < len(self.queues):
@@ -54,10 +72,12 @@ class NodeQos:
 
     def to_dict(self) -> dict[str, Any]:
         """Everything counted, per disk and group (``GroupStats.from_dict`` reads it back)."""
+        nic = self.nic.stats if self.nic is not None else {}
         return {
             "fair": self.fair,
             "depth": self.depth,
             "disks": [{g: s.to_dict() for g, s in q.stats.items()} for q in self.queues],
+            "nic": {g: s.to_dict() for g, s in nic.items()},
         }
 
 
@@ -79,4 +99,4 @@ def merged(snapshots: list[dict[str, Any]]) -> dict[str, GroupStats]:
     )
 
 
-__all__ = ["DEPTH", "NodeQos", "merge_groups", "merged"]
+__all__ = ["DEPTH", "NIC_DEPTH", "NodeQos", "merge_groups", "merged"]
