@@ -76,9 +76,6 @@ class ClusterConfig:
     nic_gbps: float = 0.0
     rtt_ms: float = 0.0
     loss: float = 0.0
-    # Metadata backups (services/backup.py) onto the cluster's own nodes: every
-    # backup_interval seconds (0: off), the newest backup_keep kept. cluster_id names the
-    # cluster in its metadata too, so that a lost or foreign metadata store is refused.
     # How served nodes share each disk between TrafficGroups (tectonic_emu/qos): "fair"
     # (weighted fair queueing in disk time), "fifo" (first come first served, still counted
     # per group) or "off" (no scheduler); qos_depth requests in service per disk at once.
@@ -88,6 +85,9 @@ class ClusterConfig:
     # "flash"): every disk request also takes the device's time, so a cluster on this
     # machine's one disk behaves as nodes of such devices would. "": the disks as they are.
     disk_model: str = ""
+    # Metadata backups (services/backup.py) onto the cluster's own nodes: every
+    # backup_interval seconds (0: off), the newest backup_keep kept. cluster_id names the
+    # cluster in its metadata too, so that a lost or foreign metadata store is refused.
     backup_interval: float = 3600.0
     backup_keep: int = 24
     cluster_id: str = ""
