@@ -169,7 +169,7 @@ def scenario_of(o: dict[str, Any]) -> Scenario:
     if o["servers"] is not None:
         hw = dataclasses.replace(hw, servers=o["servers"])
     if o["core_gbps"] is not None:
-        hw = _with_fabric(hw, core_gbps=_core(o["core_gbps"]))
+        hw = with_fabric(hw, core_gbps=core_gbps_of(o["core_gbps"]))
     if o["metadata_shards"] is not None:
         meta = MetadataModel(o["metadata_shards"], o["metadata_qps"], hw.fabric.rtt)
         hw = dataclasses.replace(hw, metadata=meta)
@@ -192,12 +192,12 @@ def scenario_of(o: dict[str, Any]) -> Scenario:
     )
 
 
-def _with_fabric(hw: Hardware, **changes: Any) -> Hardware:
+def with_fabric(hw: Hardware, **changes: Any) -> Hardware:
     """``hw`` with its fabric's figures ``changes`` changed."""
     return dataclasses.replace(hw, fabric=dataclasses.replace(hw.fabric, **changes))
 
 
-def _core(gbps: float) -> float | None:
+def core_gbps_of(gbps: float) -> float | None:
     """``--core-gbps``'s value as the fabric's: 0 is a non-blocking core."""
     return gbps or None
 
@@ -344,10 +344,10 @@ VARY: dict[str, Callable[[Scenario, str], Scenario]] = {
     "ranks": lambda sc, v: dataclasses.replace(sc, ranks=int(v)),
     "encoding": lambda sc, v: dataclasses.replace(sc, encoding=Encoding.parse(v).name),
     "nic-gbps": lambda sc, v: dataclasses.replace(
-        sc, hardware=_with_fabric(sc.hardware, nic_gbps=float(v))
+        sc, hardware=with_fabric(sc.hardware, nic_gbps=float(v))
     ),
     "core-gbps": lambda sc, v: dataclasses.replace(
-        sc, hardware=_with_fabric(sc.hardware, core_gbps=_core(float(v)))
+        sc, hardware=with_fabric(sc.hardware, core_gbps=core_gbps_of(float(v)))
     ),
     "disks": lambda sc, v: dataclasses.replace(
         sc, hardware=dataclasses.replace(sc.hardware, disks=int(v))
@@ -424,8 +424,10 @@ def simulate_sweep(vary: str, as_json: bool, plot_dir: Path | None, **options: A
 
 __all__ = [
     "VARY",
+    "core_gbps_of",
     "plot_projection",
     "scenario_of",
+    "with_fabric",
     "scenario_options",
     "simulate_checkpoint",
     "simulate_sweep",
