@@ -139,16 +139,28 @@ def test_an_emulated_nic_sends_gold_replies_first(tmp_path: Path, fair: bool) ->
         assert min(gold) >= 10, done
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(n: int) -> int:
+    """The first of ``n`` consecutive free ports (node N's metrics go to the first + N)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            first = int(s.getsockname()[1])
+        if first + n > 65535:
+            continue
+        try:
+            for p in range(first, first + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return first
+    raise AssertionError(f"no {n} consecutive free ports")
 
 
 def test_served_cluster_counts_groups_in_status_and_prometheus(tmp_path: Path) -> None:
     root = tmp_path / "c"
     Cluster.create(root, nodes=3, disks_per_node=1, encoding="r3", block_size=SMALL_BLOCK)
-    port = _free_port()
+    port = _free_ports(3)
     data = os.urandom(3 * SMALL_BLOCK)
 
     async def work() -> None:
@@ -161,20 +173,26 @@ def test_served_cluster_counts_groups_in_status_and_prometheus(tmp_path: Path) -
     with Serving(root, repair_interval=0, metrics_port=port):
         asyncio.run(work())
         status = ok_json("cluster", "status", "--cluster", str(root))
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        texts = [
+            urllib.request.urlopen(f"http://127.0.0.1:{port + n}/metrics", timeout=10).read()
+            for n in range(3)
+        ]
     groups = status["qos"]["groups"]
     assert groups["loader"]["class"] == "gold" and groups["ckpt"]["class"] == "bronze"
     assert groups["loader"]["bytes"] >= 3 * len(data)  # three replicas written
     assert groups["ckpt"]["bytes"] >= len(data)
     assert [n["fair"] for n in status["qos"]["nodes"]] == [True, True, True]
-    families = {f.name: f for f in text_string_to_metric_families(text.decode())}
-    requests = families["tectonic_qos_requests"].samples
-    assert {(s.labels["group"], s.labels["class"]) for s in requests} >= {
+    # Each node's own endpoint (a read of r3 goes to one replica: any node may have none).
+    samples = []
+    for n, text in enumerate(texts):
+        families = {f.name: f for f in text_string_to_metric_families(text.decode())}
+        assert "tectonic_qos_wait_seconds" in families
+        samples += families["tectonic_qos_requests"].samples
+        assert {s.labels["node"] for s in families["tectonic_qos_requests"].samples} == {str(n)}
+    assert {(s.labels["group"], s.labels["class"]) for s in samples} == {
         ("loader", "gold"),
         ("ckpt", "bronze"),
     }
-    assert {s.labels["node"] for s in requests} >= {"0"}  # port + 0 is node 0's
-    assert "tectonic_qos_wait_seconds" in families
 
 
 def test_qos_modes_from_config_and_serve(tmp_path: Path) -> None:
