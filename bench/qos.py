@@ -49,6 +49,7 @@ from bench.tables import with_legend
 from clients.dataset import generate
 from clients.workloads import UNET3D
 from tectonic_emu import Cluster
+from tectonic_emu.chunkstore import StorageNode
 from tectonic_emu.served import Serving
 from tectonic_emu.status import qos_status
 
@@ -129,10 +130,9 @@ def loader_figures(
     return round(got / span / 1e6, 1), round(computing / (ranks * span), 4)
 
 
-async def _charged(root: Path) -> dict[str, float]:
+async def _charged(nodes: Sequence[StorageNode]) -> dict[str, float]:
     """Each group's disk time charged so far, over every node."""
-    async with Cluster.open(root) as c:
-        groups = (await qos_status(c.nodes))["groups"]
+    groups = (await qos_status(nodes))["groups"]
     return {name: float(g["charged_s"]) for name, g in groups.items()}
 
 
@@ -151,7 +151,9 @@ def _loader(s: _Setup) -> subprocess.Popen[bytes]:
     return _worker("loader", args)
 
 
-async def _burst(s: _Setup, lead: float) -> tuple[dict[str, Any], dict[str, float] | None]:
+async def _burst(
+    s: _Setup, lead: float, nodes: Sequence[StorageNode]
+) -> tuple[dict[str, Any], dict[str, float] | None]:
     """Save one checkpoint, starting ``lead`` seconds from now; its times, and each
     group's disk time charged over it (None when the nodes keep no figures)."""
     s.steps += 1
@@ -160,9 +162,9 @@ async def _burst(s: _Setup, lead: float) -> tuple[dict[str, Any], dict[str, floa
     args |= {"bytes_per_rank": s.checkpoint_bytes // s.ranks, "start_at": start}
     proc = _worker("checkpoint", args | {"group": BRONZE})
     await asyncio.sleep(max(0.0, start - time.monotonic()))
-    before = await _charged(s.root)
+    before = await _charged(nodes)
     ckpt = await asyncio.to_thread(_result, proc, "checkpoint")
-    after = await _charged(s.root)
+    after = await _charged(nodes)
     if not after:
         return ckpt, None
     return ckpt, {g: after[g] - before.get(g, 0.0) for g in after}
@@ -170,32 +172,38 @@ async def _burst(s: _Setup, lead: float) -> tuple[dict[str, Any], dict[str, floa
 
 async def _case(s: _Setup, case: str, alone_s: float) -> Phase:
     mode = case.rsplit(", ", 1)[1] if case.startswith("together") else "fair"
-    phase = Phase(case)
+    # One client of the served nodes for the whole case, to read their figures.
     with Serving(s.root, repair_interval=0, qos=mode):
-        loader = None if case == "checkpoint alone" else _loader(s)
-        if case == "loader alone":
-            await asyncio.sleep(LEAD_S / 2)  # its start-up
-            lo, before = time.monotonic(), await _charged(s.root)
-            await asyncio.sleep(max(alone_s - LEAD_S / 2, 1.0))
-            hi, after = time.monotonic(), await _charged(s.root)
-            steps = (await asyncio.to_thread(_result, loader, "loader"))["steps"]
-            mb, au = loader_figures(steps, lo, hi, s.accelerators)
-            phase.loader_mb_s, phase.loader_au = mb, au
-            used = after.get("loader", 0.0) - before.get("loader", 0.0)
-            phase.loader_disk_use = round(used / ((hi - lo) * NODES), 4)
-            return phase
-        ckpt, charged = await _burst(s, LEAD_S if loader is not None else 1.0)
-        began, ended = ckpt["began"], ckpt["ended"]
-        phase.checkpoint_s = round(ended - began, 3)
-        phase.checkpoint_gb_s = round(ckpt["bytes"] / (ended - began) / 1e9, 4)
-        if charged:
-            total = sum(charged.values()) or 1.0
-            phase.gold_share = round(charged.get("loader", 0.0) / total, 4)
-            phase.bronze_share = round(charged.get("ckpt", 0.0) / total, 4)
-        if loader is not None:
-            steps = (await asyncio.to_thread(_result, loader, "loader"))["steps"]
-            mb, au = loader_figures(steps, began, ended, s.accelerators)
-            phase.loader_mb_s, phase.loader_au = mb, au
+        async with Cluster.open(s.root) as c:
+            return await _measure(s, case, alone_s, c.nodes)
+
+
+async def _measure(s: _Setup, case: str, alone_s: float, nodes: Sequence[StorageNode]) -> Phase:
+    phase = Phase(case)
+    loader = None if case == "checkpoint alone" else _loader(s)
+    if case == "loader alone":
+        await asyncio.sleep(LEAD_S / 2)  # its start-up
+        lo, before = time.monotonic(), await _charged(nodes)
+        await asyncio.sleep(max(alone_s - LEAD_S / 2, 1.0))
+        hi, after = time.monotonic(), await _charged(nodes)
+        steps = (await asyncio.to_thread(_result, loader, "loader"))["steps"]
+        mb, au = loader_figures(steps, lo, hi, s.accelerators)
+        phase.loader_mb_s, phase.loader_au = mb, au
+        used = after.get("loader", 0.0) - before.get("loader", 0.0)
+        phase.loader_disk_use = round(used / ((hi - lo) * NODES), 4)
+        return phase
+    ckpt, charged = await _burst(s, LEAD_S if loader is not None else 1.0, nodes)
+    began, ended = ckpt["began"], ckpt["ended"]
+    phase.checkpoint_s = round(ended - began, 3)
+    phase.checkpoint_gb_s = round(ckpt["bytes"] / (ended - began) / 1e9, 4)
+    if charged:
+        total = sum(charged.values()) or 1.0
+        phase.gold_share = round(charged.get("loader", 0.0) / total, 4)
+        phase.bronze_share = round(charged.get("ckpt", 0.0) / total, 4)
+    if loader is not None:
+        steps = (await asyncio.to_thread(_result, loader, "loader"))["steps"]
+        mb, au = loader_figures(steps, began, ended, s.accelerators)
+        phase.loader_mb_s, phase.loader_au = mb, au
     return phase
 
 

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clients.ckpt_models import MODELS
-from clients.cli_projection import core_gbps_of, with_fabric
+from clients.cli_projection import core_gbps_of, core_gbps_option, with_fabric
 from clients.projection import PRESETS, THIS_MACHINE, this_machine
 from clients.projection_train import TrainProjection, project_train, train_scenario
 from tectonic_emu.cli import print_json, progress_bar
@@ -98,13 +98,7 @@ _OPTIONS = (
         "first come first served through the same slots (fifo), or not scheduled (off) "
         "[default: off, as before issue 23].",
     ),
-    click.option(
-        "--core-gbps",
-        type=click.FloatRange(0),
-        default=None,
-        help="Projection: the fabric's core between racks, in aggregate (default: the "
-        "preset's; meta-genai-24k's is fitted to 7 TB/s = 56000; 0: non-blocking).",
-    ),
+    core_gbps_option("Projection: the"),
     click.option(
         "--checkpoint-rate",
         default="0",

@@ -33,6 +33,19 @@ from tectonic_emu.sim.metadata import MetadataModel
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+
+def core_gbps_option(lead: str = "The") -> Callable[[F], F]:
+    """``--core-gbps``, its help starting with ``lead`` (``simulate train`` marks its
+    projection-only options so)."""
+    return click.option(
+        "--core-gbps",
+        type=click.FloatRange(0),
+        default=None,
+        help=f"{lead} fabric's core between racks, in aggregate (default: the preset's; "
+        "meta-genai-24k's is fitted to 7 TB/s = 56000; 0: non-blocking).",
+    )
+
+
 _OPTIONS = (
     click.option(
         "--preset",
@@ -62,13 +75,7 @@ _OPTIONS = (
         default=None,
         help="Storage servers (default: the preset's).",
     ),
-    click.option(
-        "--core-gbps",
-        type=click.FloatRange(0),
-        default=None,
-        help="The fabric's core between racks, in aggregate (default: the preset's; "
-        "meta-genai-24k's is fitted to 7 TB/s = 56000; 0: non-blocking).",
-    ),
+    core_gbps_option(),
     click.option(
         "--metadata-shards",
         type=click.IntRange(1, 1 << 20),
@@ -425,6 +432,7 @@ def simulate_sweep(vary: str, as_json: bool, plot_dir: Path | None, **options: A
 __all__ = [
     "VARY",
     "core_gbps_of",
+    "core_gbps_option",
     "plot_projection",
     "scenario_of",
     "with_fabric",

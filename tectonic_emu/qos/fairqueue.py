@@ -100,15 +100,12 @@ class FairQueue:
     """See the module docstring. ``fair=False`` serves every group from one flow, first
     come first served, still counting each group's figures (a run without QoS)."""
 
-    def __init__(
-        self, depth: int, *, costs: Costs = LOCAL_DISK, fair: bool = True, name: str = ""
-    ) -> None:
+    def __init__(self, depth: int, *, costs: Costs = LOCAL_DISK, fair: bool = True) -> None:
         if depth < 1:
             raise InvalidArgumentError(f"a fair queue's depth is at least 1, not {depth}")
         self.depth = depth
         self.costs = costs
         self.fair = fair
-        self.name = name
         self.busy = 0  # slots held
         self.vtime = 0.0
         self.stats: dict[str, GroupStats] = {}
@@ -128,12 +125,9 @@ class FairQueue:
         """Hold a slot for one request of ``group`` of ``nbytes`` (None: not known yet; the
         body sets ``ticket.nbytes``). Raises what the body raises; a cancelled wait leaves
         the queue as it was (a request is charged when it is let in)."""
-        if nbytes is None:
-            guess = self._mean_read.get(group.name, 0.0)
-            ticket = Ticket(group, write, 0, self.costs.of(int(guess), write=write), 0.0)
-        else:
-            ticket = Ticket(group, write, nbytes, self.costs.of(nbytes, write=write), 0.0)
-        ticket.queued_at = clock.monotonic()
+        known = nbytes if nbytes is not None else int(self._mean_read.get(group.name, 0.0))
+        charged = self.costs.of(known, write=write)
+        ticket = Ticket(group, write, nbytes or 0, charged, clock.monotonic())
         await self._acquire(group, ticket)
         ticket.started_at = clock.monotonic()
         try:

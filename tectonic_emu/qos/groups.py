@@ -99,9 +99,6 @@ class TrafficGroup:
             raise InvalidArgumentError(f"a group's share and rate are numbers: {spec!r}") from e
         return cls(parts[0], parts[1] if len(parts) > 1 else "silver", share, rate)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "class": self.klass, "share": self.share, "rate": self.rate}
-
 
 DEFAULT = TrafficGroup("default")
 _current: contextvars.ContextVar[TrafficGroup | None] = contextvars.ContextVar(

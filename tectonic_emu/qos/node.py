@@ -47,13 +47,11 @@ class NodeQos:
     ) -> None:
         self.depth = depth
         self.fair = fair
-        self.queues = [
-            FairQueue(depth, costs=costs, fair=fair, name=f"disk{d}") for d in range(disks)
-        ]
+        self.queues = [FairQueue(depth, costs=costs, fair=fair) for _ in range(disks)]
         self.nic: FairQueue | None = None
         if nic_rate > 0:
             line = Costs(read_bw=nic_rate, write_bw=nic_rate, read_op_s=0.0, write_op_s=0.0)
-            self.nic = FairQueue(NIC_DEPTH, costs=line, fair=fair, name="nic")
+            self.nic = FairQueue(NIC_DEPTH, costs=line, fair=fair)
 
     def disk(self, n: int) -> FairQueue:
         if not 0 <= n < len(self.queues):
