@@ -172,7 +172,7 @@ def report(p: TrainProjection, preset: str) -> None:
     r, gb = p.report, 1e9
     ckpt = (
         f"\n{p.checkpoint} checkpoints of {p.checkpoint_bytes / gb:,.1f} GB, every "
-        f"{p.checkpoint_every} steps"
+        f"{p.checkpoint_every} steps, at most {p.checkpoint_host_bytes / gb:,.2f} GB from one host"
         if p.checkpoint
         else ""
     )

@@ -108,6 +108,10 @@ class TrainProjection:
     dataset_bytes: int
     checkpoint: str | None
     checkpoint_bytes: int  # one checkpoint's, as DLIO counts them (0: none)
+    # The most of one checkpoint a client host writes (DLIO puts the model's files on the
+    # first data-parallel replica's ranks, so its hosts write the most): with a paced
+    # checkpoint a burst lasts at least this over the rate.
+    checkpoint_host_bytes: int
     checkpoint_every: int  # steps
     dataset_write_s: float  # virtual seconds host 0 took to store the dataset, before the run
     report: TrainReport
@@ -154,7 +158,7 @@ async def _run(sc: TrainScenario, progress: Progress | None) -> TrainProjection:
     def host(r: int) -> int:
         return r // sc.ranks_per_host
 
-    bursts, ckpt_bytes = None, 0
+    bursts, ckpt_bytes, host_bytes = None, 0, 0
     if sc.checkpoint is not None:
         plan = checkpoint_plan(sc.checkpoint, sc.accelerators, sc.checkpoint_scale)
         shared = SharedIndexes()
@@ -173,6 +177,10 @@ async def _run(sc: TrainScenario, progress: Progress | None) -> TrainProjection:
             sc.every, lambda r: ckpts[host(r)], lambda r: rank_state(plan, r), sc.async_save
         )
         ckpt_bytes = plan.total
+        per_host = [0] * hosts_n
+        for r, rank in enumerate(plan.per_rank):
+            per_host[host(r)] += rank.size
+        host_bytes = max(per_host)
     disks = list(dict.fromkeys(d for s in mc.servers for d in s.disks))
     samples_out: list[tuple[float, float, float]] = []
     t0 = clock.monotonic()
@@ -217,6 +225,7 @@ async def _run(sc: TrainScenario, progress: Progress | None) -> TrainProjection:
         dataset_bytes=index.nbytes,
         checkpoint=sc.checkpoint,
         checkpoint_bytes=ckpt_bytes,
+        checkpoint_host_bytes=host_bytes,
         checkpoint_every=sc.every,
         dataset_write_s=round(written, 6),
         report=report,
