@@ -389,7 +389,7 @@ __all__ = ["fuse", "hedge", "metadata_cmd", "net", "posix", "random_cmd", "store
 @click.option("--depth", default=2, show_default=True, help="Requests in service per disk.")
 @click.option("--accelerators", default=2, show_default=True, help="Gold emulated h100s.")
 @click.option("--checkpoint", "checkpoint_size", default="1GiB", show_default=True)
-@click.option("--ranks", default=8, show_default=True, help="Ranks saving the checkpoint.")
+@click.option("--ranks", default=32, show_default=True, help="Ranks saving the checkpoint.")
 @click.option("--records", default=300, show_default=True, help="Dataset records (4.6 MB).")
 @click.option("--rounds", default=3, show_default=True, help="Rounds of every case.")
 @dir_option("Where the cluster goes.")

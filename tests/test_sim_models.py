@@ -69,6 +69,34 @@ def test_a_disk_head_seeks_for_every_operation() -> None:
     assert timed(work) == pytest.approx(100 * (HDD.seek + MiB / HDD.read_bw), rel=1e-9)
 
 
+@pytest.mark.parametrize("model", [FLASH, HDD], ids=lambda m: m.name)
+def test_a_small_read_behind_a_big_write(model: DiskModel) -> None:
+    """Flash shares itself between what is in flight, so a small read started just after a
+    big write ends first; a disk's head serves them in the order they came, so the read
+    waits for the whole write (why a checkpoint's queue starves a loader's reads)."""
+    disk = Disk(model)
+    ended: list[str] = []
+
+    async def op(name: str, io: Awaitable[None]) -> None:
+        await io
+        ended.append(name)
+
+    async def work() -> None:
+        write = asyncio.ensure_future(op("write", disk.write(256 * MiB)))
+        await asyncio.sleep(0)
+        await op("read", disk.read(64 * 1024))
+        await write
+
+    took = timed(work)
+    if model.one_at_a_time:
+        assert ended == ["write", "read"]
+        assert took == pytest.approx(
+            model.service(256 * MiB, write=True) + model.service(64 * 1024, write=False)
+        )
+    else:
+        assert ended == ["read", "write"]
+
+
 def test_a_queue_depth_of_one_serialises_the_latency() -> None:
     model = DiskModel("qd1", 1e9, 1e9, 1e6, 1e6, 1e-3, 0.0, 1, "test")
     disk = Disk(model, time=QueueResource(1.0))

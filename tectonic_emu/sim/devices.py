@@ -1,10 +1,12 @@
 """Modelled disks: the time a storage node's device takes for each chunk read and write.
 
 A ``Disk`` charges every operation to one resource measured in device-seconds
-(``resources.py``, processor sharing by default): an operation of ``n`` bytes needs
-``max(seek + n / bandwidth, 1 / iops)`` of it. Alone, a big write then runs at the write
-bandwidth; many small ones together reach the IOPS figure and no more. Concurrent ones
-share the device. On top of that:
+(``resources.py``): an operation of ``n`` bytes needs ``max(seek + n / bandwidth, 1 /
+iops)`` of it. Alone, a big write then runs at the write bandwidth; many small ones
+together reach the IOPS figure and no more. Concurrent ones share a flash device (its
+channels serve them together: processor sharing), while a disk's head serves one at a time
+in the order they came (``one_at_a_time``: a FIFO queue), so a request behind a deep queue
+waits for all of it. On top of that:
 
 - ``latency``: seconds each operation waits that overlap with other operations, such as a
   flash page read or program; ``write_latency``, where given, is the writes' (a file
@@ -24,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 from tectonic_emu.qos.fairqueue import Costs
-from tectonic_emu.sim.resources import Resource, SharedResource
+from tectonic_emu.sim.resources import QueueResource, Resource, SharedResource
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,9 @@ class DiskModel:
     queue_depth: int
     source: str
     write_latency: float | None = None  # None: ``latency``
+    # Serves one operation at a time, in arrival order (a disk's head), rather than sharing
+    # itself between those in flight (flash's channels).
+    one_at_a_time: bool = False
 
     def __post_init__(self) -> None:
         for field in ("read_bw", "write_bw", "read_iops", "write_iops"):
@@ -101,8 +106,10 @@ HDD = DiskModel(
     source=(
         "One actuator of a Seagate Exos 2X14 (Seagate's specification as reported by Tom's "
         "Hardware, 2021-05): half of its 524 MB/s, 304/384 random read/write IOPS, 4.16 ms "
-        "average latency taken as each operation's seek. Assumed: an NCQ depth of 32."
+        "average latency taken as each operation's seek. Assumed: an NCQ depth of 32, served "
+        "in arrival order (NCQ's reordering for the head's position left out)."
     ),
+    one_at_a_time=True,
 )
 
 PRESETS = {m.name: m for m in (FLASH, HDD)}
@@ -113,7 +120,14 @@ class Disk:
 
     def __init__(self, model: DiskModel, *, time: Resource | None = None, name: str = "") -> None:
         self.model = model
-        self.time = time if time is not None else SharedResource(1.0, name=name or model.name)
+        if time is None:
+            name = name or model.name
+            time = (
+                QueueResource(1.0, name=name)
+                if model.one_at_a_time
+                else SharedResource(1.0, name=name)
+            )
+        self.time = time
         self._slots = asyncio.Semaphore(model.queue_depth)
         self._writing: set[asyncio.Future[None]] = set()  # writes the device holds now
         self.ops = 0
