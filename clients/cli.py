@@ -17,6 +17,7 @@ from rich.table import Table
 
 from clients.checkpoint import Checkpointer
 from clients.ckpt_format import Manifest, step_of_dir
+from clients.cli_faults import simulate_faults
 from clients.cli_project_train import PROJECTION_ONLY, projection_options, run_projection
 from clients.cli_projection import simulate_checkpoint, simulate_sweep
 from clients.workloads import WORKLOADS
@@ -466,7 +467,7 @@ async def _ensure_dataset(cluster: Cluster, workload: str, scale: float, path: s
         )
 
 
-for command in (simulate_checkpoint, simulate_sweep):
+for command in (simulate_checkpoint, simulate_sweep, simulate_faults):
     simulate.add_command(command)
 
 __all__ = ["ckpt", "data", "simulate"]

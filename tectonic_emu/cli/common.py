@@ -14,7 +14,9 @@ from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
+    MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     TaskProgressColumn,
     TimeRemainingColumn,
     TransferSpeedColumn,
@@ -59,15 +61,20 @@ def print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
 
 
-def progress_bar(total: int | None) -> Progress:
+def progress_bar(total: int | None, *, items: bool = False) -> Progress:
     """A transfer bar on stderr, shown only when stderr is a terminal: percentage, bytes,
-    rate and ETA once a task has a total; a pulsing bar until then."""
+    rate and ETA once a task has a total; a pulsing bar until then. ``items``: counts
+    things (done/total) rather than bytes."""
+    counts: tuple[ProgressColumn, ...] = (
+        (MofNCompleteColumn(),)
+        if items
+        else (DownloadColumn(binary_units=True), TransferSpeedColumn())
+    )
     return Progress(
         "[progress.description]{task.description}",
         BarColumn(),
         TaskProgressColumn(),
-        DownloadColumn(binary_units=True),
-        TransferSpeedColumn(),
+        *counts,
         TimeRemainingColumn(),
         console=err_console,
         disable=not err_console.is_terminal,

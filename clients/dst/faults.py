@@ -1,0 +1,122 @@
+"""Seeded fault schedules, and their injection into a model cluster's servers.
+
+A schedule is a list of ``Fault``s drawn from one ``random.Random``: when (virtual seconds
+after the workload starts), what, on which server, for how long. ``Injector`` applies them
+to a ``ModelCluster`` as the virtual clock reaches each one, and heals what heals:
+
+- ``kill``: the server stops answering (its chunks stay, as a restarted node's synced
+  chunks do; chunk writes are synced before they are acknowledged), then comes back;
+- ``slow``: every call to the server takes ``SLOW_S`` longer, then normal again;
+- ``corrupt``: one stored chunk gets a flipped bit, as a failing disk's sector would;
+- ``lose``: one stored chunk is gone, as with a disk replaced or a file removed.
+
+Corrupt and lost chunks stay until repair rebuilds them. Damage (kills, corrupt and lost
+chunks) falls only on ``victims`` servers chosen for the seed, no more than the encoding
+tolerates, so every acknowledged byte stays readable throughout: a read that fails is
+then a bug, not bad luck. Slow servers may be any.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from dataclasses import dataclass
+
+from tectonic_emu import clock
+from tectonic_emu.sim.cluster import ModelCluster
+
+KINDS = ("kill", "slow", "corrupt", "lose")
+DAMAGE = frozenset({"kill", "corrupt", "lose"})
+SLOW_S = 0.05  # seconds a slow server adds to every call
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """``kind`` on server ``server`` at ``at`` virtual seconds, for ``duration`` (kill and
+    slow); ``pick`` chooses which stored chunk (corrupt and lose) among the server's."""
+
+    at: float
+    kind: str
+    server: int
+    duration: float = 0.0
+    pick: int = 0
+
+
+def schedule(
+    rng: random.Random, *, servers: int, victims: int, horizon: float, count: int
+) -> list[Fault]:
+    """``count`` faults within ``horizon`` seconds, in time order; damage only on
+    ``victims`` servers drawn first (``victims`` at most what the encoding tolerates)."""
+    chosen = rng.sample(range(servers), victims) if victims else []
+    out: list[Fault] = []
+    for _ in range(count):
+        kind = rng.choice(KINDS if chosen else ("slow",))
+        server = rng.choice(chosen) if kind in DAMAGE else rng.randrange(servers)
+        at = round(rng.uniform(0.0, horizon), 6)
+        duration = round(rng.uniform(0.01, horizon / 2), 6) if kind in ("kill", "slow") else 0.0
+        out.append(Fault(at, kind, server, duration, rng.randrange(1 << 30)))
+    out.sort(key=lambda f: (f.at, f.server, f.kind))
+    return out
+
+
+class Injector:
+    """Applies ``faults`` to ``mc``'s servers in virtual time (``run``); ``injected``
+    counts them by kind (a corrupt or lose on a server holding no chunk yet is skipped)."""
+
+    def __init__(self, mc: ModelCluster, faults: list[Fault]) -> None:
+        self.mc = mc
+        self.faults = faults
+        self.injected: Counter[str] = Counter()
+        self._down: Counter[int] = Counter()  # kills in force per server
+        self._slow: Counter[int] = Counter()
+        self._heals: list[asyncio.Task[None]] = []
+
+    async def run(self) -> None:
+        start = clock.monotonic()
+        for f in self.faults:
+            wait = start + f.at - clock.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if await self._apply(f):
+                self.injected[f.kind] += 1
+        await asyncio.gather(*self._heals)
+
+    async def _apply(self, f: Fault) -> bool:
+        server = self.mc.servers[f.server]
+        if f.kind == "kill":
+            self._down[f.server] += 1
+            server.available = False
+        elif f.kind == "slow":
+            self._slow[f.server] += 1
+            server.delay = SLOW_S
+        else:
+            chunks = [
+                (d, info.chunk_id)
+                for d in range(len(server.disks))
+                for info in await server.store.list_chunks(d)
+            ]
+            if not chunks:
+                return False
+            disk, chunk_id = sorted(chunks)[f.pick % len(chunks)]
+            if f.kind == "corrupt":
+                server.store.corrupt(disk, chunk_id)
+            else:
+                await server.store.delete_chunk(disk, chunk_id)
+            return True
+        self._heals.append(asyncio.ensure_future(self._heal(f)))
+        return True
+
+    async def _heal(self, f: Fault) -> None:
+        await asyncio.sleep(f.duration)
+        server = self.mc.servers[f.server]
+        counts = self._down if f.kind == "kill" else self._slow
+        counts[f.server] -= 1
+        if counts[f.server] == 0:
+            if f.kind == "kill":
+                server.available = True
+            else:
+                server.delay = 0.0
+
+
+__all__ = ["DAMAGE", "KINDS", "SLOW_S", "Fault", "Injector", "schedule"]

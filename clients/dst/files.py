@@ -1,0 +1,182 @@
+"""The ``files`` workload of deterministic simulation testing: writers on client hosts
+put whole files, stream files through the single writer with a flush per piece, delete
+files and read them back, while faults fall (``faults.py``).
+
+``Ledger`` is the model: what each path must hold, as acknowledged. A put that returned
+holds its bytes; a streamed file holds at least what its last returned flush covered (and
+exactly its bytes once closed); a delete that returned leaves nothing. Each host owns its
+own directory, so no two writers race for a path and the model needs no locks. Every read
+is checked against the model as it happens; ``check`` checks every path at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tectonic_emu import clock
+from tectonic_emu.client import Client
+from tectonic_emu.errors import NodeUnavailableError, NotEnoughNodesError, NotFoundError
+
+# What a write may meet while faults fall, and answer honestly: the bytes were not
+# acknowledged, and the model does not count them.
+REFUSALS = (NotEnoughNodesError, NodeUnavailableError)
+MAX_FILE = 400_000  # bytes: up to a few blocks of the small blocks the runs use
+PIECES = 4  # pieces of a streamed file, each flushed
+
+
+@dataclass(slots=True)
+class Ledger:
+    """The acknowledged state: each path's bytes, and whether its file is sealed (exactly
+    them) or still open (at least them: bytes appended beyond the last flush may be
+    committed too)."""
+
+    files: dict[str, bytes] = field(default_factory=dict)
+    sealed: set[str] = field(default_factory=set)
+    deleted: set[str] = field(default_factory=set)
+
+    def expect(self, path: str, got: bytes) -> str | None:
+        """Why ``got`` cannot be what ``path`` holds (None: it can)."""
+        want = self.files[path]
+        if path in self.sealed and got != want:
+            return f"{path}: read {len(got)} bytes that differ from the {len(want)} acknowledged"
+        if path not in self.sealed and got[: len(want)] != want:
+            return f"{path}: the {len(want)} flushed bytes do not read back"
+        return None
+
+
+@dataclass(slots=True)
+class Host:
+    """One writer: its client, its directory, its random stream, and what it saw."""
+
+    index: int
+    client: Client
+    rng: random.Random
+    ledger: Ledger
+    trace: list[tuple[object, ...]]
+    violations: list[str]
+    outcomes: Counter[str] = field(default_factory=Counter)
+    made: int = 0
+
+    @property
+    def root(self) -> str:
+        return f"/h{self.index}"
+
+    def log(self, op: str, path: str, outcome: str) -> None:
+        self.trace.append((round(clock.monotonic(), 9), self.index, op, path, outcome))
+        self.outcomes[f"{op} {outcome}"] += 1
+
+    def mine(self) -> list[str]:
+        return sorted(p for p in self.ledger.files if p.startswith(self.root + "/"))
+
+
+async def put(h: Host) -> None:
+    h.made += 1
+    path = f"{h.root}/f{h.made}"
+    data = h.rng.randbytes(h.rng.randrange(MAX_FILE))
+    try:
+        await h.client.write_file(path, data)
+    except REFUSALS as exc:
+        h.log("put", path, type(exc).__name__)
+        return
+    h.ledger.files[path] = data
+    h.ledger.sealed.add(path)
+    h.log("put", path, "ok")
+
+
+async def stream(h: Host) -> None:
+    h.made += 1
+    path = f"{h.root}/s{h.made}"
+    flushed = b""
+    try:
+        writer = await h.client.open_writer(path)
+        try:
+            for _ in range(PIECES):
+                piece = h.rng.randbytes(h.rng.randrange(MAX_FILE // PIECES))
+                await writer.append(piece)
+                await writer.flush()
+                flushed += piece
+                h.ledger.files[path] = flushed
+            await writer.close()
+        except BaseException:
+            await asyncio.shield(writer.abort())
+            raise
+    except REFUSALS as exc:
+        h.log("stream", path, type(exc).__name__)
+        return
+    h.ledger.sealed.add(path)
+    h.log("stream", path, "ok")
+
+
+async def delete(h: Host) -> None:
+    paths = h.mine()
+    if not paths:
+        return
+    path = h.rng.choice(paths)
+    await h.client.delete(path)
+    del h.ledger.files[path]
+    h.ledger.sealed.discard(path)
+    h.ledger.deleted.add(path)
+    h.log("delete", path, "ok")
+
+
+async def read(h: Host) -> None:
+    paths = h.mine()
+    if not paths:
+        return
+    path = h.rng.choice(paths)
+    got = await h.client.read_file(path)
+    why = h.ledger.expect(path, bytes(got))
+    if why is not None:
+        h.violations.append(f"during the faults, {why}")
+    h.log("read", path, "ok" if why is None else "wrong")
+
+
+OPS: tuple[tuple[Callable[[Host], object], int], ...] = (
+    (put, 4),
+    (stream, 2),
+    (delete, 1),
+    (read, 4),
+)
+
+
+async def run_host(h: Host, ops: int, pause: float) -> None:
+    """``ops`` operations drawn by weight, ``pause`` seconds apart at most. An error a
+    write may meet is counted; any other error is a violation (none is swallowed)."""
+    await h.client.mkdir(h.root, exist_ok=True)
+    funcs, weights = zip(*OPS, strict=True)
+    for _ in range(ops):
+        op = h.rng.choices(funcs, weights)[0]
+        try:
+            await op(h)  # type: ignore[misc]
+        except Exception as exc:  # every other error is a violation, reported
+            h.violations.append(f"{op.__name__} raised {type(exc).__name__}: {exc}")
+            h.log(op.__name__, "?", type(exc).__name__)
+        await asyncio.sleep(h.rng.uniform(0.0, pause))
+
+
+async def check(client: Client, ledger: Ledger) -> list[str]:
+    """Every acknowledged path reads back as acknowledged; every deleted one is gone."""
+    out: list[str] = []
+    for path in sorted(ledger.files):
+        try:
+            got = bytes(await client.read_file(path))
+        except Exception as exc:  # reported
+            out.append(f"after the faults, {path} is unreadable: {type(exc).__name__}: {exc}")
+            continue
+        why = ledger.expect(path, got)
+        if why is not None:
+            out.append(f"after the faults, {why}")
+    for path in sorted(ledger.deleted - set(ledger.files)):
+        try:
+            await client.stat(path)
+        except NotFoundError:
+            continue
+        out.append(f"after the faults, {path} was deleted but is still there")
+    return out
+
+
+__all__ = ["MAX_FILE", "OPS", "REFUSALS", "Host", "Ledger", "check", "run_host"]
