@@ -23,7 +23,7 @@ import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 
-from tectonic_emu import clock
+from tectonic_emu import buggify, clock
 from tectonic_emu.chunkstore.base import StorageNode
 from tectonic_emu.coding import Encoding, codec_for, crc32c, decompress
 from tectonic_emu.coding.reed_solomon import ReedSolomonCodec
@@ -65,6 +65,8 @@ class BlockReader:
         t0 = clock.monotonic()
         stored, info = await self.nodes[c.node].read_chunk(c.disk, c.chunk_id)
         self.hedging.record(c.node, c.stored_len, clock.monotonic() - t0)
+        if buggify.fires():  # a short read (docs/dst.md): the check below must catch it
+            stored = stored[: len(stored) // 2]
         # Every node checks the payload against the checksum stored with it (a served node's
         # client does so after the wire); that checksum must be the one the Block layer
         # recorded when the block was written. One pass over the bytes, end to end.
@@ -484,9 +486,13 @@ class BlockReader:
     ) -> dict[int, Payload]:
         """At least ``enc.min_chunks`` good chunks of a block (``have`` and more), or
         DataUnavailableError naming the last few of ``errors`` (those of earlier attempts,
-        and the ones met here)."""
+        and the ones met here). Before giving up, the chunks that failed their checksum
+        here are read once more: a short or damaged read (a NIC, a cable, a buggify point)
+        fails it as a bad sector does, and only the sector's fails again."""
         order = self._read_order(rec.chunks, enc.min_chunks if enc.kind == "rs" else 1)
         good: dict[int, Payload] = dict(have)
+        corrupt: set[int] = set()  # indexes that failed their checksum here
+        retried = False
         if not good:  # a plain read: race the chunks it needs against slow nodes
             self.hedging.count_read()
             live = [c for c in order if self.nodes[c.node].available and c.index not in failed]
@@ -495,11 +501,16 @@ class BlockReader:
                 good, raced_failed = await self._race(live[:need], live[need:], enough=need)
                 failed |= raced_failed.keys()
                 errors.extend(raced_failed.values())
+                corrupt |= {i for i, e in raced_failed.items() if isinstance(e, ChunkCorruptError)}
         skip = set(good) | failed
         pending = [c for c in order if c.index not in skip]
         while len(good) < enc.min_chunks:
             want = enc.min_chunks - len(good)
             batch, pending = pending[:want], pending[want:]
+            if not batch and corrupt and not retried:  # once more, those that failed it
+                pending = [c for c in order if c.index in corrupt and c.index not in good]
+                retried = True
+                continue
             if not batch:
                 why = "; ".join(reason(e) for e in errors[-3:]) or "no chunk left to try"
                 raise DataUnavailableError(
@@ -514,6 +525,8 @@ class BlockReader:
                     if not isinstance(r, (OSError, EOFError)):
                         raise r
                     errors.append(r)
+                    if isinstance(r, ChunkCorruptError):
+                        corrupt.add(c.index)
                 else:
                     good[c.index] = r
         return good

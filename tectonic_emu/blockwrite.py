@@ -18,7 +18,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-from tectonic_emu import entropy
+from tectonic_emu import buggify, entropy
 from tectonic_emu.bufpool import uninitialised
 from tectonic_emu.chunkstore.base import StorageNode
 from tectonic_emu.coding import Encoding, codec_for, crc32c, maybe_compress
@@ -347,8 +347,11 @@ class BlockWriter:
             )
             state.current[index] = placement
             try:
+                if buggify.fires():  # a request held back: a straggler (docs/dst.md)
+                    await asyncio.sleep(buggify.draw(0.0, 0.05))
+                synced = state.sync and not buggify.planted("ack-before-durable")
                 await self.nodes[node].write_chunk(
-                    disk, chunk_id, stored, crc32c=crc, flags=flags, sync=state.sync
+                    disk, chunk_id, stored, crc32c=crc, flags=flags, sync=synced
                 )
                 if state.acked and not state.sync:
                     # A straggler: the caller's sync of the block's disks may be over.

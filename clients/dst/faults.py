@@ -4,8 +4,11 @@ A schedule is a list of ``Fault``s drawn from one ``random.Random``: when (virtu
 after the workload starts), what, on which server, for how long. ``Injector`` applies them
 to a ``ModelCluster`` as the virtual clock reaches each one, and heals what heals:
 
-- ``kill``: the server stops answering (its chunks stay, as a restarted node's synced
-  chunks do; chunk writes are synced before they are acknowledged), then comes back;
+- ``kill``: the server crashes, losing what a power cut loses (chunks written unsynced
+  since their disk's last sync, ``MemoryNode.crash``), stops answering for a while, then
+  comes back. No committed block may be left with fewer durable chunks than the quorum
+  that acknowledged it (a straggler's chunk, written after the acknowledgment and not yet
+  synced, may be lost), which the injector checks at every crash;
 - ``slow``: every call to the server takes ``SLOW_S`` longer, then normal again;
 - ``corrupt``: one stored chunk gets a flipped bit, as a failing disk's sector would;
 - ``lose``: one stored chunk is gone, as with a disk replaced or a file removed.
@@ -21,9 +24,11 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tectonic_emu import clock
+from tectonic_emu.coding import Encoding
 from tectonic_emu.sim.cluster import ModelCluster
 
 KINDS = ("kill", "slow", "corrupt", "lose")
@@ -64,9 +69,18 @@ class Injector:
     """Applies ``faults`` to ``mc``'s servers in virtual time (``run``); ``injected``
     counts them by kind (a corrupt or lose on a server holding no chunk yet is skipped)."""
 
-    def __init__(self, mc: ModelCluster, faults: list[Fault]) -> None:
+    def __init__(
+        self,
+        mc: ModelCluster,
+        faults: list[Fault],
+        violations: list[str],
+        quorum: Callable[[Encoding], int],
+    ) -> None:
         self.mc = mc
         self.faults = faults
+        self.violations = violations  # what the crashes' check finds
+        self.quorum = quorum  # chunks durable before a block is acknowledged
+        self._lost: set[tuple[int, int, str]] = set()  # (server, disk, chunk) lose faults took
         self.injected: Counter[str] = Counter()
         self._down: Counter[int] = Counter()  # kills in force per server
         self._slow: Counter[int] = Counter()
@@ -87,6 +101,7 @@ class Injector:
         if f.kind == "kill":
             self._down[f.server] += 1
             server.available = False
+            await self._crash(f.server)
         elif f.kind == "slow":
             self._slow[f.server] += 1
             server.delay = SLOW_S
@@ -103,9 +118,33 @@ class Injector:
                 server.store.corrupt(disk, chunk_id)
             else:
                 await server.store.delete_chunk(disk, chunk_id)
+                self._lost.add((f.server, disk, chunk_id))
             return True
         self._heals.append(asyncio.ensure_future(self._heal(f)))
         return True
+
+    async def _crash(self, n: int) -> None:
+        """Crash server ``n``: a violation for each committed block that it leaves with
+        fewer durable chunks than acknowledged it (those lose faults took count: they were
+        durable until then)."""
+        lost = set(self.mc.servers[n].store.crash())
+        if not lost:
+            return
+        servers = self.mc.servers
+        async for rec in self.mc.meta.iter_blocks():
+            if not any(c.node == n and (c.disk, c.chunk_id) in lost for c in rec.chunks):
+                continue
+            durable = sum(
+                (c.node, c.disk, c.chunk_id) in self._lost
+                or servers[c.node].store.durable(c.disk, c.chunk_id)
+                for c in rec.chunks
+            )
+            need = self.quorum(Encoding.parse(rec.encoding))
+            if durable < need:
+                self.violations.append(
+                    f"a crash of server {n} left committed block {rec.block_id:016x} with "
+                    f"{durable} durable chunks of the {need} that acknowledged it"
+                )
 
     async def _heal(self, f: Fault) -> None:
         await asyncio.sleep(f.duration)

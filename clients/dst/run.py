@@ -10,6 +10,8 @@ number (``SeedResult.replay``).
 Invariants, checked as the run goes and at its end (``files.py`` for the reads):
 
 - every acknowledged byte reads back, during the faults and after them;
+- a crash leaves every committed block as many durable chunks as acknowledged it
+  (``faults.py``);
 - a delete that returned leaves nothing at the path;
 - once the faults stop and repair has run, no block is unrecoverable and a scrub finds
   every chunk of every block in place and sound (full redundancy);
@@ -25,14 +27,14 @@ import hashlib
 import json
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from clients.dst.faults import Injector, schedule
 from clients.dst.files import Host, Ledger, check, run_host
 from clients.projection import PRESETS, model_cluster
-from tectonic_emu import clock, entropy
+from tectonic_emu import buggify, clock, entropy
 from tectonic_emu.coding import Encoding
 from tectonic_emu.services.repair import repair
 from tectonic_emu.services.scrub import scrub
@@ -101,21 +103,27 @@ class Summary:
         }
 
 
-def run_seed(seed: int, workload: str = "files") -> SeedResult:
-    """Run seed ``seed`` of ``workload`` in virtual time."""
+def run_seed(seed: int, workload: str = "files", *, planted: Iterable[str] = ()) -> SeedResult:
+    """Run seed ``seed`` of ``workload`` in virtual time, buggify points on; ``planted``:
+    bugs to plant (``tectonic_emu/buggify.py``), for the tests that simulation finds them."""
     if workload not in WORKLOADS:
         raise ValueError(f"a workload is one of {', '.join(WORKLOADS)}, not {workload!r}")
-    with entropy.seeded(seed):
+    with entropy.seeded(seed), buggify.active(seed, planted=planted):
         return clock.run_virtual(_run(seed, workload))
 
 
 def run_seeds(
-    first: int, count: int, workload: str = "files", progress: Callable[[], None] | None = None
+    first: int,
+    count: int,
+    workload: str = "files",
+    progress: Callable[[], None] | None = None,
+    *,
+    planted: Iterable[str] = (),
 ) -> Summary:
     """Seeds ``first`` to ``first + count - 1``, one after another."""
     out = Summary(first)
     for seed in range(first, first + count):
-        out.add(run_seed(seed, workload))
+        out.add(run_seed(seed, workload, planted=planted))
         if progress is not None:
             progress()
     return out
@@ -137,14 +145,16 @@ async def _run(seed: int, workload: str) -> SeedResult:
         horizon=HORIZON_S,
         count=rng.randint(*FAULTS),
     )
-    injector = Injector(mc, faults)
     ledger, trace, violations = Ledger(), [], []  # type: ignore[var-annotated]
+    injector = Injector(mc, faults, violations, clusters[0].datapath.ack_quorum)
     writers = [
         Host(i, c.client(), random.Random(rng.getrandbits(64)), ledger, trace, violations)
         for i, c in enumerate(clusters)
     ]
     start = clock.monotonic()
     await asyncio.gather(injector.run(), *(run_host(h, OPS, PAUSE_S) for h in writers))
+    for c in clusters:  # chunk writes that outlived their block's acknowledgment
+        await c.datapath.drain()
     report = await repair(clusters[0], gc_grace=0.0)
     violations += [f"block {b} unrecoverable after the faults" for b in report.unrecoverable]
     scrubbed = await scrub(clusters[0])

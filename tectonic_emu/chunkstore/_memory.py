@@ -53,6 +53,8 @@ class MemoryNode(StorageNode):
         self.available = True
         self._closed = False
         self._disks: list[dict[str, _Stored]] = [{} for _ in range(disks)]
+        # Chunks written with sync=False since their disk's last sync: what a crash loses.
+        self._unsynced: list[set[str]] = [set() for _ in range(disks)]
 
     def _check_up(self) -> None:
         if self._closed:
@@ -98,14 +100,33 @@ class MemoryNode(StorageNode):
         flags: int = 0,
         sync: bool = True,
     ) -> None:
-        """``sync`` changes nothing: memory has nothing to flush (and nothing survives)."""
+        """With ``sync=False`` the chunk is lost by a ``crash`` until its disk is synced."""
         self._check_up()
         data = payload if isinstance(payload, Synthetic) else bytes(as_byte_view(payload))
         self._put(disk, chunk_id, _Stored(data, len(data), crc32c, flags, clock.wall()))
+        if sync:
+            self._unsynced[disk].discard(chunk_id)
+        else:
+            self._unsynced[disk].add(chunk_id)
 
     async def sync_disk(self, disk: int) -> None:
         self._check_up()
         self._disk(disk)  # InvalidArgumentError for a disk it does not have
+        self._unsynced[disk].clear()
+
+    def durable(self, disk: int, chunk_id: str) -> bool:
+        """Test helper: whether the chunk is stored and would survive a ``crash``."""
+        return chunk_id in self._disk(disk) and chunk_id not in self._unsynced[disk]
+
+    def crash(self) -> list[tuple[int, str]]:
+        """Test helper: lose what a power cut would, every chunk written unsynced since its
+        disk's last sync; returns them as (disk, chunk id)."""
+        lost = [(d, c) for d, ids in enumerate(self._unsynced) for c in sorted(ids)]
+        for d, c in lost:
+            self._disks[d].pop(c, None)
+        for ids in self._unsynced:
+            ids.clear()
+        return lost
 
     async def read_chunk(self, disk: int, chunk_id: str) -> tuple[ChunkData, ChunkInfo]:
         self._check_up()
@@ -124,6 +145,7 @@ class MemoryNode(StorageNode):
         chunks = self._disk(disk)
         check_chunk_id(chunk_id)
         chunks.pop(chunk_id, None)
+        self._unsynced[disk].discard(chunk_id)
 
     async def stat_chunk(self, disk: int, chunk_id: str) -> ChunkInfo:
         self._check_up()

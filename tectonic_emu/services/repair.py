@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tectonic_emu import buggify
 from tectonic_emu.coding import Encoding, codec_for
 from tectonic_emu.coding.synthetic import Payload
 from tectonic_emu.errors import FencedWriterError, NotEnoughNodesError
@@ -112,7 +113,10 @@ async def repair_block(cluster: StoreView, rec: BlockRecord, report: RepairRepor
     if not swapped:  # deleted, changed or fenced meanwhile: our chunks are not needed
         await cluster.datapath.delete_chunks(new)
         return
-    await cluster.datapath.delete_chunks([c for c, _ in bad] + moved)
+    doomed = [c for c, _ in bad] + moved
+    if buggify.planted("repair-deletes-good"):  # a bug on purpose (docs/dst.md)
+        doomed += [c for c, _ in keep.values()]
+    await cluster.datapath.delete_chunks(doomed)
     report.blocks_repaired += 1
     report.chunks_rebuilt += len(new)
 

@@ -172,7 +172,8 @@ class ModelNode(StorageNode):
         """The device's write of the payload, whether ``sync`` or not: with ``O_DIRECT`` the
         bytes are on the device either way, and the fdatasync that follows a synced write
         is not charged (a cache flush with no other writes behind it costs next to
-        nothing beside 8 MiB)."""
+        nothing beside 8 MiB). The store keeps whether it is durable yet, for what a crash
+        loses (``MemoryNode.crash``, docs/dst.md)."""
         store, n = self.server.store, nbytes(payload)
 
         async def answer() -> None:
@@ -185,7 +186,9 @@ class ModelNode(StorageNode):
             async with self.server.scheduled(disk, n, write=True):
                 await self.server.spend("crc32c-pieces", n)
                 await self.server.disk(disk).write(n)
-                await store.write_chunk(disk, chunk_id, payload, crc32c=crc32c, flags=flags)
+                await store.write_chunk(
+                    disk, chunk_id, payload, crc32c=crc32c, flags=flags, sync=sync
+                )
 
         await self._call(answer, sent=n)
 
