@@ -1,6 +1,7 @@
 """The ``files`` workload of deterministic simulation testing: writers on client hosts
-put whole files, stream files through the single writer with a flush per piece, delete
-files and read them back, while faults fall (``faults.py``).
+put whole files, stream files through the single writer with a flush per piece, crash or
+stall a writer and take its file over, delete files and read them back, while faults fall
+(``faults.py``).
 
 ``Ledger`` is the model: what each path must hold, as acknowledged. A put that returned
 holds its bytes; a streamed file holds at least what its last returned flush covered (and
@@ -19,7 +20,12 @@ from dataclasses import dataclass, field
 
 from tectonic_emu import clock
 from tectonic_emu.client import Client
-from tectonic_emu.errors import NodeUnavailableError, NotEnoughNodesError, NotFoundError
+from tectonic_emu.errors import (
+    FencedWriterError,
+    NodeUnavailableError,
+    NotEnoughNodesError,
+    NotFoundError,
+)
 
 # What a write may meet while faults fall, and answer honestly: the bytes were not
 # acknowledged, and the model does not count them.
@@ -111,6 +117,55 @@ async def stream(h: Host) -> None:
     h.log("stream", path, "ok")
 
 
+async def takeover(h: Host) -> None:
+    """A writer flushes a piece and appends another; then it crashes (``abort``: its
+    unflushed bytes dropped) or stalls, and a second writer takes the file over. A stalled
+    writer must then be fenced (its flush raises FencedWriterError); the file must hold
+    the flushed piece and at most the rest of what the first writer appended; the second
+    writer's piece follows and it seals the file."""
+    h.made += 1
+    path = f"{h.root}/t{h.made}"
+    first, rest, last = (h.rng.randbytes(h.rng.randrange(MAX_FILE // 3)) for _ in range(3))
+    crash = h.rng.random() < 0.5
+    try:
+        old = await h.client.open_writer(path)
+        await old.append(first)
+        await old.flush()
+        h.ledger.files[path] = first
+        await old.append(rest)
+        if crash:
+            await old.abort()
+        new = await h.client.open_writer(path)
+    except REFUSALS as exc:
+        h.log("takeover", path, type(exc).__name__)
+        return
+    try:
+        if not crash:
+            try:
+                await old.append(b"x")
+                await old.flush()
+            except FencedWriterError:
+                pass
+            else:
+                h.violations.append(f"{path}: a writer taken over still flushed")
+        held = bytes(await h.client.read_file(path))
+        if not (held.startswith(first) and (first + rest).startswith(held)):
+            h.violations.append(
+                f"{path}: {len(held)} bytes after the takeover, not the {len(first)} flushed "
+                f"and at most {len(rest)} more the first writer appended"
+            )
+        h.ledger.files[path] = held
+        await new.append(last)
+        await new.close()
+    except REFUSALS as exc:
+        await asyncio.shield(new.abort())
+        h.log("takeover", path, type(exc).__name__)
+        return
+    h.ledger.files[path] = held + last
+    h.ledger.sealed.add(path)
+    h.log("takeover", path, "crashed" if crash else "fenced")
+
+
 async def delete(h: Host) -> None:
     paths = h.mine()
     if not paths:
@@ -138,6 +193,7 @@ async def read(h: Host) -> None:
 OPS: tuple[tuple[Callable[[Host], object], int], ...] = (
     (put, 4),
     (stream, 2),
+    (takeover, 1),
     (delete, 1),
     (read, 4),
 )
