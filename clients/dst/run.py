@@ -13,6 +13,8 @@ Invariants, checked as the run goes and at its end (``files.py`` for the reads):
 - a crash leaves every committed block as many durable chunks as acknowledged it
   (``faults.py``);
 - a delete that returned leaves nothing at the path;
+- the Block layer's reverse index (each disk's blocks) equals a recount of the block
+  records;
 - once the faults stop and repair has run, no block is unrecoverable and a scrub finds
   every chunk of every block in place and sound (full redundancy);
 - no error other than a refused write reaches a writer (none is swallowed), and no task
@@ -38,6 +40,7 @@ from tectonic_emu import buggify, clock, entropy
 from tectonic_emu.coding import Encoding
 from tectonic_emu.services.repair import repair
 from tectonic_emu.services.scrub import scrub
+from tectonic_emu.sim.cluster import ModelCluster
 
 WORKLOADS = ("files",)
 ENCODINGS = ("r3", "rs-3-2")  # each survives two bad chunks of a block
@@ -162,6 +165,7 @@ async def _run(seed: int, workload: str) -> SeedResult:
         bad = scrubbed.corrupt + scrubbed.missing + scrubbed.unavailable
         violations.append(f"not back to full redundancy after repair: {len(bad)} bad chunks")
     violations += await check(writers[0].client, ledger)
+    violations += await _reverse_index(mc)
     left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
     if left:
         violations.append(f"{len(left)} tasks left running: {sorted({t.get_name() for t in left})}")
@@ -181,6 +185,24 @@ async def _run(seed: int, workload: str) -> SeedResult:
         virtual_s=round(clock.monotonic() - start, 6),
         trace=digest[:16],
     )
+
+
+async def _reverse_index(mc: ModelCluster) -> list[str]:
+    """The Block layer's reverse index (disk -> blocks) against a recount of its records."""
+    counted: dict[tuple[int, int], set[int]] = {}
+    async for rec in mc.meta.iter_blocks():
+        for c in rec.chunks:
+            counted.setdefault((c.node, c.disk), set()).add(rec.block_id)
+    out = []
+    for node in range(SERVERS):
+        for disk in range(DISKS):
+            indexed = set(await mc.meta.blocks_on_disk(node, disk))
+            if indexed != counted.get((node, disk), set()):
+                out.append(
+                    f"the reverse index of node {node} disk {disk} names {len(indexed)} blocks, "
+                    f"the block records {len(counted.get((node, disk), ()))}"
+                )
+    return out
 
 
 __all__ = ["WORKLOADS", "SeedResult", "Summary", "run_seed", "run_seeds"]

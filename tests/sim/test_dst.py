@@ -6,16 +6,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import struct
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from clients.dst import faults, run_seed, run_seeds
+from clients.dst import run as dst_run
 from clients.projection import PRESETS, model_cluster
 from tectonic_emu import buggify, clock
 from tectonic_emu.cli import cli as cli_main
 from tectonic_emu.errors import DataUnavailableError
+from tectonic_emu.metadata.layers import disk_prefix
 
 SEEDS = 100  # per CI run, for now (about 0.1 s each here)
 
@@ -110,6 +113,28 @@ def test_a_chunk_that_failed_its_checksum_is_read_once_more(short_reads: int) ->
                 await client.read_file("/f")
 
     clock.run_virtual(go())
+
+
+def test_a_reverse_index_out_of_step_is_caught() -> None:
+    """The end check recounts each disk's blocks from the block records: an index entry
+    gone (a transaction that forgot it) is a violation."""
+
+    async def go() -> list[str]:
+        hw = dataclasses.replace(
+            PRESETS["small-flash"].hardware, servers=8, disks=2, metadata=None, cpu=None
+        )
+        mc, hosts = model_cluster(hw, "r3", 1 << 16, 1, 16, 1)
+        client = (await mc.client_cluster(hosts[0])).client()
+        await client.write_file("/f", b"x" * 1000)
+        assert await dst_run._reverse_index(mc) == []
+        (block,) = await client.layout("/f")
+        c = block.chunks[0]
+        async with mc.kv.transaction() as t:
+            await t.delete(disk_prefix(c.node, c.disk) + struct.pack(">Q", block.block_id))
+        return await dst_run._reverse_index(mc)
+
+    (why,) = clock.run_virtual(go())
+    assert "reverse index" in why
 
 
 def test_the_schedule_damages_no_more_servers_than_the_encoding_tolerates() -> None:
