@@ -10,6 +10,8 @@ to a ``ModelCluster`` as the virtual clock reaches each one, and heals what heal
   that acknowledged it (a straggler's chunk, written after the acknowledgment and not yet
   synced, may be lost), which the injector checks at every crash;
 - ``slow``: every call to the server takes ``SLOW_S`` longer, then normal again;
+- ``partition``: one client host cannot reach the server (the others can), then can
+  again;
 - ``corrupt``: one stored chunk gets a flipped bit, as a failing disk's sector would;
 - ``lose``: one stored chunk is gone, as with a disk replaced or a file removed.
 
@@ -24,22 +26,25 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tectonic_emu import clock
 from tectonic_emu.coding import Encoding
 from tectonic_emu.sim.cluster import ModelCluster
+from tectonic_emu.sim.fabric import Host
 
-KINDS = ("kill", "slow", "corrupt", "lose")
-DAMAGE = frozenset({"kill", "corrupt", "lose"})
+KINDS = ("kill", "slow", "partition", "corrupt", "lose")
+DAMAGE = frozenset({"kill", "partition", "corrupt", "lose"})
+HEALED = frozenset({"kill", "slow", "partition"})  # each lasts its duration
 SLOW_S = 0.05  # seconds a slow server adds to every call
 
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """``kind`` on server ``server`` at ``at`` virtual seconds, for ``duration`` (kill and
-    slow); ``pick`` chooses which stored chunk (corrupt and lose) among the server's."""
+    """``kind`` on server ``server`` at ``at`` virtual seconds, for ``duration`` (kill,
+    slow, partition); ``pick`` chooses which stored chunk (corrupt and lose) among the
+    server's, or which client host (partition)."""
 
     at: float
     kind: str
@@ -59,7 +64,7 @@ def schedule(
         kind = rng.choice(KINDS if chosen else ("slow",))
         server = rng.choice(chosen) if kind in DAMAGE else rng.randrange(servers)
         at = round(rng.uniform(0.0, horizon), 6)
-        duration = round(rng.uniform(0.01, horizon / 2), 6) if kind in ("kill", "slow") else 0.0
+        duration = round(rng.uniform(0.01, horizon / 2), 6) if kind in HEALED else 0.0
         out.append(Fault(at, kind, server, duration, rng.randrange(1 << 30)))
     out.sort(key=lambda f: (f.at, f.server, f.kind))
     return out
@@ -75,8 +80,10 @@ class Injector:
         faults: list[Fault],
         violations: list[str],
         quorum: Callable[[Encoding], int],
+        hosts: Sequence[Host],
     ) -> None:
         self.mc = mc
+        self.hosts = list(hosts)  # the client hosts, which partitions cut off
         self.faults = faults
         self.violations = violations  # what the crashes' check finds
         self.quorum = quorum  # chunks durable before a block is acknowledged
@@ -84,6 +91,7 @@ class Injector:
         self.injected: Counter[str] = Counter()
         self._down: Counter[int] = Counter()  # kills in force per server
         self._slow: Counter[int] = Counter()
+        self._cut: Counter[tuple[int, int]] = Counter()  # partitions: (server, host)
         self._heals: list[asyncio.Task[None]] = []
 
     async def run(self) -> None:
@@ -105,6 +113,10 @@ class Injector:
         elif f.kind == "slow":
             self._slow[f.server] += 1
             server.delay = SLOW_S
+        elif f.kind == "partition":
+            host = f.pick % len(self.hosts)
+            self._cut[(f.server, host)] += 1
+            server.cut_off.add(self.hosts[host])
         else:
             chunks = [
                 (d, info.chunk_id)
@@ -149,6 +161,12 @@ class Injector:
     async def _heal(self, f: Fault) -> None:
         await asyncio.sleep(f.duration)
         server = self.mc.servers[f.server]
+        if f.kind == "partition":
+            key = (f.server, f.pick % len(self.hosts))
+            self._cut[key] -= 1
+            if self._cut[key] == 0:
+                server.cut_off.discard(self.hosts[key[1]])
+            return
         counts = self._down if f.kind == "kill" else self._slow
         counts[f.server] -= 1
         if counts[f.server] == 0:
@@ -158,4 +176,4 @@ class Injector:
                 server.delay = 0.0
 
 
-__all__ = ["DAMAGE", "KINDS", "SLOW_S", "Fault", "Injector", "schedule"]
+__all__ = ["DAMAGE", "HEALED", "KINDS", "SLOW_S", "Fault", "Injector", "schedule"]

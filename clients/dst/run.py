@@ -149,7 +149,7 @@ async def _run(seed: int, workload: str) -> SeedResult:
         count=rng.randint(*FAULTS),
     )
     ledger, trace, violations = Ledger(), [], []  # type: ignore[var-annotated]
-    injector = Injector(mc, faults, violations, clusters[0].datapath.ack_quorum)
+    injector = Injector(mc, faults, violations, clusters[0].datapath.ack_quorum, hosts)
     writers = [
         Host(i, c.client(), random.Random(rng.getrandbits(64)), ledger, trace, violations)
         for i, c in enumerate(clusters)

@@ -72,6 +72,7 @@ class ModelServer:
         self.store = MemoryNode(node_id, len(self.disks), capacity=capacity)
         self.available = True
         self.delay = 0.0  # seconds added to every call (a slow server)
+        self.cut_off: set[Host] = set()  # client hosts a partition keeps from it
         self.cpu: work.Tally | None = None  # where its CPU work is charged (None: free)
 
     async def spend(self, kind: str, nbytes: int) -> None:
@@ -111,7 +112,7 @@ class ModelNode(StorageNode):
 
     @property
     def available(self) -> bool:
-        return self.server.available
+        return self.server.available and self.client not in self.server.cut_off
 
     @available.setter
     def available(self, up: bool) -> None:
@@ -122,6 +123,8 @@ class ModelNode(StorageNode):
             raise NodeUnavailableError(f"node {self.node_id}: this handle is closed")
         if not self.server.available:
             raise NodeUnavailableError(f"node {self.node_id} is down")
+        if self.client in self.server.cut_off:
+            raise NodeUnavailableError(f"node {self.node_id} is unreachable from this host")
 
     async def _call(
         self,
