@@ -9,6 +9,8 @@ Planted bugs are the other way round: known mistakes, each behind a name, switch
 by the tests that check that simulation catches them (``planted(name)``):
 
 - ``ack-before-durable``: chunk writes are acknowledged before they are synced;
+- ``manifest-before-data``: a checkpoint's rank 0 commits the step once its own process's
+  ranks are written, not waiting for the other processes' data;
 - ``repair-deletes-good``: repair deletes the good chunks it kept, with the bad ones.
 
 Both are switched on for a block of code by ``active(seed, planted=...)``; the runs are
@@ -21,7 +23,7 @@ import contextlib
 import random
 from collections.abc import Iterable, Iterator
 
-PLANTABLE = frozenset({"ack-before-durable", "repair-deletes-good"})
+PLANTABLE = frozenset({"ack-before-durable", "manifest-before-data", "repair-deletes-good"})
 CHANCE = 0.02  # how often a buggify point fires, when on
 
 _rng: random.Random | None = None  # None: off (every run but a simulation's)

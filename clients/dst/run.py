@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from clients.dst.checkpoints import Saves, check_saves, checkpointers, run_saves
 from clients.dst.faults import Injector, schedule
 from clients.dst.files import Host, Ledger, check, run_host
 from clients.projection import PRESETS, model_cluster
@@ -42,7 +43,7 @@ from tectonic_emu.services.repair import repair
 from tectonic_emu.services.scrub import scrub
 from tectonic_emu.sim.cluster import ModelCluster
 
-WORKLOADS = ("files",)
+WORKLOADS = ("files", "checkpoint", "mixed")
 ENCODINGS = ("r3", "rs-3-2")  # each survives two bad chunks of a block
 SERVERS, DISKS, HOSTS = 8, 2, 2
 BLOCK = 64 << 10  # bytes per chunk: files of a few blocks stay cheap to simulate
@@ -50,6 +51,7 @@ OPS = 24  # operations per host
 PAUSE_S = 0.01  # at most this long between a host's operations
 HORIZON_S = 0.4  # faults fall within this many virtual seconds of the start
 FAULTS = (2, 8)  # faults per seed, at least and at most
+CKPT_TIMEOUT_S = 5.0  # a checkpoint step waits this long for its ranks
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,10 +156,19 @@ async def _run(seed: int, workload: str) -> SeedResult:
         Host(i, c.client(), random.Random(rng.getrandbits(64)), ledger, trace, violations)
         for i, c in enumerate(clusters)
     ]
+    ckpts = checkpointers([c.client() for c in clusters], CKPT_TIMEOUT_S)
+    saves = Saves()
+    jobs = [injector.run()]
+    if workload in ("files", "mixed"):
+        jobs += [run_host(h, OPS, PAUSE_S) for h in writers]
+    if workload in ("checkpoint", "mixed"):
+        jobs.append(run_saves(ckpts, random.Random(rng.getrandbits(64)), saves, violations))
     start = clock.monotonic()
-    await asyncio.gather(injector.run(), *(run_host(h, OPS, PAUSE_S) for h in writers))
+    await asyncio.gather(*jobs)
     for c in clusters:  # chunk writes that outlived their block's acknowledgment
         await c.datapath.drain()
+    for ck in ckpts:  # the clean-up behind each commit
+        await ck.wait_cleanup()
     report = await repair(clusters[0], gc_grace=0.0)
     violations += [f"block {b} unrecoverable after the faults" for b in report.unrecoverable]
     scrubbed = await scrub(clusters[0])
@@ -165,16 +176,20 @@ async def _run(seed: int, workload: str) -> SeedResult:
         bad = scrubbed.corrupt + scrubbed.missing + scrubbed.unavailable
         violations.append(f"not back to full redundancy after repair: {len(bad)} bad chunks")
     violations += await check(writers[0].client, ledger)
+    violations += await check_saves(ckpts, saves)
     violations += await _reverse_index(mc)
+    for ck in ckpts:
+        await ck.close()
+    ops: Counter[str] = Counter(saves.outcomes)
     left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
     if left:
         violations.append(f"{len(left)} tasks left running: {sorted({t.get_name() for t in left})}")
         for t in left:
             t.cancel()
-    ops: Counter[str] = Counter()
     for h in writers:
         ops.update(h.outcomes)
-    digest = hashlib.sha256(json.dumps([faults, trace], default=str).encode()).hexdigest()
+    seen = [faults, trace, saves.committed, saves.failed, sorted(ops.items())]
+    digest = hashlib.sha256(json.dumps(seen, default=str).encode()).hexdigest()
     return SeedResult(
         seed=seed,
         workload=workload,
