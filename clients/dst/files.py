@@ -30,7 +30,7 @@ from tectonic_emu.errors import (
 # What a write may meet while faults fall, and answer honestly: the bytes were not
 # acknowledged, and the model does not count them.
 REFUSALS = (NotEnoughNodesError, NodeUnavailableError)
-MAX_FILE = 400_000  # bytes: up to a few blocks of the small blocks the runs use
+MAX_FILE = 250_000  # bytes: up to two rs-3-2 blocks of the 64 KiB chunks the runs use
 PIECES = 4  # pieces of a streamed file, each flushed
 
 

@@ -40,7 +40,6 @@ from clients.projection import PRESETS, model_cluster
 from tectonic_emu import buggify, clock, entropy
 from tectonic_emu.coding import Encoding
 from tectonic_emu.services.repair import repair
-from tectonic_emu.services.scrub import scrub
 from tectonic_emu.sim.cluster import ModelCluster
 
 WORKLOADS = ("files", "checkpoint", "mixed")
@@ -171,10 +170,7 @@ async def _run(seed: int, workload: str) -> SeedResult:
         await ck.wait_cleanup()
     report = await repair(clusters[0], gc_grace=0.0)
     violations += [f"block {b} unrecoverable after the faults" for b in report.unrecoverable]
-    scrubbed = await scrub(clusters[0])
-    if not scrubbed.clean:
-        bad = scrubbed.corrupt + scrubbed.missing + scrubbed.unavailable
-        violations.append(f"not back to full redundancy after repair: {len(bad)} bad chunks")
+    violations += await _full_redundancy(mc)
     violations += await check(writers[0].client, ledger)
     violations += await check_saves(ckpts, saves)
     violations += await _reverse_index(mc)
@@ -200,6 +196,22 @@ async def _run(seed: int, workload: str) -> SeedResult:
         virtual_s=round(clock.monotonic() - start, 6),
         trace=digest[:16],
     )
+
+
+async def _full_redundancy(mc: ModelCluster) -> list[str]:
+    """Every chunk of every block in place and sound, read from the model servers' stores
+    directly (as a scrub would find them, without the modelled disks' and network's time:
+    this check is the run's most frequent reader)."""
+    bad = 0
+    async for rec in mc.meta.iter_blocks():
+        for c in rec.chunks:
+            try:
+                data, info = await mc.servers[c.node].store.read_chunk(c.disk, c.chunk_id)
+            except OSError:
+                bad += 1
+                continue
+            bad += len(data) != c.stored_len or info.crc32c != c.crc32c
+    return [f"not back to full redundancy after repair: {bad} bad chunks"] if bad else []
 
 
 async def _reverse_index(mc: ModelCluster) -> list[str]:
