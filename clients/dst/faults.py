@@ -12,6 +12,8 @@ to a ``ModelCluster`` as the virtual clock reaches each one, and heals what heal
 - ``slow``: every call to the server takes ``SLOW_S`` longer, then normal again;
 - ``partition``: one client host cannot reach the server (the others can), then can
   again;
+- ``full``: one of the server's disks refuses writes as a full disk does (ENOSPC), then
+  has room again;
 - ``corrupt``: one stored chunk gets a flipped bit, as a failing disk's sector would;
 - ``lose``: one stored chunk is gone, as with a disk replaced or a file removed.
 
@@ -34,9 +36,10 @@ from tectonic_emu.coding import Encoding
 from tectonic_emu.sim.cluster import ModelCluster
 from tectonic_emu.sim.fabric import Host
 
-KINDS = ("kill", "slow", "partition", "corrupt", "lose")
+KINDS = ("kill", "slow", "partition", "full", "corrupt", "lose")
 DAMAGE = frozenset({"kill", "partition", "corrupt", "lose"})
-HEALED = frozenset({"kill", "slow", "partition"})  # each lasts its duration
+HARMLESS = tuple(k for k in KINDS if k not in DAMAGE)  # what may fall on any server
+HEALED = frozenset({"kill", "slow", "partition", "full"})  # each lasts its duration
 SLOW_S = 0.05  # seconds a slow server adds to every call
 
 
@@ -61,7 +64,7 @@ def schedule(
     chosen = rng.sample(range(servers), victims) if victims else []
     out: list[Fault] = []
     for _ in range(count):
-        kind = rng.choice(KINDS if chosen else ("slow",))
+        kind = rng.choice(KINDS if chosen else HARMLESS)
         server = rng.choice(chosen) if kind in DAMAGE else rng.randrange(servers)
         at = round(rng.uniform(0.0, horizon), 6)
         duration = round(rng.uniform(0.01, horizon / 2), 6) if kind in HEALED else 0.0
@@ -92,6 +95,7 @@ class Injector:
         self._down: Counter[int] = Counter()  # kills in force per server
         self._slow: Counter[int] = Counter()
         self._cut: Counter[tuple[int, int]] = Counter()  # partitions: (server, host)
+        self._full: Counter[tuple[int, int]] = Counter()  # full disks: (server, disk)
         self._heals: list[asyncio.Task[None]] = []
 
     async def run(self) -> None:
@@ -117,6 +121,10 @@ class Injector:
             host = f.pick % len(self.hosts)
             self._cut[(f.server, host)] += 1
             server.cut_off.add(self.hosts[host])
+        elif f.kind == "full":
+            disk = f.pick % len(server.disks)
+            self._full[(f.server, disk)] += 1
+            server.store.full.add(disk)
         else:
             chunks = [
                 (d, info.chunk_id)
@@ -167,6 +175,12 @@ class Injector:
             if self._cut[key] == 0:
                 server.cut_off.discard(self.hosts[key[1]])
             return
+        if f.kind == "full":
+            key = (f.server, f.pick % len(server.disks))
+            self._full[key] -= 1
+            if self._full[key] == 0:
+                server.store.full.discard(key[1])
+            return
         counts = self._down if f.kind == "kill" else self._slow
         counts[f.server] -= 1
         if counts[f.server] == 0:
@@ -176,4 +190,4 @@ class Injector:
                 server.delay = 0.0
 
 
-__all__ = ["DAMAGE", "HEALED", "KINDS", "SLOW_S", "Fault", "Injector", "schedule"]
+__all__ = ["DAMAGE", "HARMLESS", "HEALED", "KINDS", "SLOW_S", "Fault", "Injector", "schedule"]

@@ -23,13 +23,14 @@ from tectonic_emu.client import Client
 from tectonic_emu.errors import (
     FencedWriterError,
     NodeUnavailableError,
+    NoSpaceError,
     NotEnoughNodesError,
     NotFoundError,
 )
 
 # What a write may meet while faults fall, and answer honestly: the bytes were not
 # acknowledged, and the model does not count them.
-REFUSALS = (NotEnoughNodesError, NodeUnavailableError)
+REFUSALS = (NotEnoughNodesError, NodeUnavailableError, NoSpaceError)
 MAX_FILE = 250_000  # bytes: up to two rs-3-2 blocks of the 64 KiB chunks the runs use
 PIECES = 4  # pieces of a streamed file, each flushed
 

@@ -28,6 +28,7 @@ from tectonic_emu.errors import (
     ChunkNotFoundError,
     InvalidArgumentError,
     NodeUnavailableError,
+    NoSpaceError,
 )
 
 
@@ -53,6 +54,7 @@ class MemoryNode(StorageNode):
         self.available = True
         self._closed = False
         self._disks: list[dict[str, _Stored]] = [{} for _ in range(disks)]
+        self.full: set[int] = set()  # disks that refuse writes as a full one does (a fault)
         # Chunks written with sync=False since their disk's last sync: what a crash loses.
         self._unsynced: list[set[str]] = [set() for _ in range(disks)]
 
@@ -102,6 +104,8 @@ class MemoryNode(StorageNode):
     ) -> None:
         """With ``sync=False`` the chunk is lost by a ``crash`` until its disk is synced."""
         self._check_up()
+        if disk in self.full:
+            raise NoSpaceError(f"node {self.node_id} disk {disk} is full", chunk_id)
         data = payload if isinstance(payload, Synthetic) else bytes(as_byte_view(payload))
         self._put(disk, chunk_id, _Stored(data, len(data), crc32c, flags, clock.wall()))
         if sync:
@@ -163,7 +167,8 @@ class MemoryNode(StorageNode):
         result = []
         for disk, chunks in enumerate(self._disks):
             used = sum(PAYLOAD_OFFSET + len(s.payload) for s in chunks.values())
-            result.append(DiskUsage(disk, len(chunks), used, max(self.capacity - used, 0)))
+            free = 0 if disk in self.full else max(self.capacity - used, 0)
+            result.append(DiskUsage(disk, len(chunks), used, free))
         return result
 
     async def write_torn_chunk(
