@@ -24,7 +24,7 @@ import numpy as np
 
 from clients.checkpoint import Checkpointer
 from clients.ckpt_format import CheckpointAbortedError
-from clients.dst.files import REFUSALS
+from clients.dst.files import REFUSALS, refused, until_up
 
 STEPS = 3
 RANKS_PER_HOST = 2
@@ -32,7 +32,8 @@ CRASH = 0.3  # the chance that a rank crashes during a step's save
 ROOT = "/ckpt"
 
 # What a rank's save may answer while faults fall and other ranks crash: the step failed
-# everywhere (a rank gave up, or did not come in time), or a write was refused.
+# everywhere (a rank gave up, or did not come in time), or a write was refused (and the
+# metadata store's outages: ``files.refused``).
 FAILURES = (CheckpointAbortedError, *REFUSALS)
 
 
@@ -67,7 +68,7 @@ async def run_saves(
     ckpts: Sequence[Checkpointer], rng: random.Random, saves: Saves, violations: list[str]
 ) -> None:
     world = ckpts[0].world_size
-    await ckpts[0].client.mkdir(ROOT, exist_ok=True)
+    await until_up(lambda: ckpts[0].client.mkdir(ROOT, exist_ok=True))
     for step in range(1, STEPS + 1):
         states = {r: _state(rng) for r in range(world)}
         saves.states[step] = states
@@ -85,14 +86,14 @@ async def run_saves(
         for r, res in zip(tasks, results, strict=True):
             if r == crashed and isinstance(res, asyncio.CancelledError):
                 saves.count("save crashed")
-            elif isinstance(res, FAILURES):
+            elif isinstance(res, FAILURES) or refused(res):
                 saves.count(f"save {type(res).__name__}")
             elif isinstance(res, BaseException):
                 violations.append(f"step {step}: rank {r}'s save raised {res!r}")
             else:
                 returned = True
                 saves.count("save ok")
-        done = await ckpts[0].steps()
+        done = await until_up(ckpts[0].steps)
         if step in done:
             saves.committed.append(step)
         else:

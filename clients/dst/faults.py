@@ -14,6 +14,9 @@ to a ``ModelCluster`` as the virtual clock reaches each one, and heals what heal
   again;
 - ``full``: one of the server's disks refuses writes as a full disk does (ENOSPC), then
   has room again;
+- ``meta-down``: the metadata store fails every transaction, as ``PostgresKV`` does when
+  its connection resets (``ModelKV.down``: nothing of a failed one committed), then comes
+  back; ``meta-slow``: each transaction's commit takes ``META_STALL_S`` longer;
 - ``corrupt``: one stored chunk gets a flipped bit, as a failing disk's sector would;
 - ``lose``: one stored chunk is gone, as with a disk replaced or a file removed.
 
@@ -33,14 +36,19 @@ from dataclasses import dataclass
 
 from tectonic_emu import clock
 from tectonic_emu.coding import Encoding
+from tectonic_emu.metadata.layers import Metadata
 from tectonic_emu.sim.cluster import ModelCluster
 from tectonic_emu.sim.fabric import Host
+from tectonic_emu.sim.metadata import ModelKV
 
-KINDS = ("kill", "slow", "partition", "full", "corrupt", "lose")
+KINDS = ("kill", "slow", "partition", "full", "corrupt", "lose", "meta-down", "meta-slow")
 DAMAGE = frozenset({"kill", "partition", "corrupt", "lose"})
 HARMLESS = tuple(k for k in KINDS if k not in DAMAGE)  # what may fall on any server
-HEALED = frozenset({"kill", "slow", "partition", "full"})  # each lasts its duration
+HEALED = frozenset(  # each lasts its duration
+    {"kill", "slow", "partition", "full", "meta-down", "meta-slow"}
+)
 SLOW_S = 0.05  # seconds a slow server adds to every call
+META_STALL_S = 0.02  # seconds a stalled metadata store adds to each commit
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +92,10 @@ class Injector:
         violations: list[str],
         quorum: Callable[[Encoding], int],
         hosts: Sequence[Host],
+        truth: Metadata,
     ) -> None:
         self.mc = mc
+        self.truth = truth  # the metadata as stored, read past the store's faults
         self.hosts = list(hosts)  # the client hosts, which partitions cut off
         self.faults = faults
         self.violations = violations  # what the crashes' check finds
@@ -96,6 +106,7 @@ class Injector:
         self._slow: Counter[int] = Counter()
         self._cut: Counter[tuple[int, int]] = Counter()  # partitions: (server, host)
         self._full: Counter[tuple[int, int]] = Counter()  # full disks: (server, disk)
+        self._meta: Counter[str] = Counter()  # metadata outages and stalls in force
         self._heals: list[asyncio.Task[None]] = []
 
     async def run(self) -> None:
@@ -121,6 +132,9 @@ class Injector:
             host = f.pick % len(self.hosts)
             self._cut[(f.server, host)] += 1
             server.cut_off.add(self.hosts[host])
+        elif f.kind in ("meta-down", "meta-slow"):
+            self._meta[f.kind] += 1
+            self._meta_now()
         elif f.kind == "full":
             disk = f.pick % len(server.disks)
             self._full[(f.server, disk)] += 1
@@ -143,6 +157,12 @@ class Injector:
         self._heals.append(asyncio.ensure_future(self._heal(f)))
         return True
 
+    def _meta_now(self) -> None:
+        kv = self.mc.kv
+        assert isinstance(kv, ModelKV), "metadata faults need a modelled store"
+        kv.down = self._meta["meta-down"] > 0
+        kv.stall = META_STALL_S if self._meta["meta-slow"] > 0 else 0.0
+
     async def _crash(self, n: int) -> None:
         """Crash server ``n``: a violation for each committed block that it leaves with
         fewer durable chunks than acknowledged it (those lose faults took count: they were
@@ -151,7 +171,7 @@ class Injector:
         if not lost:
             return
         servers = self.mc.servers
-        async for rec in self.mc.meta.iter_blocks():
+        async for rec in self.truth.iter_blocks():
             if not any(c.node == n and (c.disk, c.chunk_id) in lost for c in rec.chunks):
                 continue
             durable = sum(
@@ -175,6 +195,10 @@ class Injector:
             if self._cut[key] == 0:
                 server.cut_off.discard(self.hosts[key[1]])
             return
+        if f.kind in ("meta-down", "meta-slow"):
+            self._meta[f.kind] -= 1
+            self._meta_now()
+            return
         if f.kind == "full":
             key = (f.server, f.pick % len(server.disks))
             self._full[key] -= 1
@@ -190,4 +214,14 @@ class Injector:
                 server.delay = 0.0
 
 
-__all__ = ["DAMAGE", "HARMLESS", "HEALED", "KINDS", "SLOW_S", "Fault", "Injector", "schedule"]
+__all__ = [
+    "DAMAGE",
+    "HARMLESS",
+    "HEALED",
+    "KINDS",
+    "META_STALL_S",
+    "SLOW_S",
+    "Fault",
+    "Injector",
+    "schedule",
+]

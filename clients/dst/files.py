@@ -13,10 +13,12 @@ is checked against the model as it happens; ``check`` checks every path at the e
 from __future__ import annotations
 
 import asyncio
+import errno
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from tectonic_emu import clock
 from tectonic_emu.client import Client
@@ -26,11 +28,41 @@ from tectonic_emu.errors import (
     NoSpaceError,
     NotEnoughNodesError,
     NotFoundError,
+    TectonicError,
 )
 
 # What a write may meet while faults fall, and answer honestly: the bytes were not
-# acknowledged, and the model does not count them.
+# acknowledged, and the model does not count them. So may any operation while the
+# metadata store is down: the OSError a backend raises when its connection resets,
+# refused, times out (``PostgresKV``'s; ``ModelKV.down``), nothing of it committed.
+T = TypeVar("T")
 REFUSALS = (NotEnoughNodesError, NodeUnavailableError, NoSpaceError)
+BACKEND_DOWN = frozenset({errno.ECONNRESET, errno.ECONNREFUSED, errno.ETIMEDOUT})
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether ``exc`` is an honest refusal (above), not a bug."""
+    if isinstance(exc, REFUSALS):
+        return True
+    return (
+        isinstance(exc, OSError)
+        and not isinstance(exc, TectonicError)
+        and exc.errno in BACKEND_DOWN
+    )
+
+
+async def until_up(make: Callable[[], Awaitable[T]]) -> T:
+    """``make()``, tried again every 10 ms while it is refused (set-up and checks that
+    must happen, whatever the faults)."""
+    while True:
+        try:
+            return await make()
+        except OSError as exc:
+            if not refused(exc):
+                raise
+        await asyncio.sleep(0.01)
+
+
 MAX_FILE = 250_000  # bytes: up to two rs-3-2 blocks of the 64 KiB chunks the runs use
 PIECES = 4  # pieces of a streamed file, each flushed
 
@@ -86,7 +118,9 @@ async def put(h: Host) -> None:
     data = h.rng.randbytes(h.rng.randrange(MAX_FILE))
     try:
         await h.client.write_file(path, data)
-    except REFUSALS as exc:
+    except OSError as exc:
+        if not refused(exc):
+            raise
         h.log("put", path, type(exc).__name__)
         return
     h.ledger.files[path] = data
@@ -111,7 +145,9 @@ async def stream(h: Host) -> None:
         except BaseException:
             await asyncio.shield(writer.abort())
             raise
-    except REFUSALS as exc:
+    except OSError as exc:
+        if not refused(exc):
+            raise
         h.log("stream", path, type(exc).__name__)
         return
     h.ledger.sealed.add(path)
@@ -137,7 +173,9 @@ async def takeover(h: Host) -> None:
         if crash:
             await old.abort()
         new = await h.client.open_writer(path)
-    except REFUSALS as exc:
+    except OSError as exc:
+        if not refused(exc):
+            raise
         h.log("takeover", path, type(exc).__name__)
         return
     try:
@@ -158,7 +196,9 @@ async def takeover(h: Host) -> None:
         h.ledger.files[path] = held
         await new.append(last)
         await new.close()
-    except REFUSALS as exc:
+    except OSError as exc:
+        if not refused(exc):
+            raise
         await asyncio.shield(new.abort())
         h.log("takeover", path, type(exc).__name__)
         return
@@ -172,7 +212,13 @@ async def delete(h: Host) -> None:
     if not paths:
         return
     path = h.rng.choice(paths)
-    await h.client.delete(path)
+    try:
+        await h.client.delete(path)
+    except OSError as exc:
+        if not refused(exc):
+            raise
+        h.log("delete", path, type(exc).__name__)
+        return
     del h.ledger.files[path]
     h.ledger.sealed.discard(path)
     h.ledger.deleted.add(path)
@@ -184,7 +230,13 @@ async def read(h: Host) -> None:
     if not paths:
         return
     path = h.rng.choice(paths)
-    got = await h.client.read_file(path)
+    try:
+        got = await h.client.read_file(path)
+    except OSError as exc:
+        if not refused(exc) or isinstance(exc, REFUSALS):  # the data must stay readable
+            raise
+        h.log("read", path, type(exc).__name__)
+        return
     why = h.ledger.expect(path, bytes(got))
     if why is not None:
         h.violations.append(f"during the faults, {why}")
@@ -203,7 +255,7 @@ OPS: tuple[tuple[Callable[[Host], object], int], ...] = (
 async def run_host(h: Host, ops: int, pause: float) -> None:
     """``ops`` operations drawn by weight, ``pause`` seconds apart at most. An error a
     write may meet is counted; any other error is a violation (none is swallowed)."""
-    await h.client.mkdir(h.root, exist_ok=True)
+    await until_up(lambda: h.client.mkdir(h.root, exist_ok=True))
     funcs, weights = zip(*OPS, strict=True)
     for _ in range(ops):
         op = h.rng.choices(funcs, weights)[0]
@@ -236,4 +288,14 @@ async def check(client: Client, ledger: Ledger) -> list[str]:
     return out
 
 
-__all__ = ["MAX_FILE", "OPS", "REFUSALS", "Host", "Ledger", "check", "run_host"]
+__all__ = [
+    "MAX_FILE",
+    "OPS",
+    "REFUSALS",
+    "Host",
+    "Ledger",
+    "check",
+    "refused",
+    "run_host",
+    "until_up",
+]

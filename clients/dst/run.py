@@ -28,6 +28,7 @@ import dataclasses
 import hashlib
 import json
 import random
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -39,8 +40,10 @@ from clients.dst.files import Host, Ledger, check, run_host
 from clients.projection import PRESETS, model_cluster
 from tectonic_emu import buggify, clock, entropy
 from tectonic_emu.coding import Encoding
+from tectonic_emu.metadata.layers import Metadata
 from tectonic_emu.services.repair import repair
 from tectonic_emu.sim.cluster import ModelCluster
+from tectonic_emu.sim.metadata import MetadataModel, ModelKV
 
 WORKLOADS = ("files", "checkpoint", "mixed")
 ENCODINGS = ("r3", "rs-3-2")  # each survives two bad chunks of a block
@@ -50,7 +53,10 @@ OPS = 24  # operations per host
 PAUSE_S = 0.01  # at most this long between a host's operations
 HORIZON_S = 0.4  # faults fall within this many virtual seconds of the start
 FAULTS = (2, 8)  # faults per seed, at least and at most
+# A sharded metadata store of no cost to speak of, which faults can take down or stall.
+META = MetadataModel(shards=4, qps=1e6)
 CKPT_TIMEOUT_S = 5.0  # a checkpoint step waits this long for its ranks
+STUCK_S = 60.0  # seconds of wall time after which a seed is given up as stuck
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +119,43 @@ def run_seed(seed: int, workload: str = "files", *, planted: Iterable[str] = ())
     if workload not in WORKLOADS:
         raise ValueError(f"a workload is one of {', '.join(WORKLOADS)}, not {workload!r}")
     with entropy.seeded(seed), buggify.active(seed, planted=planted):
-        return clock.run_virtual(_run(seed, workload))
+        return clock.run_virtual(_guarded(seed, workload))
+
+
+async def _guarded(seed: int, workload: str) -> SeedResult:
+    """``_run``, given up after ``STUCK_S`` seconds of wall time: a virtual loop with no
+    timer left and every task waiting (a lock nobody will release) would otherwise block
+    for ever, and a stuck seed is a failure like any other."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    assert task is not None
+    fired: list[bool] = []
+
+    def give_up() -> None:  # on the loop's thread
+        fired.append(True)
+        task.cancel()
+
+    timer = threading.Timer(STUCK_S, loop.call_soon_threadsafe, args=(give_up,))
+    timer.start()
+    try:
+        return await _run(seed, workload)
+    except asyncio.CancelledError:
+        if not fired:
+            raise
+        return SeedResult(
+            seed=seed,
+            workload=workload,
+            encoding="?",
+            violations=(
+                f"stuck: no end after {STUCK_S:g} s of wall time, at {clock.monotonic():.6f} "
+                "virtual s (every task waiting on something nobody will do)",
+            ),
+            faults={},
+            ops={},
+            virtual_s=round(clock.monotonic(), 6),
+            trace="",
+        )
+    finally:
+        timer.cancel()
 
 
 def run_seeds(
@@ -138,7 +180,7 @@ async def _run(seed: int, workload: str) -> SeedResult:
     encoding = rng.choice(ENCODINGS)
     tolerance = Encoding.parse(encoding).width - Encoding.parse(encoding).min_chunks
     hw = dataclasses.replace(
-        PRESETS["small-flash"].hardware, servers=SERVERS, disks=DISKS, metadata=None, cpu=None
+        PRESETS["small-flash"].hardware, servers=SERVERS, disks=DISKS, metadata=META, cpu=None
     )
     mc, hosts = model_cluster(hw, encoding, BLOCK, HOSTS, 16, 1)
     clusters = [await mc.client_cluster(h) for h in hosts]
@@ -150,7 +192,9 @@ async def _run(seed: int, workload: str) -> SeedResult:
         count=rng.randint(*FAULTS),
     )
     ledger, trace, violations = Ledger(), [], []  # type: ignore[var-annotated]
-    injector = Injector(mc, faults, violations, clusters[0].datapath.ack_quorum, hosts)
+    assert isinstance(mc.kv, ModelKV)
+    truth = Metadata(mc.kv.inner)  # what the store holds, read past its faults and costs
+    injector = Injector(mc, faults, violations, clusters[0].datapath.ack_quorum, hosts, truth)
     writers = [
         Host(i, c.client(), random.Random(rng.getrandbits(64)), ledger, trace, violations)
         for i, c in enumerate(clusters)
@@ -170,10 +214,10 @@ async def _run(seed: int, workload: str) -> SeedResult:
         await ck.wait_cleanup()
     report = await repair(clusters[0], gc_grace=0.0)
     violations += [f"block {b} unrecoverable after the faults" for b in report.unrecoverable]
-    violations += await _full_redundancy(mc)
+    violations += await _full_redundancy(mc, truth)
     violations += await check(writers[0].client, ledger)
     violations += await check_saves(ckpts, saves)
-    violations += await _reverse_index(mc)
+    violations += await _reverse_index(mc, truth)
     for ck in ckpts:
         await ck.close()
     ops: Counter[str] = Counter(saves.outcomes)
@@ -198,12 +242,12 @@ async def _run(seed: int, workload: str) -> SeedResult:
     )
 
 
-async def _full_redundancy(mc: ModelCluster) -> list[str]:
+async def _full_redundancy(mc: ModelCluster, truth: Metadata) -> list[str]:
     """Every chunk of every block in place and sound, read from the model servers' stores
     directly (as a scrub would find them, without the modelled disks' and network's time:
     this check is the run's most frequent reader)."""
     bad = 0
-    async for rec in mc.meta.iter_blocks():
+    async for rec in truth.iter_blocks():
         for c in rec.chunks:
             try:
                 data, info = await mc.servers[c.node].store.read_chunk(c.disk, c.chunk_id)
@@ -214,16 +258,16 @@ async def _full_redundancy(mc: ModelCluster) -> list[str]:
     return [f"not back to full redundancy after repair: {bad} bad chunks"] if bad else []
 
 
-async def _reverse_index(mc: ModelCluster) -> list[str]:
+async def _reverse_index(mc: ModelCluster, truth: Metadata) -> list[str]:
     """The Block layer's reverse index (disk -> blocks) against a recount of its records."""
     counted: dict[tuple[int, int], set[int]] = {}
-    async for rec in mc.meta.iter_blocks():
+    async for rec in truth.iter_blocks():
         for c in rec.chunks:
             counted.setdefault((c.node, c.disk), set()).add(rec.block_id)
     out = []
     for node in range(SERVERS):
         for disk in range(DISKS):
-            indexed = set(await mc.meta.blocks_on_disk(node, disk))
+            indexed = set(await truth.blocks_on_disk(node, disk))
             if indexed != counted.get((node, disk), set()):
                 out.append(
                     f"the reverse index of node {node} disk {disk} names {len(indexed)} blocks, "

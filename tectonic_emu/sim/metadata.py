@@ -44,6 +44,7 @@ slightly before its writer is done waiting.
 from __future__ import annotations
 
 import asyncio
+import errno
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -117,6 +118,12 @@ class ModelKV(KVStore):
         self.connection = QueueResource(1.0, name="metadata connection")  # (``serial_s``)
         self.commits = GroupCommit(self._flush)
         self._flushed = 0  # commits whose log bytes a flush has written
+        # Faults (simulation testing, docs/dst.md), as a model server's ``available`` and
+        # ``delay``: while ``down`` every transaction fails as PostgresKV's do when the
+        # connection resets (OSError(ECONNRESET), nothing of it committed); ``stall``
+        # seconds are added before each transaction's commit.
+        self.down = False
+        self.stall = 0.0
 
     async def _flush(self) -> None:
         """Write what was appended to the log since the last flush (module docstring)."""
@@ -136,6 +143,11 @@ class ModelKV(KVStore):
 
     def transaction(self, *, durable: bool = True) -> _ChargedTransaction:
         return _ChargedTransaction(self, durable)
+
+    def check_up(self) -> None:
+        """Raise what a transaction meets while the store is ``down``."""
+        if self.down:
+            raise OSError(errno.ECONNRESET, "metadata store: connection reset (a fault)")
 
     async def get(self, key: bytes) -> bytes | None:
         async with _ChargedTransaction(self, durable=True, outside=True) as txn:
@@ -172,6 +184,7 @@ class _ChargedTransaction(Transaction):
         self._hops = 0  # reads that missed them (``MetadataModel.hops``)
 
     async def __aenter__(self) -> _ChargedTransaction:
+        self._store.check_up()
         self._txn = await self._inner.__aenter__()
         return self
 
@@ -181,10 +194,18 @@ class _ChargedTransaction(Transaction):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        store = self._store
+        if exc_type is None and (store.stall or store.down):
+            try:
+                if store.stall:
+                    await asyncio.sleep(store.stall)
+                store.check_up()
+            except BaseException as lost:  # down, or cancelled while stalled: rolled back
+                await self._inner.__aexit__(type(lost), lost, lost.__traceback__)
+                raise
         await self._inner.__aexit__(exc_type, exc, tb)
         if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
             return
-        store = self._store
         outside = self._outside
         hops = self._hops + (1 if not outside and (self._hops or self._wrote) else 0)  # commit
         jobs = [store.shards[k].begin(n) for k, n in sorted(self._ops.items())]
