@@ -44,7 +44,7 @@ def simulate_faults(seeds: int, first: int, workload: str, as_json: bool) -> Non
     crashed and fenced writers). Checks that every acknowledged byte reads back, during
     the faults and after, that a crash keeps what was acknowledged durable, that repair
     brings every block back to full redundancy, that the reverse index matches the
-    blocks, and that no error is swallowed and no task leaked. Exits 1 if any seed fails,
+    blocks, and that no error is swallowed and no task leaked. Exits 3 if any seed fails,
     printing the command that replays it exactly (docs/dst.md).
 
     \b
@@ -60,7 +60,7 @@ def simulate_faults(seeds: int, first: int, workload: str, as_json: bool) -> Non
     else:
         _report(summary.to_dict())
     if summary.failed:
-        sys.exit(1)
+        sys.exit(3)  # found problems, as scrub and repair (docs/errors.md)
 
 
 def _report(d: dict[str, object]) -> None:

@@ -189,7 +189,7 @@ def test_lost_data_is_caught_and_its_seed_replays(monkeypatch: pytest.MonkeyPatc
     assert any("unrecoverable" in v or "unreadable" in v for v in r.violations)
     assert run_seed(r.seed) == r
     out = CliRunner().invoke(cli_main, [*r.replay.split()[1:], "--json"])
-    assert out.exit_code == 1
+    assert out.exit_code == 3
     d = json.loads(out.output)
     assert d["seeds"] == 1 and d["failed"][0]["violations"] == list(r.violations)
     assert d["failed"][0]["replay"] == r.replay
