@@ -125,7 +125,7 @@ def run_seed(seed: int, workload: str = "files", *, planted: Iterable[str] = ())
 async def _guarded(seed: int, workload: str) -> SeedResult:
     """``_run``, given up after ``STUCK_S`` seconds of wall time: a virtual loop with no
     timer left and every task waiting (a lock nobody will release) would otherwise block
-    for ever, and a stuck seed is a failure like any other."""
+    for ever, and a stuck seed is a failure like any other; so is one whose run raised."""
     loop, task = asyncio.get_running_loop(), asyncio.current_task()
     assert task is not None
     fired: list[bool] = []
@@ -141,21 +141,24 @@ async def _guarded(seed: int, workload: str) -> SeedResult:
     except asyncio.CancelledError:
         if not fired:
             raise
-        return SeedResult(
-            seed=seed,
-            workload=workload,
-            encoding="?",
-            violations=(
-                f"stuck: no end after {STUCK_S:g} s of wall time, at {clock.monotonic():.6f} "
-                "virtual s (every task waiting on something nobody will do)",
-            ),
-            faults={},
-            ops={},
-            virtual_s=round(clock.monotonic(), 6),
-            trace="",
+        why = (
+            f"stuck: no end after {STUCK_S:g} s of wall time, at {clock.monotonic():.6f} "
+            "virtual s (every task waiting on something nobody will do)"
         )
+    except Exception as exc:  # the harness's own checks raised: this seed failed
+        why = f"the run raised {type(exc).__name__}: {exc}"
     finally:
         timer.cancel()
+    return SeedResult(
+        seed=seed,
+        workload=workload,
+        encoding="?",
+        violations=(why,),
+        faults={},
+        ops={},
+        virtual_s=round(clock.monotonic(), 6),
+        trace="",
+    )
 
 
 def run_seeds(

@@ -159,6 +159,18 @@ def test_a_stuck_seed_is_a_failure_not_a_hang(monkeypatch: pytest.MonkeyPatch) -
     assert len(r.violations) == 1 and r.violations[0].startswith("stuck: no end after 0.5 s")
 
 
+def test_a_seed_whose_run_raises_is_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def broken(seed: int, workload: str) -> None:
+        raise KeyError("a bug in a check")
+
+    monkeypatch.setattr(dst_run, "_run", broken)
+    out = CliRunner().invoke(cli_main, ["simulate", "faults", "--seeds", "2", "--json"])
+    assert out.exit_code == 3
+    d = json.loads(out.output)
+    assert [r["seed"] for r in d["failed"]] == [0, 1]
+    assert d["failed"][0]["violations"] == ["the run raised KeyError: 'a bug in a check'"]
+
+
 def test_the_schedule_damages_no_more_servers_than_the_encoding_tolerates() -> None:
     for seed in range(200):
         rng = random.Random(seed)
