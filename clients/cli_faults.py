@@ -40,11 +40,13 @@ from tectonic_emu.cli.common import json_option, print_json, progress_bar
 def simulate_faults(seeds: int, first: int, workload: str, as_json: bool) -> None:
     """Deterministic simulation testing: the whole cluster in one process, the real
     clients, data path and repair on model servers in virtual time, under a seeded
-    schedule of faults (killed, slow and partitioned servers, corrupt and lost chunks,
-    crashed and fenced writers). Checks that every acknowledged byte reads back, during
+    schedule of faults (killed, slow and partitioned servers, full disks, corrupt and
+    lost chunks, metadata outages and stalls, crashed and fenced writers). Checks that every acknowledged byte reads back, during
     the faults and after, that a crash keeps what was acknowledged durable, that repair
     brings every block back to full redundancy, that the reverse index matches the
-    blocks, and that no error is swallowed and no task leaked. Exits 3 if any seed fails,
+    blocks, that a committed checkpoint loads back exactly and a failed one changes
+    nothing, that every rank streams exactly its samples, and that no error is swallowed
+    and no task leaked. Exits 3 if any seed fails,
     printing the command that replays it exactly (docs/dst.md).
 
     \b

@@ -232,6 +232,11 @@ class BlockWriter:
             raise
         return state.written
 
+    async def _sync_disk(self, node: int, disk: int) -> None:
+        if buggify.fires():  # a slow fsync (docs/dst.md)
+            await asyncio.sleep(buggify.draw(0.0, 0.05))
+        await self.nodes[node].sync_disk(disk)
+
     async def sync_chunks(self, records: Sequence[BlockRecord]) -> dict[int, set[int]]:
         """Make the records' chunks, written unsynced, durable as ``write_block`` makes a
         block's: one ``sync_disk`` per node disk they are on, all at once, returning once
@@ -247,7 +252,7 @@ class BlockWriter:
             for r in records
         ]
         syncs = {
-            key: asyncio.ensure_future(self.nodes[key[0]].sync_disk(key[1]))
+            key: asyncio.ensure_future(self._sync_disk(*key))
             for key in sorted({key for chunks in on for _, key in chunks})
         }
         encodings = [Encoding.parse(r.encoding) for r in records]
@@ -355,7 +360,7 @@ class BlockWriter:
                 )
                 if state.acked and not state.sync:
                     # A straggler: the caller's sync of the block's disks may be over.
-                    await self.nodes[node].sync_disk(disk)
+                    await self._sync_disk(node, disk)
             except (OSError, EOFError) as exc:
                 if state.acked:
                     raise

@@ -37,6 +37,7 @@ from typing import Any
 from clients.dst.checkpoints import Saves, check_saves, checkpointers, run_saves
 from clients.dst.faults import Injector, schedule
 from clients.dst.files import Host, Ledger, check, run_host
+from clients.dst.streams import read_epochs, store_dataset
 from clients.projection import PRESETS, model_cluster
 from tectonic_emu import buggify, clock, entropy
 from tectonic_emu.coding import Encoding
@@ -45,7 +46,7 @@ from tectonic_emu.services.repair import repair
 from tectonic_emu.sim.cluster import ModelCluster
 from tectonic_emu.sim.metadata import MetadataModel, ModelKV
 
-WORKLOADS = ("files", "checkpoint", "mixed")
+WORKLOADS = ("files", "checkpoint", "stream", "mixed")
 ENCODINGS = ("r3", "rs-3-2")  # each survives two bad chunks of a block
 SERVERS, DISKS, HOSTS = 8, 2, 2
 BLOCK = 64 << 10  # bytes per chunk: files of a few blocks stay cheap to simulate
@@ -203,12 +204,16 @@ async def _run(seed: int, workload: str) -> SeedResult:
         for i, c in enumerate(clusters)
     ]
     ckpts = checkpointers([c.client() for c in clusters], CKPT_TIMEOUT_S)
-    saves = Saves()
+    saves, reads = Saves(), Counter[str]()
     jobs = [injector.run()]
     if workload in ("files", "mixed"):
         jobs += [run_host(h, OPS, PAUSE_S) for h in writers]
     if workload in ("checkpoint", "mixed"):
         jobs.append(run_saves(ckpts, random.Random(rng.getrandbits(64)), saves, violations))
+    if workload in ("stream", "mixed"):
+        index = await store_dataset(writers[0].client, seed)  # before the faults
+        readers = [c.client() for c in clusters]
+        jobs.append(read_epochs(readers, index, random.Random(seed), reads, violations))
     start = clock.monotonic()
     await asyncio.gather(*jobs)
     for c in clusters:  # chunk writes that outlived their block's acknowledgment
@@ -223,7 +228,7 @@ async def _run(seed: int, workload: str) -> SeedResult:
     violations += await _reverse_index(mc, truth)
     for ck in ckpts:
         await ck.close()
-    ops: Counter[str] = Counter(saves.outcomes)
+    ops: Counter[str] = Counter(saves.outcomes) + reads
     left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
     if left:
         violations.append(f"{len(left)} tasks left running: {sorted({t.get_name() for t in left})}")
