@@ -41,13 +41,13 @@ def simulate_faults(seeds: int, first: int, workload: str, as_json: bool) -> Non
     """Deterministic simulation testing: the whole cluster in one process, the real
     clients, data path and repair on model servers in virtual time, under a seeded
     schedule of faults (killed, slow and partitioned servers, full disks, corrupt and
-    lost chunks, metadata outages and stalls, crashed and fenced writers). Checks that every acknowledged byte reads back, during
-    the faults and after, that a crash keeps what was acknowledged durable, that repair
-    brings every block back to full redundancy, that the reverse index matches the
-    blocks, that a committed checkpoint loads back exactly and a failed one changes
-    nothing, that every rank streams exactly its samples, and that no error is swallowed
-    and no task leaked. Exits 3 if any seed fails,
-    printing the command that replays it exactly (docs/dst.md).
+    lost chunks, metadata outages and stalls, crashed and fenced writers). Checks that
+    every acknowledged byte reads back, during the faults and after, that a crash keeps
+    what was acknowledged durable, that repair brings every block back to full
+    redundancy, that the reverse index matches the blocks, that a committed checkpoint
+    loads back exactly and a failed one changes nothing, that every rank streams exactly
+    its samples, and that no error is swallowed and no task leaked. Exits 3 if any seed
+    fails, printing the command that replays it exactly (docs/dst.md).
 
     \b
     Example:
