@@ -16,7 +16,7 @@ import asyncio
 import errno
 import random
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -28,6 +28,7 @@ from tectonic_emu.errors import (
     NoSpaceError,
     NotEnoughNodesError,
     NotFoundError,
+    QuotaExceededError,
     TectonicError,
 )
 
@@ -36,7 +37,7 @@ from tectonic_emu.errors import (
 # metadata store is down: the OSError a backend raises when its connection resets,
 # refused, times out (``PostgresKV``'s; ``ModelKV.down``), nothing of it committed.
 T = TypeVar("T")
-REFUSALS = (NotEnoughNodesError, NodeUnavailableError, NoSpaceError)
+REFUSALS = (NotEnoughNodesError, NodeUnavailableError, NoSpaceError, QuotaExceededError)
 BACKEND_DOWN = frozenset({errno.ECONNRESET, errno.ECONNREFUSED, errno.ETIMEDOUT})
 
 
@@ -267,6 +268,28 @@ async def run_host(h: Host, ops: int, pause: float) -> None:
         await asyncio.sleep(h.rng.uniform(0.0, pause))
 
 
+async def make_tenants(hosts: Sequence[Host], rng: random.Random) -> None:
+    """Each host's directory the namespace of a tenant of its own, with a quota of bytes
+    that some runs reach (its writes then refused with EDQUOT, nothing stored lost)."""
+    for h in hosts:
+        quota = rng.choice((None, 500_000, 1_500_000))
+        await h.client.tenants.create(f"t{h.index}", [h.root], quota_bytes=quota)
+
+
+async def check_tenants(client: Client, hosts: Sequence[Host]) -> list[str]:
+    """Each tenant's usage, as the metadata transactions charged it, against a recount."""
+    out = []
+    for h in hosts:
+        t = await client.tenants.get(f"t{h.index}")
+        counted = await client.tenants.recount(t.name)
+        if (t.files_used, t.bytes_used) != counted:
+            out.append(
+                f"tenant {t.name} uses {t.files_used} files and {t.bytes_used} bytes, "
+                f"a recount finds {counted[0]} and {counted[1]}"
+            )
+    return out
+
+
 async def check(client: Client, ledger: Ledger) -> list[str]:
     """Every acknowledged path reads back as acknowledged; every deleted one is gone."""
     out: list[str] = []
@@ -295,6 +318,8 @@ __all__ = [
     "Host",
     "Ledger",
     "check",
+    "check_tenants",
+    "make_tenants",
     "refused",
     "run_host",
     "until_up",

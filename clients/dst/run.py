@@ -14,7 +14,8 @@ Invariants, checked as the run goes and at its end (``files.py`` for the reads):
   (``faults.py``);
 - a delete that returned leaves nothing at the path;
 - the Block layer's reverse index (each disk's blocks) equals a recount of the block
-  records;
+  records, and each tenant's usage a recount of its files (``files``, ``mixed``);
+- repair, run during the faults in 30% of the seeds, finds no block lost;
 - once the faults stop and repair has run, no block is unrecoverable and a scrub finds
   every chunk of every block in place and sound (full redundancy);
 - no error other than a refused write reaches a writer (none is swallowed), and no task
@@ -36,13 +37,15 @@ from typing import Any
 
 from clients.dst.checkpoints import Saves, check_saves, checkpointers, run_saves
 from clients.dst.faults import Injector, schedule
-from clients.dst.files import Host, Ledger, check, run_host
+from clients.dst.files import Host, Ledger, check, check_tenants, make_tenants, run_host, until_up
 from clients.dst.streams import read_epochs, store_dataset
 from clients.projection import PRESETS, model_cluster
 from tectonic_emu import buggify, clock, entropy
+from tectonic_emu.cluster import Cluster
 from tectonic_emu.coding import Encoding
 from tectonic_emu.metadata.layers import Metadata
 from tectonic_emu.services.repair import repair
+from tectonic_emu.services.scrub import scrub
 from tectonic_emu.sim.cluster import ModelCluster
 from tectonic_emu.sim.metadata import MetadataModel, ModelKV
 
@@ -57,6 +60,7 @@ FAULTS = (2, 8)  # faults per seed, at least and at most
 # A sharded metadata store of no cost to speak of, which faults can take down or stall.
 META = MetadataModel(shards=4, qps=1e6)
 CKPT_TIMEOUT_S = 5.0  # a checkpoint step waits this long for its ranks
+SERVICES = 0.3  # the share of seeds whose repair and scrub also run during the faults
 STUCK_S = 60.0  # seconds of wall time after which a seed is given up as stuck
 
 
@@ -206,7 +210,9 @@ async def _run(seed: int, workload: str) -> SeedResult:
     ckpts = checkpointers([c.client() for c in clusters], CKPT_TIMEOUT_S)
     saves, reads = Saves(), Counter[str]()
     jobs = [injector.run()]
-    if workload in ("files", "mixed"):
+    files = workload in ("files", "mixed")
+    if files:
+        await make_tenants(writers, random.Random(seed))  # before the faults
         jobs += [run_host(h, OPS, PAUSE_S) for h in writers]
     if workload in ("checkpoint", "mixed"):
         jobs.append(run_saves(ckpts, random.Random(rng.getrandbits(64)), saves, violations))
@@ -214,6 +220,9 @@ async def _run(seed: int, workload: str) -> SeedResult:
         index = await store_dataset(writers[0].client, seed)  # before the faults
         readers = [c.client() for c in clusters]
         jobs.append(read_epochs(readers, index, random.Random(seed), reads, violations))
+    services = random.Random(seed + 1)
+    if services.random() < SERVICES:
+        jobs.append(_services(clusters[1], services, violations))
     start = clock.monotonic()
     await asyncio.gather(*jobs)
     for c in clusters:  # chunk writes that outlived their block's acknowledgment
@@ -224,6 +233,8 @@ async def _run(seed: int, workload: str) -> SeedResult:
     violations += [f"block {b} unrecoverable after the faults" for b in report.unrecoverable]
     violations += await _full_redundancy(mc, truth)
     violations += await check(writers[0].client, ledger)
+    if files:
+        violations += await check_tenants(writers[0].client, writers)
     violations += await check_saves(ckpts, saves)
     violations += await _reverse_index(mc, truth)
     for ck in ckpts:
@@ -248,6 +259,20 @@ async def _run(seed: int, workload: str) -> SeedResult:
         virtual_s=round(clock.monotonic() - start, 6),
         trace=digest[:16],
     )
+
+
+async def _services(cluster: Cluster, rng: random.Random, violations: list[str]) -> None:
+    """Repair (with its garbage collection, at its default grace) and scrub, once each at
+    a random time while the faults fall and the clients write, as a cluster's background
+    services run beside them (in ``SERVICES`` of the seeds: they double a seed's time).
+    A block repair finds lost then is a violation: its chunks are on no more victims than
+    the encoding survives (seeds 2011 and 2016 of ``mixed`` found repair reporting blocks
+    of files deleted meanwhile as lost)."""
+    await asyncio.sleep(rng.uniform(0.0, HORIZON_S))
+    report = await until_up(lambda: repair(cluster))
+    if report.unrecoverable:
+        violations.append(f"repair during the faults: {len(report.unrecoverable)} blocks lost")
+    await until_up(lambda: scrub(cluster))
 
 
 async def _full_redundancy(mc: ModelCluster, truth: Metadata) -> list[str]:
