@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from clients.dst import WORKLOADS, run_seeds
+from clients.dst import WORKLOADS, Summary, run_seeds
 from tectonic_emu.cli.common import json_option, print_json, progress_bar
 
 
@@ -60,34 +60,29 @@ def simulate_faults(seeds: int, first: int, workload: str, as_json: bool) -> Non
     if as_json:
         print_json(summary.to_dict())
     else:
-        _report(summary.to_dict())
+        _report(summary)
     if summary.failed:
         sys.exit(3)  # found problems, as scrub and repair (docs/errors.md)
 
 
-def _report(d: dict[str, object]) -> None:
-    seeds, first = d["seeds"], d["first_seed"]
+def _report(summary: Summary) -> None:
+    violations = sum(len(r.violations) for r in summary.failed)
     click.echo(
-        f"{seeds} seeds from {first}: {len(d['failed'])} failed, "  # type: ignore[arg-type]
-        f"{d['violations']} violations"
+        f"{summary.seeds} seeds from {summary.first}: {len(summary.failed)} failed, "
+        f"{violations} violations"
     )
-    table = Table(box=None)
-    table.add_column("faults injected")
-    table.add_column("", justify="right")
-    for kind, n in d["faults"].items():  # type: ignore[attr-defined]
-        table.add_row(kind, f"{n:,}")
-    Console(width=80).print(table)
-    ops = Table(box=None)
-    ops.add_column("operations")
-    ops.add_column("", justify="right")
-    for kind, n in d["ops"].items():  # type: ignore[attr-defined]
-        ops.add_row(kind, f"{n:,}")
-    Console(width=80).print(ops)
-    for r in d["failed"]:  # type: ignore[attr-defined]
-        click.echo(f"\nseed {r['seed']} ({r['encoding']}): {len(r['violations'])} violations")
-        for v in r["violations"][:5]:
+    for title, counts in (("faults injected", summary.faults), ("operations", summary.ops)):
+        table = Table(box=None)
+        table.add_column(title)
+        table.add_column("", justify="right")
+        for kind, n in sorted(counts.items()):
+            table.add_row(kind, f"{n:,}")
+        Console(width=80).print(table)
+    for r in summary.failed:
+        click.echo(f"\nseed {r.seed} ({r.encoding}): {len(r.violations)} violations")
+        for v in r.violations[:5]:
             click.echo(f"  {v}")
-        click.echo(f"  replay: {r['replay']}")
+        click.echo(f"  replay: {r.replay}")
 
 
 __all__ = ["simulate_faults"]

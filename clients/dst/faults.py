@@ -102,11 +102,9 @@ class Injector:
         self.quorum = quorum  # chunks durable before a block is acknowledged
         self._lost: set[tuple[int, int, str]] = set()  # (server, disk, chunk) lose faults took
         self.injected: Counter[str] = Counter()
-        self._down: Counter[int] = Counter()  # kills in force per server
-        self._slow: Counter[int] = Counter()
-        self._cut: Counter[tuple[int, int]] = Counter()  # partitions: (server, host)
-        self._full: Counter[tuple[int, int]] = Counter()  # full disks: (server, disk)
-        self._meta: Counter[str] = Counter()  # metadata outages and stalls in force
+        # Faults in force, by what they switch: (kind, server, host or disk); a switch is
+        # on while any of its faults lasts (overlapping ones heal at the last one's end).
+        self._in_force: Counter[tuple[str, int, int]] = Counter()
         self._heals: list[asyncio.Task[None]] = []
 
     async def run(self) -> None:
@@ -121,47 +119,57 @@ class Injector:
 
     async def _apply(self, f: Fault) -> bool:
         server = self.mc.servers[f.server]
-        if f.kind == "kill":
-            self._down[f.server] += 1
-            server.available = False
-            await self._crash(f.server)
-        elif f.kind == "slow":
-            self._slow[f.server] += 1
-            server.delay = SLOW_S
-        elif f.kind == "partition":
-            host = f.pick % len(self.hosts)
-            self._cut[(f.server, host)] += 1
-            server.cut_off.add(self.hosts[host])
-        elif f.kind in ("meta-down", "meta-slow"):
-            self._meta[f.kind] += 1
-            self._meta_now()
-        elif f.kind == "full":
-            disk = f.pick % len(server.disks)
-            self._full[(f.server, disk)] += 1
-            server.store.full.add(disk)
-        else:
-            chunks = [
-                (d, info.chunk_id)
-                for d in range(len(server.disks))
-                for info in await server.store.list_chunks(d)
-            ]
-            if not chunks:
-                return False
-            disk, chunk_id = sorted(chunks)[f.pick % len(chunks)]
-            if f.kind == "corrupt":
-                server.store.corrupt(disk, chunk_id)
-            else:
-                await server.store.delete_chunk(disk, chunk_id)
-                self._lost.add((f.server, disk, chunk_id))
+        if f.kind in HEALED:
+            self._switch(f, +1)
+            if f.kind == "kill":
+                await self._crash(f.server)
+            self._heals.append(asyncio.ensure_future(self._heal(f)))
             return True
-        self._heals.append(asyncio.ensure_future(self._heal(f)))
+        chunks = [
+            (d, info.chunk_id)
+            for d in range(len(server.disks))
+            for info in await server.store.list_chunks(d)
+        ]
+        if not chunks:
+            return False
+        disk, chunk_id = sorted(chunks)[f.pick % len(chunks)]
+        if f.kind == "corrupt":
+            server.store.corrupt(disk, chunk_id)
+        else:
+            await server.store.delete_chunk(disk, chunk_id)
+            self._lost.add((f.server, disk, chunk_id))
         return True
 
-    def _meta_now(self) -> None:
+    async def _heal(self, f: Fault) -> None:
+        await asyncio.sleep(f.duration)
+        self._switch(f, -1)
+
+    def _switch(self, f: Fault, by: int) -> None:
+        """Count ``f`` in (+1) or out (-1) of force, and set what it switches to match."""
+        server = self.mc.servers[f.server]
+        target = 0  # the host a partition cuts off, the disk a full fault fills
+        if f.kind == "partition":
+            target = f.pick % len(self.hosts)
+        elif f.kind == "full":
+            target = f.pick % len(server.disks)
+        key = (f.kind, -1 if f.kind.startswith("meta") else f.server, target)
+        self._in_force[key] += by
+        on = self._in_force[key] > 0
         kv = self.mc.kv
-        assert isinstance(kv, ModelKV), "metadata faults need a modelled store"
-        kv.down = self._meta["meta-down"] > 0
-        kv.stall = META_STALL_S if self._meta["meta-slow"] > 0 else 0.0
+        if f.kind == "kill":
+            server.available = not on
+        elif f.kind == "slow":
+            server.delay = SLOW_S if on else 0.0
+        elif f.kind == "partition":
+            (server.cut_off.add if on else server.cut_off.discard)(self.hosts[target])
+        elif f.kind == "full":
+            (server.store.full.add if on else server.store.full.discard)(target)
+        else:
+            assert isinstance(kv, ModelKV), "metadata faults need a modelled store"
+            if f.kind == "meta-down":
+                kv.down = on
+            else:
+                kv.stall = META_STALL_S if on else 0.0
 
     async def _crash(self, n: int) -> None:
         """Crash server ``n``: a violation for each committed block that it leaves with
@@ -185,33 +193,6 @@ class Injector:
                     f"a crash of server {n} left committed block {rec.block_id:016x} with "
                     f"{durable} durable chunks of the {need} that acknowledged it"
                 )
-
-    async def _heal(self, f: Fault) -> None:
-        await asyncio.sleep(f.duration)
-        server = self.mc.servers[f.server]
-        if f.kind == "partition":
-            key = (f.server, f.pick % len(self.hosts))
-            self._cut[key] -= 1
-            if self._cut[key] == 0:
-                server.cut_off.discard(self.hosts[key[1]])
-            return
-        if f.kind in ("meta-down", "meta-slow"):
-            self._meta[f.kind] -= 1
-            self._meta_now()
-            return
-        if f.kind == "full":
-            key = (f.server, f.pick % len(server.disks))
-            self._full[key] -= 1
-            if self._full[key] == 0:
-                server.store.full.discard(key[1])
-            return
-        counts = self._down if f.kind == "kill" else self._slow
-        counts[f.server] -= 1
-        if counts[f.server] == 0:
-            if f.kind == "kill":
-                server.available = True
-            else:
-                server.delay = 0.0
 
 
 __all__ = [

@@ -186,7 +186,8 @@ def run_seeds(
 async def _run(seed: int, workload: str) -> SeedResult:
     rng = random.Random(seed)
     encoding = rng.choice(ENCODINGS)
-    tolerance = Encoding.parse(encoding).width - Encoding.parse(encoding).min_chunks
+    enc = Encoding.parse(encoding)
+    tolerance = enc.width - enc.min_chunks
     hw = dataclasses.replace(
         PRESETS["small-flash"].hardware, servers=SERVERS, disks=DISKS, metadata=META, cpu=None
     )
